@@ -1,0 +1,146 @@
+"""Configuration of a recurrent Transformer stack, validated when it is built.
+
+One dataclass describes everything a stack of levels needs: widths, the depth plan (how many
+unique blocks execute over how many levels, and in which order) and the per-level parts
+(layer norms, RingFormer level signals, Universal Transformer level embeddings). Impossible
+settings raise :class:`ConfigError` naming the offending setting, before any weight exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+SHARING_SCHEMES = ("sequence", "cycle", "cycle_rev")
+SIGNAL_KINDS = ("lowrank", "full", "static", "none")
+ATTN_SIGNAL_PLACES = ("after", "before", "none")
+FFN_SIGNAL_PLACES = ("input", "inter", "none")
+ACTIVATIONS = ("relu", "gelu")
+
+
+class ConfigError(ValueError):
+    """An impossible model setting; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class SignalConfig:
+    """RingFormer level signals (RingFormer sec. 3.2, eq. 5-7).
+
+    Attributes:
+        kind: ``lowrank`` (eq. 5, the paper's design), ``full`` (one d x d matrix per signal,
+            Table 4 "full-rank signal"), ``static`` (input-independent sinusoidal level
+            embedding, Table 4 "static signal", as in Universal Transformers) or ``none``.
+        rank: rank r of the low-rank signals; ``None`` means width // 16 (paper default).
+        attn: where the attention signals go: ``after`` the Q/K/V projections (eq. 6),
+            ``before`` them (Table 4 "before attn") or ``none`` (Table 4 "w.o. attn signal").
+        ffn: where the feed-forward signal goes: on the FFN ``input`` before the
+            up-projection (eq. 7), on the ``inter``-mediate activation pre-nonlinearity
+            (Table 4 "inter-FF signal") or ``none`` (Table 4 "w.o. FF signal").
+    """
+
+    kind: str = "none"
+    rank: int | None = None
+    attn: str = "after"
+    ffn: str = "input"
+
+    @property
+    def learned(self) -> bool:
+        return self.kind in ("lowrank", "full")
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """A stack of ``num_levels`` levels executing ``num_unique`` unique blocks.
+
+    Attributes:
+        embed_dim: model width H.
+        ffn_dim: feed-forward inner width FF.
+        num_heads: attention heads; must divide ``embed_dim``.
+        num_levels: N, the depth seen by the data.
+        num_unique: M, the number of blocks with their own weights (1 = fully recurrent,
+            N = vanilla). ``None`` means N.
+        sharing: order in which levels visit the unique blocks (Takase & Kiyono 2021):
+            ``sequence`` (0,0,1,1,..), ``cycle`` (0,1,0,1,..) or ``cycle_rev``.
+        norms_per_level: every level owns its layer norms (RingFormer sec. 3.2) instead of
+            the block owning them.
+        normalize_before: pre-LN (True) or post-LN (False) residual blocks.
+        signal: the per-level level signals.
+        cross_attention: decoder blocks attend to an encoder memory.
+        dropout: residual and embedding dropout.
+        attention_dropout: dropout on attention probabilities.
+        activation_dropout: dropout after the FFN non-linearity.
+        activation: FFN non-linearity.
+        bias: biases in the attention and FFN projections.
+    """
+
+    embed_dim: int = 512
+    ffn_dim: int = 2048
+    num_heads: int = 8
+    num_levels: int = 6
+    num_unique: int | None = None
+    sharing: str = "cycle"
+    norms_per_level: bool = False
+    normalize_before: bool = False
+    signal: SignalConfig = field(default_factory=SignalConfig)
+    cross_attention: bool = False
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: str = "relu"
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("embed_dim", self.embed_dim)
+        _positive("ffn_dim", self.ffn_dim)
+        _positive("num_heads", self.num_heads)
+        _positive("num_levels", self.num_levels)
+        if self.embed_dim % self.num_heads:
+            raise ConfigError(
+                f"num_heads={self.num_heads} does not divide embed_dim={self.embed_dim}"
+            )
+        if self.num_unique is not None:
+            _positive("num_unique", self.num_unique)
+            if self.num_unique > self.num_levels:
+                raise ConfigError(
+                    f"num_unique={self.num_unique} unique blocks cannot be spread over "
+                    f"num_levels={self.num_levels} levels (need num_unique <= num_levels)"
+                )
+        _choice("sharing", self.sharing, SHARING_SCHEMES)
+        _choice("activation", self.activation, ACTIVATIONS)
+        _choice("signal.kind", self.signal.kind, SIGNAL_KINDS)
+        _choice("signal.attn", self.signal.attn, ATTN_SIGNAL_PLACES)
+        _choice("signal.ffn", self.signal.ffn, FFN_SIGNAL_PLACES)
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{name}={value} must lie in [0, 1)")
+        if self.signal.kind == "lowrank" and self.signal.rank is not None:
+            rank = self.signal.rank
+            if rank <= 0 or rank > self.embed_dim:
+                raise ConfigError(f"signal rank={rank} must lie in 1..embed_dim={self.embed_dim}")
+        if self.signal.kind == "lowrank" and self.signal.rank is None and self.embed_dim < 16:
+            raise ConfigError(
+                f"default signal rank embed_dim // 16 is 0 for embed_dim={self.embed_dim}; "
+                "set the rank explicitly"
+            )
+
+    @property
+    def unique_blocks(self) -> int:
+        return self.num_levels if self.num_unique is None else self.num_unique
+
+    @property
+    def signal_rank(self) -> int:
+        """The effective low-rank signal rank (RingFormer sec. 4.1: H / 16 by default)."""
+        return self.signal.rank if self.signal.rank is not None else self.embed_dim // 16
+
+    def replace(self, **changes) -> StackConfig:
+        return replace(self, **changes)
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name}={value!r} must be a positive integer")
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {name}={value!r}; choose one of {', '.join(choices)}")

@@ -1,0 +1,72 @@
+"""Depth plans: which unique block each level executes.
+
+Every architecture in recurnmt is "N levels, each running one of M unique blocks, plus small
+per-level parts". A :class:`DepthPlan` is that mapping made explicit, so a sharing scheme is a
+few lines and can be tested by itself.
+
+Sharing orders follow Takase & Kiyono (2021), "Lessons on parameter sharing across layers in
+Transformers", sec. 2: with M unique layers over N levels,
+
+* ``sequence``: consecutive levels share a layer, level i uses layer floor(i * M / N);
+* ``cycle``: levels visit the layers in turn, level i uses layer i mod M;
+* ``cycle_rev``: like ``cycle``, except the last M levels visit the layers in reverse order.
+
+M = 1 is the fully recurrent case (Universal Transformer, RingFormer), M = N the vanilla stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recurnmt.modules.config import SHARING_SCHEMES, ConfigError
+
+
+@dataclass(frozen=True)
+class DepthPlan:
+    """The unique block index executed at each level.
+
+    Attributes:
+        block_of_level: ``block_of_level[i]`` is the unique block run at level ``i``.
+    """
+
+    block_of_level: tuple[int, ...]
+
+    @classmethod
+    def build(
+        cls, num_levels: int, num_unique: int | None = None, scheme: str = "cycle"
+    ) -> DepthPlan:
+        """Builds the plan for ``num_unique`` blocks over ``num_levels`` levels.
+
+        Raises:
+            ConfigError: a count is not positive, ``num_unique > num_levels`` or the scheme is
+                unknown.
+        """
+        m = num_levels if num_unique is None else num_unique
+        if num_levels <= 0:
+            raise ConfigError(f"num_levels={num_levels} must be positive")
+        if m <= 0 or m > num_levels:
+            raise ConfigError(f"num_unique={m} must lie in 1..num_levels={num_levels}")
+        if scheme == "sequence":
+            order = [i * m // num_levels for i in range(num_levels)]
+        elif scheme == "cycle":
+            order = [i % m for i in range(num_levels)]
+        elif scheme == "cycle_rev":
+            head = num_levels - m
+            order = [i % m for i in range(head)] + list(range(m - 1, -1, -1))
+        else:
+            raise ConfigError(
+                f"unknown sharing scheme {scheme!r}; choose one of {', '.join(SHARING_SCHEMES)}"
+            )
+        return cls(tuple(order))
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.block_of_level)
+
+    @property
+    def num_unique(self) -> int:
+        return max(self.block_of_level) + 1
+
+    def levels_of_block(self, block: int) -> list[int]:
+        """The levels that execute ``block``."""
+        return [i for i, b in enumerate(self.block_of_level) if b == block]

@@ -1,0 +1,49 @@
+"""Position-wise feed-forward block (RingFormer eq. 2 and eq. 7)."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+class FeedForward(nn.Module):
+    """``sigma((x + d_in) W_up + b_up + d_hidden) W_down + b_down``.
+
+    With both deltas absent this is the Transformer FFN (RingFormer eq. 2). RingFormer's FFN
+    level signal enters as ``input_delta`` (eq. 7); ``hidden_delta`` is the Table 4 "inter-FF
+    signal" ablation.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        ffn_dim: int,
+        activation: str = "relu",
+        activation_dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; choose one of relu, gelu")
+        self.up = nn.Linear(embed_dim, ffn_dim, bias=bias)
+        self.down = nn.Linear(ffn_dim, embed_dim, bias=bias)
+        self.activation = _ACTIVATIONS[activation]
+        self.activation_dropout = nn.Dropout(activation_dropout)
+        nn.init.xavier_uniform_(self.up.weight)
+        nn.init.xavier_uniform_(self.down.weight)
+        for lin in (self.up, self.down):
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+    def forward(
+        self, x: Tensor, input_delta: Tensor | None = None, hidden_delta: Tensor | None = None
+    ) -> Tensor:
+        # x: B x T x C -> B x T x FF -> B x T x C
+        if input_delta is not None:
+            x = x + input_delta
+        h = self.up(x)
+        if hidden_delta is not None:
+            h = h + hidden_delta
+        return self.down(self.activation_dropout(self.activation(h)))
