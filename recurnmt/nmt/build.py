@@ -1,0 +1,67 @@
+"""Build fairseq translation models from an architecture name, without a data directory.
+
+Used by the parameter accounting command, the benchmarks and the tests: it goes through
+fairseq's own argument parser and model registry, so the model is exactly the one
+``fairseq-train --arch ARCH FLAGS...`` would build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fairseq import options, tasks
+from fairseq.data import Dictionary
+
+import recurnmt.nmt  # noqa: F401  (registers the architectures)
+
+
+def toy_dictionary(size: int = 100) -> Dictionary:
+    """A joined dictionary with ``size`` symbols beyond fairseq's four specials."""
+    d = Dictionary()
+    for i in range(size):
+        d.add_symbol(f"w{i}")
+    d.finalize(padding_factor=1)
+    return d
+
+
+def parse_train_args(arch: str, extra: Sequence[str] = (), data: str = "<none>"):
+    """fairseq training arguments for ``--arch arch`` plus ``extra`` flags."""
+    parser = options.get_training_parser()
+    argv = [
+        data,
+        "--task",
+        "translation",
+        "--arch",
+        arch,
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        *extra,
+    ]
+    return options.parse_args_and_arch(parser, argv)
+
+
+def build_model(
+    arch: str,
+    extra: Sequence[str] = (),
+    dictionary: Dictionary | None = None,
+    target_dictionary: Dictionary | None = None,
+):
+    """Builds the model ``fairseq-train --arch arch extra...`` would train.
+
+    Args:
+        arch: a registered architecture (ours or fairseq's).
+        extra: further command-line flags, e.g. ``["--level-signal-rank", "8"]``.
+        dictionary: source dictionary (a toy one by default).
+        target_dictionary: target dictionary (the source one by default).
+
+    Returns:
+        ``(model, args, task)``.
+    """
+    args = parse_train_args(arch, extra)
+    src = dictionary or toy_dictionary()
+    tgt = target_dictionary or src
+    task = tasks.get_task("translation")(args, src, tgt)
+    model = task.build_model(args)
+    return model, args, task

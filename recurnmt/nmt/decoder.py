@@ -1,0 +1,144 @@
+"""The recurrent decoder as a fairseq incremental decoder.
+
+Incremental decoding state: fairseq keys incremental state by module instance, and one block
+object runs at every level, so the attention modules cannot own their state. Instead the
+decoder keeps one flat dict for the whole stack, in which level i's self-attention keys and
+values are ``"{i}.k"`` / ``"{i}.v"`` and the projected encoder memory of unique block b is
+``"m{b}.k"`` / ``"m{b}.v"`` (computed at the first step only). Beam search reorders every entry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn.functional as F
+from fairseq.models import FairseqIncrementalDecoder
+from torch import Tensor, nn
+
+from recurnmt.modules import RecurrentStack, StackConfig
+from recurnmt.nmt.embedding import TokenEmbedding
+
+IncrementalState = dict[str, dict[str, Tensor | None]]
+_CACHE = "levels"
+
+
+class RecurrentDecoder(FairseqIncrementalDecoder):
+    """Token embeddings, a causal :class:`RecurrentStack` with cross-attention, output layer."""
+
+    def __init__(
+        self, args: Any, dictionary, embed_tokens: nn.Embedding, stack_cfg: StackConfig
+    ) -> None:
+        super().__init__(dictionary)
+        self.max_target_positions = args.max_target_positions
+        self.embed = TokenEmbedding(args, embed_tokens, args.max_target_positions, "decoder")
+        self.padding_idx = self.embed.padding_idx
+        self.stack = RecurrentStack(stack_cfg)
+        self.share_input_output_embed = args.share_decoder_input_output_embed
+        if self.share_input_output_embed:
+            self.output_projection = None
+        else:
+            self.output_projection = nn.Linear(
+                embed_tokens.embedding_dim, len(dictionary), bias=False
+            )
+            nn.init.normal_(
+                self.output_projection.weight, mean=0, std=embed_tokens.embedding_dim**-0.5
+            )
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.embed.embed_tokens
+
+    def forward(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: dict[str, list[Tensor]] | None = None,
+        incremental_state: IncrementalState | None = None,
+        features_only: bool = False,
+        full_context_alignment: bool = False,
+        alignment_layer: int | None = None,
+        alignment_heads: int | None = None,
+        src_lengths: Any = None,
+        return_all_hiddens: bool = False,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        x, extra = self.extract_features(
+            prev_output_tokens, encoder_out, incremental_state, return_all_hiddens
+        )
+        if not features_only:
+            x = self.output_layer(x)
+        return x, extra
+
+    def extract_features(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: dict[str, list[Tensor]] | None = None,
+        incremental_state: IncrementalState | None = None,
+        return_all_hiddens: bool = False,
+        **unused: Any,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        """Decoder features B x T x C (B x 1 x C in incremental mode)."""
+        if encoder_out is None or not encoder_out["encoder_out"]:
+            raise ValueError("the recurrent decoder needs the encoder output")
+        memory = encoder_out["encoder_out"][0].transpose(0, 1)  # B x S x C
+        memory_padding_mask = None
+        if encoder_out.get("encoder_padding_mask"):
+            memory_padding_mask = encoder_out["encoder_padding_mask"][0]
+            if not memory_padding_mask.any():
+                memory_padding_mask = None
+
+        x, _ = self.embed(prev_output_tokens, incremental_state)  # B x T x C
+        cache = None
+        if incremental_state is not None:
+            cache = self.get_incremental_state(incremental_state, _CACHE)
+            if cache is None:
+                cache = {}
+            self_padding_mask = None  # generated prefixes hold no padding
+        else:
+            self_padding_mask = _interior_padding(prev_output_tokens, self.padding_idx)
+        x, states = self.stack(
+            x,
+            key_padding_mask=self_padding_mask,
+            causal=True,
+            memory=memory,
+            memory_padding_mask=memory_padding_mask,
+            cache=cache,
+            return_states=return_all_hiddens,
+        )
+        if incremental_state is not None:
+            self.set_incremental_state(incremental_state, _CACHE, cache)
+        inner = [s.transpose(0, 1) for s in states]  # List[T x B x C]
+        return x, {"attn": [None], "inner_states": inner}
+
+    def output_layer(self, features: Tensor) -> Tensor:
+        """Projects features to vocabulary logits."""
+        if self.output_projection is None:
+            return F.linear(features, self.embed_tokens.weight)
+        return self.output_projection(features)
+
+    def max_positions(self) -> int:
+        return self.embed.max_positions(self.max_target_positions)
+
+    def reorder_incremental_state(
+        self, incremental_state: IncrementalState, new_order: Tensor
+    ) -> None:
+        """Reorders every level's cached keys/values and the projected memory (beam search)."""
+        cache = self.get_incremental_state(incremental_state, _CACHE)
+        if cache is None:
+            return
+        reordered = {k: v.index_select(0, new_order) for k, v in cache.items() if v is not None}
+        self.set_incremental_state(incremental_state, _CACHE, reordered)
+
+
+def _interior_padding(tokens: Tensor, padding_idx: int) -> Tensor | None:
+    """Target padding mask, or None when padding only trails the sequences.
+
+    With right padding the causal mask already keeps real tokens off the padding, and leaving
+    the mask out lets attention use its fused causal kernel.
+    """
+    pad = tokens.eq(padding_idx)
+    if not bool(pad.any()):
+        return None
+    real_after_pad = pad[:, :-1] & ~pad[:, 1:]
+    return pad if bool(real_after_pad.any()) else None
+
+
+__all__ = ["RecurrentDecoder"]

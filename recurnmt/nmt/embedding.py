@@ -1,0 +1,66 @@
+"""Token + position embedding front end shared by the encoder and the decoder."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fairseq.modules import LayerNorm, PositionalEmbedding
+from torch import Tensor, nn
+
+
+class TokenEmbedding(nn.Module):
+    """``dropout(LN?(scale * E[tokens] + P[positions]))``, as fairseq's transformer does.
+
+    Args:
+        args: fairseq arguments; reads ``no_scale_embedding``, ``layernorm_embedding``,
+            ``dropout`` and ``{side}_learned_pos`` / ``no_token_positional_embeddings``.
+        embed_tokens: the (possibly shared) token embedding.
+        max_positions: longest sequence.
+        side: ``encoder`` or ``decoder``.
+    """
+
+    def __init__(self, args: Any, embed_tokens: nn.Embedding, max_positions: int, side: str):
+        super().__init__()
+        dim = embed_tokens.embedding_dim
+        self.embed_tokens = embed_tokens
+        self.padding_idx = embed_tokens.padding_idx
+        self.embed_scale = 1.0 if getattr(args, "no_scale_embedding", False) else math.sqrt(dim)
+        self.embed_positions = (
+            PositionalEmbedding(
+                max_positions,
+                dim,
+                self.padding_idx,
+                learned=getattr(args, f"{side}_learned_pos", False),
+            )
+            if not getattr(args, "no_token_positional_embeddings", False)
+            else None
+        )
+        self.layernorm_embedding = (
+            LayerNorm(dim) if getattr(args, "layernorm_embedding", False) else None
+        )
+        self.dropout = nn.Dropout(args.dropout)
+
+    def max_positions(self, limit: int) -> int:
+        if self.embed_positions is None:
+            return limit
+        return min(limit, self.embed_positions.max_positions)
+
+    def forward(
+        self, tokens: Tensor, incremental_state: dict | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Embeds B x T tokens; returns (dropout(x), scaled token embeddings), both B x T x C.
+
+        With ``incremental_state`` only the last position is embedded.
+        """
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            tokens = tokens[:, -1:]
+            positions = positions[:, -1:] if positions is not None else None
+        embedded = self.embed_scale * self.embed_tokens(tokens)
+        x = embedded if positions is None else embedded + positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        return self.dropout(x), embedded

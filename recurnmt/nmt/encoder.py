@@ -1,0 +1,77 @@
+"""The recurrent encoder as a fairseq encoder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fairseq.models import FairseqEncoder
+from torch import Tensor, nn
+
+from recurnmt.modules import RecurrentStack, StackConfig
+from recurnmt.nmt.embedding import TokenEmbedding
+
+EncoderOut = dict[str, list[Tensor]]
+
+
+class RecurrentEncoder(FairseqEncoder):
+    """Token embeddings followed by a :class:`RecurrentStack` of levels.
+
+    The output follows fairseq's transformer encoder contract (``encoder_out`` is T x B x C),
+    so fairseq's generators, scorers and tools work unchanged.
+    """
+
+    def __init__(
+        self, args: Any, dictionary, embed_tokens: nn.Embedding, stack_cfg: StackConfig
+    ) -> None:
+        super().__init__(dictionary)
+        self.max_source_positions = args.max_source_positions
+        self.embed = TokenEmbedding(args, embed_tokens, args.max_source_positions, "encoder")
+        self.padding_idx = self.embed.padding_idx
+        self.stack = RecurrentStack(stack_cfg)
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.embed.embed_tokens
+
+    def forward(
+        self,
+        src_tokens: Tensor,
+        src_lengths: Tensor | None = None,
+        return_all_hiddens: bool = False,
+        token_embeddings: Tensor | None = None,
+    ) -> EncoderOut:
+        """Encodes B x T source tokens."""
+        if token_embeddings is not None:
+            raise NotImplementedError("precomputed token embeddings are not supported")
+        padding_mask = src_tokens.eq(self.padding_idx)  # B x T
+        has_pads = bool(padding_mask.any())
+        x, embedded = self.embed(src_tokens)  # B x T x C
+        if has_pads:
+            x = x * (~padding_mask).unsqueeze(-1).type_as(x)
+        x, states = self.stack(
+            x,
+            key_padding_mask=padding_mask if has_pads else None,
+            return_states=return_all_hiddens,
+        )
+        if src_lengths is None:
+            src_lengths = (~padding_mask).sum(dim=1, dtype=src_tokens.dtype)
+        return {
+            "encoder_out": [x.transpose(0, 1)],  # T x B x C
+            "encoder_padding_mask": [padding_mask],  # B x T
+            "encoder_embedding": [embedded],  # B x T x C
+            "encoder_states": [s.transpose(0, 1) for s in states],  # List[T x B x C]
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_lengths.view(-1, 1)],
+        }
+
+    def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
+        """Selects batch entries ``new_order`` (beam search)."""
+        batch_dim = {"encoder_out": 1, "encoder_states": 1}
+        return {
+            key: [t.index_select(batch_dim.get(key, 0), new_order) for t in values]
+            for key, values in encoder_out.items()
+        }
+
+    def max_positions(self) -> int:
+        return self.embed.max_positions(self.max_source_positions)
