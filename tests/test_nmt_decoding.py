@@ -15,7 +15,15 @@ DECODERS = [
     ("ringformer_tiny", "--level-signal", "full"),
     ("ringformer_tiny", "--level-signal", "static"),
     ("recurrent_transformer_tiny",),
-    ("recurrent_transformer_tiny", "--decoder-unique-layers", "2", "--sharing-scheme", "cycle_rev", "--decoder-layers", "4"),
+    (
+        "recurrent_transformer_tiny",
+        "--decoder-unique-layers",
+        "2",
+        "--sharing-scheme",
+        "cycle_rev",
+        "--decoder-layers",
+        "4",
+    ),
 ]
 
 
@@ -33,7 +41,10 @@ def test_incremental_decoding_equals_full_pass(case):
         enc = model.encoder(src, lengths)
         full, _ = model.decoder(prev, enc)
         state: dict = {}
-        steps = [model.decoder(prev[:, : t + 1], enc, incremental_state=state)[0] for t in range(prev.size(1))]
+        steps = [
+            model.decoder(prev[:, : t + 1], enc, incremental_state=state)[0]
+            for t in range(prev.size(1))
+        ]
     diff = (torch.cat(steps, dim=1) - full).abs().max().item()
     assert diff <= 1e-5, diff
 
@@ -66,7 +77,9 @@ def test_shared_parameters_are_identical_across_levels():
         first = stack.block_of_level(0)
         for level in range(1, levels):
             block = stack.block_of_level(level)
-            for (n1, p1), (n2, p2) in zip(first.named_parameters(), block.named_parameters(), strict=True):
+            for (n1, p1), (n2, p2) in zip(
+                first.named_parameters(), block.named_parameters(), strict=True
+            ):
                 assert n1 == n2 and p1 is p2
         assert stack.levels[0].attn_signal.down is not stack.levels[1].attn_signal.down
     names = [n for n, _ in model.named_parameters()]

@@ -24,7 +24,14 @@ BASE = _signature(build("ringformer_tiny")[0])
     [
         ("--encoder-unique-layers", "3"),
         ("--decoder-unique-layers", "3"),
-        ("--encoder-unique-layers", "2", "--decoder-unique-layers", "2", "--sharing-scheme", "sequence"),
+        (
+            "--encoder-unique-layers",
+            "2",
+            "--decoder-unique-layers",
+            "2",
+            "--sharing-scheme",
+            "sequence",
+        ),
         ("--layer-norms", "per-block"),
         ("--level-signal", "full"),
         ("--level-signal", "static"),
@@ -47,8 +54,13 @@ def test_flag_changes_the_built_model(flags):
 
 def test_sharing_scheme_reaches_the_plan():
     model, _, _ = build(
-        "recurrent_transformer_tiny", "--encoder-layers", "4", "--encoder-unique-layers", "2",
-        "--sharing-scheme", "sequence",
+        "recurrent_transformer_tiny",
+        "--encoder-layers",
+        "4",
+        "--encoder-unique-layers",
+        "2",
+        "--sharing-scheme",
+        "sequence",
     )
     assert model.encoder.stack.plan.block_of_level == (0, 0, 1, 1)
 
@@ -71,7 +83,10 @@ def test_default_rank_is_width_over_16():
         (("--level-signal-rank", "0"), "--level-signal-rank=0"),
         (("--encoder-layers", "0"), "--encoder-layers=0"),
         (("--decoder-layers", "-2"), "--decoder-layers=-2"),
-        (("--encoder-attention-heads", "5"), "--encoder-attention-heads=5 does not divide --encoder-embed-dim=64"),
+        (
+            ("--encoder-attention-heads", "5"),
+            "--encoder-attention-heads=5 does not divide --encoder-embed-dim=64",
+        ),
         (("--decoder-unique-layers", "4"), "--decoder-unique-layers=4"),
         (("--activation-fn", "tanh"), "--activation-fn=tanh"),
         (("--decoder-embed-dim", "32"), "--decoder-embed-dim=32"),

@@ -26,8 +26,16 @@ def test_table1_parameter_counts(arch, paper):
     assert _p_star(arch) == pytest.approx(paper, rel=0.01)
 
 
-TABLE4 = ("--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
-          "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512")
+TABLE4 = (
+    "--encoder-embed-dim",
+    "128",
+    "--decoder-embed-dim",
+    "128",
+    "--encoder-ffn-embed-dim",
+    "512",
+    "--decoder-ffn-embed-dim",
+    "512",
+)
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,9 @@ def test_untied_copy_computes_the_same_function(cross):
     perturb_signals(stack)
     untied = stack.untied().eval()
     assert len(untied.blocks) == 4
-    assert untied.blocks[0].self_attn.qkv_proj.weight is not untied.blocks[1].self_attn.qkv_proj.weight
+    assert (
+        untied.blocks[0].self_attn.qkv_proj.weight is not untied.blocks[1].self_attn.qkv_proj.weight
+    )
     x = torch.randn(2, 5, 32)
     mem = torch.randn(2, 3, 32) if cross else None
     y, _ = stack(x, memory=mem, causal=cross)
@@ -77,7 +79,7 @@ def test_memory_is_projected_once_per_unique_block(monkeypatch):
     )
     cache: dict = {}
     mem = torch.randn(1, 4, 32)
-    for t in range(3):
+    for _ in range(3):
         stack(torch.randn(1, 1, 32), memory=mem, causal=True, cache=cache)
     assert len(calls) == 1
     assert {"m0.k", "m0.v"} <= set(cache) and {f"{i}.k" for i in range(4)} <= set(cache)

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from recurnmt.modules.sliced_attention import group_permutation, sliced_group_attention
+
 KVCache = dict[str, Tensor]
 
 
@@ -138,6 +140,7 @@ class SelfAttention(_Attention):
         qkv_input_delta: Tensor | None = None,
         cache: KVCache | None = None,
         cache_key: str = "",
+        groups: int = 1,
     ) -> Tensor:
         """Self-attention over ``x`` (B x T x C), returns B x T x C.
 
@@ -146,9 +149,18 @@ class SelfAttention(_Attention):
             causal: each query attends only to itself and earlier positions.
             cache: incremental decoding state; keys and values of earlier steps are read from
                 and appended to ``cache[cache_key + "k"]`` / ``cache[cache_key + "v"]``.
+            groups: sliced group self-attention with this many groups (SReT sec. 4);
+                1 is ordinary attention. Not combinable with ``causal`` or ``cache``.
         """
         q, k, v = self.project(x, qkv_delta, qkv_input_delta).chunk(3, dim=-1)
         q, k, v = (_split_heads(t, self.num_heads) for t in (q, k, v))
+        if groups > 1:
+            if causal or cache is not None:
+                raise ValueError("sliced group attention does not support causal attention")
+            perm = group_permutation(x.size(1), self.training, x.device)
+            p = self.dropout if self.training else 0.0
+            out = sliced_group_attention(q, k, v, groups, perm, key_padding_mask, p)
+            return self.out_proj(_merge_heads(out))
         if cache is not None:
             if cache_key + "k" in cache:
                 k = torch.cat([cache[cache_key + "k"], k], dim=2)

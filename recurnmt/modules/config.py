@@ -15,6 +15,8 @@ SIGNAL_KINDS = ("lowrank", "full", "static", "none")
 ATTN_SIGNAL_PLACES = ("after", "before", "none")
 FFN_SIGNAL_PLACES = ("input", "inter", "none")
 ACTIVATIONS = ("relu", "gelu")
+FFN_SHARING = ("block", "shared", "none")
+LRC_MODES = ("none", "both", "identity", "main")
 
 
 class ConfigError(ValueError):
@@ -70,6 +72,22 @@ class StackConfig:
         activation_dropout: dropout after the FFN non-linearity.
         activation: FFN non-linearity.
         bias: biases in the attention and FFN projections.
+        ffn_sharing: every block has its own FFN (``block``), all blocks of the stack share
+            one FFN (``shared``, One Wide FFN, Pires et al. 2023) or blocks have no FFN
+            (``none``, OWF's decoder).
+        lrc: learnable residual coefficients on every residual (SReT eq. 9-10): ``both``
+            branches, the ``identity`` branch, the ``main`` branch, or ``none``.
+        nll_ratio: hidden ratio of SReT's non-linear projection layer after every level
+            (SReT eq. 5); 0 disables NLLs.
+        attn_groups: sliced group self-attention (SReT sec. 4): the number of groups at each
+            loop of a block (loop r of a block uses ``attn_groups[r]``); empty = global
+            attention everywhere.
+        positions_every_level: the caller's position embeddings are added at every level
+            together with the level embedding (Universal Transformer coordinate embedding).
+        act: Adaptive Computation Time halting over the levels (Universal Transformer
+            sec. 2.2).
+        act_threshold: 1 - eps of ACT.
+        act_bias_init: initial bias of the halting unit.
     """
 
     embed_dim: int = 512
@@ -87,6 +105,14 @@ class StackConfig:
     activation_dropout: float = 0.0
     activation: str = "relu"
     bias: bool = True
+    ffn_sharing: str = "block"
+    lrc: str = "none"
+    nll_ratio: float = 0.0
+    attn_groups: tuple[int, ...] = ()
+    positions_every_level: bool = False
+    act: bool = False
+    act_threshold: float = 0.99
+    act_bias_init: float = 1.0
 
     def __post_init__(self) -> None:
         _positive("embed_dim", self.embed_dim)
@@ -109,6 +135,25 @@ class StackConfig:
         _choice("signal.kind", self.signal.kind, SIGNAL_KINDS)
         _choice("signal.attn", self.signal.attn, ATTN_SIGNAL_PLACES)
         _choice("signal.ffn", self.signal.ffn, FFN_SIGNAL_PLACES)
+        _choice("ffn_sharing", self.ffn_sharing, FFN_SHARING)
+        _choice("lrc", self.lrc, LRC_MODES)
+        if self.nll_ratio < 0:
+            raise ConfigError(f"nll_ratio={self.nll_ratio} must be >= 0")
+        if any(not isinstance(g, int) or g <= 0 for g in self.attn_groups):
+            raise ConfigError(f"attn_groups={self.attn_groups} must be positive integers")
+        if self.cross_attention and any(g > 1 for g in self.attn_groups):
+            raise ConfigError(
+                f"attn_groups={self.attn_groups}: sliced group attention is for encoder "
+                "self-attention only; in a causal decoder a token's group would depend on "
+                "future tokens, so step-by-step decoding could not match the full pass"
+            )
+        if not 0.0 < self.act_threshold <= 1.0:
+            raise ConfigError(f"act_threshold={self.act_threshold} must lie in (0, 1]")
+        if self.ffn_sharing == "none" and self.signal.learned and self.signal.ffn != "none":
+            raise ConfigError(
+                "ffn_sharing='none' removes the FFN, so it cannot carry an FFN level signal "
+                "(set signal.ffn='none')"
+            )
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:

@@ -67,6 +67,19 @@ class DepthPlan:
     def num_unique(self) -> int:
         return max(self.block_of_level) + 1
 
+    @property
+    def num_loops(self) -> int:
+        """The largest number of levels that run one block (R for an SReT internal loop)."""
+        return max(self.block_of_level.count(b) for b in range(self.num_unique))
+
+    def loop_of_level(self, level: int) -> int:
+        """How many times the block of ``level`` ran before it (0 at its first level)."""
+        return self.block_of_level[:level].count(self.block_of_level[level])
+
+    def first_loop_levels(self) -> list[int]:
+        """The levels at which each block runs for the first time (SReT's shallow branch)."""
+        return [i for i in range(self.num_levels) if self.loop_of_level(i) == 0]
+
     def levels_of_block(self, block: int) -> list[int]:
         """The levels that execute ``block``."""
         return [i for i, b in enumerate(self.block_of_level) if b == block]

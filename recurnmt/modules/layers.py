@@ -6,8 +6,11 @@ levels lives in that level's :class:`LevelParts` and is handed to the block at c
 * layer norms, when every level owns its own (RingFormer sec. 3.2, "unique layer
   normalization"); otherwise the block owns them and all its levels share them;
 * RingFormer level signals (eq. 5-7): on Q, K and V of the self-attention and on the FFN
-  input, never on cross-attention (RingFormer sec. 3.2.2, last paragraph).
+  input, never on cross-attention (RingFormer sec. 3.2.2, last paragraph);
+* SReT's non-linear projection layer after the block (SReT eq. 5-6), never shared.
 
+The block itself may receive an FFN built elsewhere (One Wide FFN: one FFN object shared by
+every block of a stack) and carries SReT's learnable residual coefficients (eq. 9).
 Keeping per-level parts out of the block means the block's parameters are registered once,
 and "shared across levels" is true by construction (the same module object runs each level).
 """
@@ -22,20 +25,27 @@ from recurnmt.modules.attention import CrossAttention, KVCache, SelfAttention
 from recurnmt.modules.config import StackConfig
 from recurnmt.modules.feedforward import FeedForward
 from recurnmt.modules.level_signals import build_signal
+from recurnmt.modules.nll import NonLinearProjection
+from recurnmt.modules.residual import ResidualCoefficients
 
 
-def _num_norms(cfg: StackConfig) -> int:
-    return 3 if cfg.cross_attention else 2
+def num_sublayers(cfg: StackConfig) -> int:
+    """Residual sub-layers of a block: self-attention, cross-attention?, FFN?."""
+    return 1 + int(cfg.cross_attention) + int(cfg.ffn_sharing != "none")
+
+
+def build_ffn(cfg: StackConfig) -> FeedForward:
+    return FeedForward(cfg.embed_dim, cfg.ffn_dim, cfg.activation, cfg.activation_dropout, cfg.bias)
 
 
 class LevelParts(nn.Module):
-    """The parameters one level owns: layer norms (optional) and level signals (optional)."""
+    """The parameters one level owns: norms, level signals and an NLL (each optional)."""
 
     def __init__(self, cfg: StackConfig) -> None:
         super().__init__()
         c, sig = cfg.embed_dim, cfg.signal
         self.norms = (
-            nn.ModuleList(nn.LayerNorm(c) for _ in range(_num_norms(cfg)))
+            nn.ModuleList(nn.LayerNorm(c) for _ in range(num_sublayers(cfg)))
             if cfg.norms_per_level
             else None
         )
@@ -49,6 +59,11 @@ class LevelParts(nn.Module):
         self.ffn_signal = (
             build_signal(sig.kind, c, ffn_out, cfg.signal_rank)
             if sig.learned and sig.ffn != "none"
+            else None
+        )
+        self.nll = (
+            NonLinearProjection(c, cfg.nll_ratio, cfg.activation, cfg.lrc)
+            if cfg.nll_ratio > 0
             else None
         )
 
@@ -72,10 +87,17 @@ class LevelParts(nn.Module):
 class TransformerBlock(nn.Module):
     """Self-attention, optional cross-attention and FFN, each in a residual sub-layer.
 
-    Post-LN: ``x = LN(x + Dropout(f(x)))``; pre-LN: ``x = x + Dropout(f(LN(x)))``.
+    Post-LN: ``x = LN(skip * x + main * Dropout(f(x)))``; pre-LN:
+    ``x = skip * x + main * Dropout(f(LN(x)))``, where skip = main = 1 unless learnable
+    residual coefficients are on (SReT eq. 9).
+
+    Args:
+        cfg: the stack configuration.
+        ffn: an FFN to use (shared with other blocks, One Wide FFN); built here when None
+            and the configuration asks for a per-block FFN.
     """
 
-    def __init__(self, cfg: StackConfig) -> None:
+    def __init__(self, cfg: StackConfig, ffn: FeedForward | None = None) -> None:
         super().__init__()
         c = cfg.embed_dim
         self.self_attn = SelfAttention(c, cfg.num_heads, cfg.attention_dropout, cfg.bias)
@@ -84,19 +106,23 @@ class TransformerBlock(nn.Module):
             if cfg.cross_attention
             else None
         )
-        self.ffn = FeedForward(c, cfg.ffn_dim, cfg.activation, cfg.activation_dropout, cfg.bias)
+        if ffn is None and cfg.ffn_sharing == "block":
+            ffn = build_ffn(cfg)
+        self.ffn = ffn
+        n = num_sublayers(cfg)
         self.norms = (
-            None
-            if cfg.norms_per_level
-            else nn.ModuleList(nn.LayerNorm(c) for _ in range(_num_norms(cfg)))
+            None if cfg.norms_per_level else nn.ModuleList(nn.LayerNorm(c) for _ in range(n))
         )
+        self.lrc = ResidualCoefficients(n, cfg.lrc)
         self.dropout = nn.Dropout(cfg.dropout)
         self.normalize_before = cfg.normalize_before
 
-    def _sublayer(self, x: Tensor, norm: nn.Module, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    def _sublayer(
+        self, x: Tensor, index: int, norm: nn.Module, fn: Callable[[Tensor], Tensor]
+    ) -> Tensor:
         if self.normalize_before:
-            return x + self.dropout(fn(norm(x)))
-        return norm(x + self.dropout(fn(x)))
+            return self.lrc(x, self.dropout(fn(norm(x))), index)
+        return norm(self.lrc(x, self.dropout(fn(x)), index))
 
     def forward(
         self,
@@ -109,12 +135,13 @@ class TransformerBlock(nn.Module):
         memory_padding_mask: Tensor | None = None,
         cache: KVCache | None = None,
         cache_key: str = "",
+        attn_groups: int = 1,
     ) -> Tensor:
-        """Runs the block at one level.
+        """Runs the block at one level, followed by the level's NLL if it has one.
 
         Args:
             x: B x T x C.
-            parts: the level's own norms and signals.
+            parts: the level's own norms, signals and NLL.
             key_padding_mask: B x T, True at padding (self-attention keys).
             causal: decoder self-attention.
             memory_kv: keys/values of the encoder memory from
@@ -122,10 +149,12 @@ class TransformerBlock(nn.Module):
             memory_padding_mask: B x S, True at memory padding.
             cache: incremental decoding state, shared by all levels; this level's entries
                 are prefixed by ``cache_key``.
+            attn_groups: sliced group self-attention groups at this level (SReT sec. 4).
         """
         norms = parts.norms if parts.norms is not None else self.norms
         x = self._sublayer(
             x,
+            0,
             norms[0],
             lambda h: self.self_attn(
                 h,
@@ -133,15 +162,23 @@ class TransformerBlock(nn.Module):
                 causal=causal,
                 cache=cache,
                 cache_key=cache_key,
+                groups=attn_groups,
                 **parts.attn_kwargs(h),
             ),
         )
+        index = 1
         if self.cross_attn is not None:
             if memory_kv is None:
                 raise ValueError("a block with cross-attention needs memory_kv")
             x = self._sublayer(
                 x,
-                norms[1],
+                index,
+                norms[index],
                 lambda h: self.cross_attn(h, memory_kv, memory_padding_mask=memory_padding_mask),
             )
-        return self._sublayer(x, norms[-1], lambda h: self.ffn(h, **parts.ffn_kwargs(h)))
+            index += 1
+        if self.ffn is not None:
+            x = self._sublayer(x, index, norms[index], lambda h: self.ffn(h, **parts.ffn_kwargs(h)))
+        if parts.nll is not None:
+            x = parts.nll(x)
+        return x

@@ -7,12 +7,16 @@ level i runs ``blocks[plan[i]]`` with ``levels[i]``. The architectures differ on
 configuration:
 
 =================  ======  ==========================================================
-architecture       M       per-level parts
+architecture       M       per-level parts / options
 =================  ======  ==========================================================
 vanilla            N       none (norms in each block)
-Universal (UT)     1       sinusoidal level embedding (``signal.kind="static"``)
+Universal (UT)     1       sinusoidal level + position embedding at every level,
+                           optional ACT halting
 RingFormer         1       own layer norms, low-rank signals on Q/K/V and FFN input
+One Wide FFN       N       attention per block, one FFN shared by all blocks
 Takase & Kiyono    M < N   none; ``sharing`` orders the blocks
+SReT (internal)    M, R    ``sequence`` order over M * R levels, an NLL after every
+                           level, LRC on every residual, sliced groups per loop
 =================  ======  ==========================================================
 
 For decoders, the encoder memory is projected to keys and values once per unique block
@@ -23,12 +27,15 @@ self-attention keys and values, so levels never mix their states.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import Tensor, nn
 
 from recurnmt.modules.attention import KVCache
-from recurnmt.modules.config import StackConfig
+from recurnmt.modules.config import ConfigError, StackConfig
 from recurnmt.modules.depth_plan import DepthPlan
-from recurnmt.modules.layers import LevelParts, TransformerBlock
+from recurnmt.modules.halting import HaltingAccumulator, HaltingUnit
+from recurnmt.modules.layers import LevelParts, TransformerBlock, build_ffn
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 
 
@@ -48,13 +55,27 @@ class RecurrentStack(nn.Module):
             raise ValueError(
                 f"depth plan has {self.plan.num_levels} levels, config {cfg.num_levels}"
             )
-        self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(self.plan.num_unique))
+        if cfg.attn_groups and len(cfg.attn_groups) < self.plan.num_loops:
+            raise ConfigError(
+                f"attn_groups={cfg.attn_groups} gives groups for {len(cfg.attn_groups)} "
+                f"loop(s), but blocks run up to {self.plan.num_loops} times"
+            )
+        # sliced attention groups of each level: loop r of a block uses attn_groups[r]
+        self.level_groups = tuple(
+            cfg.attn_groups[self.plan.loop_of_level(i)] if cfg.attn_groups else 1
+            for i in range(cfg.num_levels)
+        )
+        shared_ffn = build_ffn(cfg) if cfg.ffn_sharing == "shared" else None
+        self.blocks = nn.ModuleList(
+            TransformerBlock(cfg, ffn=shared_ffn) for _ in range(self.plan.num_unique)
+        )
         self.levels = nn.ModuleList(LevelParts(cfg) for _ in range(cfg.num_levels))
-        if cfg.signal.kind == "static":
+        if cfg.signal.kind == "static" or cfg.positions_every_level:
             emb = sinusoidal_level_embedding(cfg.num_levels, cfg.embed_dim)
             self.register_buffer("level_embedding", emb, persistent=False)
         else:
             self.level_embedding = None
+        self.halting = HaltingUnit(cfg.embed_dim, cfg.act_bias_init) if cfg.act else None
         self.final_norm = nn.LayerNorm(cfg.embed_dim) if cfg.normalize_before else None
 
     def memory_kv(
@@ -84,10 +105,13 @@ class RecurrentStack(nn.Module):
         causal: bool = False,
         memory: Tensor | None = None,
         memory_padding_mask: Tensor | None = None,
+        positions: Tensor | None = None,
         cache: KVCache | None = None,
+        levels: Sequence[int] | None = None,
         return_states: bool = False,
+        aux: dict[str, Tensor] | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
-        """Runs all levels.
+        """Runs the levels.
 
         Args:
             x: B x T x C.
@@ -95,18 +119,32 @@ class RecurrentStack(nn.Module):
             causal: causal self-attention (decoders).
             memory: B x S x C encoder output (decoders).
             memory_padding_mask: B x S, True at memory padding.
+            positions: B x T x C position embeddings, added at every level with the level
+                embedding when ``cfg.positions_every_level`` (Universal Transformer).
             cache: incremental decoding state (a dict owned by the caller); ``x`` then holds
                 only the new positions.
+            levels: run only these levels, in this order (e.g. SReT's shallow branch
+                ``plan.first_loop_levels()``); all levels by default.
             return_states: also return the output of every level (before the final norm).
+            aux: if given, receives ``"ponder"`` (B x T, ACT's N + R per position).
 
         Returns:
             The output (B x T x C) and the list of per-level outputs (empty unless asked).
         """
+        if self.cfg.positions_every_level and positions is None:
+            raise ValueError("this stack adds positions at every level: pass positions")
         kv = self.memory_kv(memory, cache) if self.cfg.cross_attention else {}
+        order = range(self.cfg.num_levels) if levels is None else levels
+        halting = HaltingAccumulator(x, self.cfg.act_threshold) if self.halting else None
         states: list[Tensor] = []
-        for i, b in enumerate(self.plan.block_of_level):
+        for step, i in enumerate(order):
             if self.level_embedding is not None:
                 x = x + self.level_embedding[i]
+            if self.cfg.positions_every_level:
+                x = x + positions
+            if halting is not None:
+                weights = halting.weights(self.halting(x), last=step == len(order) - 1)
+            b = self.plan.block_of_level[i]
             x = self.blocks[b](
                 x,
                 self.levels[i],
@@ -116,9 +154,19 @@ class RecurrentStack(nn.Module):
                 memory_padding_mask=memory_padding_mask,
                 cache=cache,
                 cache_key=f"{i}.",
+                attn_groups=self.level_groups[i],
             )
+            if halting is not None:
+                halting.accumulate(x, weights)
             if return_states:
-                states.append(x)
+                states.append(x if halting is None else halting.output)
+            # with a cache every level must fill its keys/values for later steps
+            if halting is not None and cache is None and halting.all_halted():
+                break
+        if halting is not None:
+            x = halting.output
+            if aux is not None:
+                aux["ponder"] = halting.ponder_cost
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x, states
@@ -129,15 +177,17 @@ class RecurrentStack(nn.Module):
         The copy computes the same function; it is the reference against which weight sharing
         is checked, and a starting point for fine-tuning without sharing.
         """
-        copy = RecurrentStack(
-            self.cfg.replace(num_unique=None), DepthPlan.build(self.cfg.num_levels)
-        )
+        ffn_sharing = "block" if self.cfg.ffn_sharing == "shared" else self.cfg.ffn_sharing
+        cfg = self.cfg.replace(num_unique=None, ffn_sharing=ffn_sharing)
+        copy = RecurrentStack(cfg, DepthPlan.build(self.cfg.num_levels))
+        copy.level_groups = self.level_groups
         copy.to(next(self.parameters()).device)
         for level in range(self.cfg.num_levels):
             copy.blocks[level].load_state_dict(self.block_of_level(level).state_dict())
         copy.levels.load_state_dict(self.levels.state_dict())
-        if self.final_norm is not None:
-            copy.final_norm.load_state_dict(self.final_norm.state_dict())
+        for name in ("halting", "final_norm"):
+            if getattr(self, name) is not None:
+                getattr(copy, name).load_state_dict(getattr(self, name).state_dict())
         return copy
 
     def block_of_level(self, level: int) -> TransformerBlock:
