@@ -1,0 +1,65 @@
+"""ImageNet in the usual folder layout, one sub-folder per class::
+
+    root/train/n01440764/n01440764_10026.JPEG
+    root/val/n01440764/ILSVRC2012_val_00000293.JPEG
+
+Class indices follow the sorted folder names, so train and val agree. Images are decoded with
+PIL, converted to RGB and handed to the tensor transforms of :mod:`.transforms`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from recurnmt.vision.data.transforms import Transform, pil_to_tensor
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
+
+
+def scan_folder(root: Path) -> tuple[list[tuple[Path, int]], list[str]]:
+    """(file, class index) pairs under ``root``'s class folders, and the class names.
+
+    Raises:
+        FileNotFoundError: ``root`` is missing or holds no class folder with images.
+    """
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {root} does not exist")
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+    samples = [
+        (path, index)
+        for index, name in enumerate(classes)
+        for path in sorted((root / name).rglob("*"))
+        if path.suffix.lower() in IMAGE_SUFFIXES
+    ]
+    if not samples:
+        raise FileNotFoundError(f"no images in class folders under {root}")
+    return samples, classes
+
+
+class ImageFolderDataset(Dataset):
+    """Images of ``root/<split>/<class>/*`` as (tensor, class index) pairs.
+
+    Args:
+        root: the data set folder (holding ``train/`` and ``val/``).
+        split: sub-folder to read.
+        transform: tensor transform applied to each RGB image in [0, 1].
+    """
+
+    def __init__(self, root: str | Path, split: str = "train", transform: Transform | None = None):
+        self.samples, self.classes = scan_folder(Path(root) / split)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        path, label = self.samples[index]
+        with Image.open(path) as img:
+            x = pil_to_tensor(img.convert("RGB"))
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, label

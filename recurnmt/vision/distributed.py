@@ -1,0 +1,145 @@
+"""Process-group setup for single-process and torchrun (multi-GPU, multi-node) training.
+
+``torchrun`` exports RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT. Without them the run is a single process. With them, the backend is NCCL on CUDA
+and gloo on CPU, and inconsistent setups are refused before any work is done, with a message
+that says what to change: a partial environment, a rank outside the world, more processes per
+node than visible GPUs, or ranks that disagree on the world size.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class DistributedSetupError(RuntimeError):
+    """The launch environment cannot give a consistent process group."""
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in the run.
+
+    Attributes:
+        rank: global rank.
+        world_size: number of processes.
+        local_rank: rank on this node (selects the GPU).
+        device: the device this process computes on.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(name: str) -> int:
+    value = os.environ[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise DistributedSetupError(f"{name}={value!r} is not an integer") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available else CPU; ``cuda``/``cpu`` as asked.
+
+    Raises:
+        DistributedSetupError: CUDA asked for but not available.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DistributedSetupError("--device cuda was given but no CUDA device is visible")
+    return device
+
+
+def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistInfo:
+    """Reads the torchrun environment, checks it and joins the process group.
+
+    Raises:
+        DistributedSetupError: the environment is partial or inconsistent.
+    """
+    if "WORLD_SIZE" not in os.environ or _env_int("WORLD_SIZE") == 1:
+        return DistInfo(device=resolve_device(device))
+    missing = [v for v in _TORCHRUN_VARS if v not in os.environ]
+    if missing:
+        raise DistributedSetupError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set but {', '.join(missing)} "
+            "are not; launch multi-process training with torchrun, e.g. "
+            "`torchrun --nproc_per_node 2 -m recurnmt.vision.train ...`"
+        )
+    rank, world, local = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
+    if world < 1 or not 0 <= rank < world:
+        raise DistributedSetupError(f"RANK={rank} is outside WORLD_SIZE={world}")
+    local_world = _env_int("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in os.environ else None
+    if local_world is not None and not 0 <= local < local_world:
+        raise DistributedSetupError(f"LOCAL_RANK={local} is outside LOCAL_WORLD_SIZE={local_world}")
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        visible = torch.cuda.device_count()
+        if (local_world or local + 1) > visible:
+            raise DistributedSetupError(
+                f"{local_world or local + 1} processes per node but only {visible} visible "
+                "CUDA device(s); set --nproc_per_node to at most the GPU count, or CUDA_VISIBLE_DEVICES"
+            )
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=dev if dev.type == "cuda" else None,
+    )
+    sizes = [None] * world
+    dist.all_gather_object(sizes, world)
+    if any(s != world for s in sizes):
+        raise DistributedSetupError(f"ranks disagree on WORLD_SIZE: {sizes}")
+    return DistInfo(rank, world, local, dev)
+
+
+def check_batch_size(batch_size: int, info: DistInfo) -> int:
+    """The per-process share of the global ``batch_size``.
+
+    Raises:
+        DistributedSetupError: the world size does not divide the global batch.
+    """
+    if batch_size % info.world_size:
+        raise DistributedSetupError(
+            f"--batch-size {batch_size} (global) is not divisible by the {info.world_size} "
+            "processes; choose a multiple of the world size"
+        )
+    return batch_size // info.world_size
+
+
+def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
+    """Sums ``values`` over all processes (identity in a single process)."""
+    if not info.distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=info.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def cleanup(info: DistInfo) -> None:
+    """Leaves the process group."""
+    if info.distributed and dist.is_initialized():
+        dist.destroy_process_group()

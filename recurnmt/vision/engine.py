@@ -1,0 +1,164 @@
+"""One training epoch and one evaluation pass, on any device, in one or many processes."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from recurnmt.vision.data.mixup import Mixup
+from recurnmt.vision.distributed import DistInfo, all_reduce_sum
+
+
+@dataclass
+class Precision:
+    """Mixed precision settings: autocast dtype (``None`` = full precision) and loss scaling."""
+
+    dtype: torch.dtype | None = None
+    scaler: torch.amp.GradScaler | None = None
+
+    @classmethod
+    def build(cls, mode: str, device: torch.device) -> Precision:
+        """``auto``: bf16 (or fp16 with loss scaling) on CUDA, full precision on CPU."""
+        if mode == "off" or (mode == "auto" and device.type != "cuda"):
+            return cls()
+        if mode == "auto":
+            mode = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        if mode == "fp16":
+            if device.type != "cuda":
+                raise ValueError("--amp fp16 needs CUDA (use bf16 on CPU)")
+            return cls(torch.float16, torch.amp.GradScaler("cuda"))
+        return cls(torch.bfloat16)
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=self.dtype)
+
+
+@dataclass
+class EpochResult:
+    """Mean training loss of the epoch (over all ranks) and this rank's per-step losses."""
+
+    loss: float
+    losses: list[float] = field(default_factory=list)
+
+
+def train_one_epoch(
+    model: nn.Module,
+    loader: Iterable,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    loss_fn: Callable[[Tensor, Tensor, Tensor], Tensor],
+    info: DistInfo,
+    precision: Precision,
+    *,
+    mixup: Mixup | None = None,
+    clip_grad: float | None = None,
+    shallow_loss: bool = False,
+    progress: bool = True,
+    on_step: Callable[[int, float, float], None] | None = None,
+    epoch: int = 0,
+) -> EpochResult:
+    """Trains ``model`` for one pass over ``loader``.
+
+    Args:
+        loss_fn: ``loss_fn(logits, target, images)``.
+        shallow_loss: mixed-depth training (SReT appendix B): the model also runs its
+            loop-free shallow branch (``model(x, shallow=True)``) and both losses are summed.
+        on_step: called with (update count, loss, learning rate) after every update.
+
+    Raises:
+        FloatingPointError: the loss became NaN or infinite.
+    """
+    model.train()
+    device = info.device
+    losses: list[float] = []
+    bar = tqdm(
+        loader,
+        desc=f"epoch {epoch}",
+        disable=not (progress and info.is_main),
+        leave=False,
+        dynamic_ncols=True,
+    )
+    for images, target in bar:
+        images = images.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
+        if mixup is not None:
+            images, target = mixup(images, target)
+        with precision.autocast(device):
+            loss = loss_fn(model(images), target, images)
+            if shallow_loss:
+                loss = loss + loss_fn(model(images, shallow=True), target, images)
+        value = loss.item()
+        if not math.isfinite(value):
+            raise FloatingPointError(f"loss is {value} at epoch {epoch}, step {len(losses)}")
+        optimizer.zero_grad(set_to_none=True)
+        if precision.scaler is not None:
+            precision.scaler.scale(loss).backward()
+            precision.scaler.unscale_(optimizer)
+        else:
+            loss.backward()
+        if clip_grad:
+            nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+        if precision.scaler is not None:
+            precision.scaler.step(optimizer)
+            precision.scaler.update()
+        else:
+            optimizer.step()
+        scheduler.step()
+        losses.append(value)
+        bar.set_postfix(loss=f"{value:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+        if on_step is not None:
+            on_step(scheduler.last_epoch, value, optimizer.param_groups[0]["lr"])
+    total, count = all_reduce_sum([sum(losses), float(len(losses))], info)
+    return EpochResult(total / max(count, 1.0), losses)
+
+
+@dataclass
+class EvalResult:
+    """Accuracy and loss over the whole evaluation set (all ranks)."""
+
+    top1: float
+    top5: float
+    loss: float
+    images: int
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    info: DistInfo,
+    precision: Precision | None = None,
+    progress: bool = False,
+) -> EvalResult:
+    """Top-1 / top-5 accuracy (%) and cross-entropy of ``model`` on ``loader``.
+
+    Each rank evaluates its own shard (no padding), the counts are summed over ranks.
+    """
+    model.eval()
+    precision = precision or Precision()
+    correct1 = correct5 = loss_sum = seen = 0.0
+    for images, target in tqdm(
+        loader, desc="eval", leave=False, disable=not (progress and info.is_main)
+    ):
+        images, target = images.to(info.device), target.to(info.device)
+        with precision.autocast(info.device):
+            logits = model(images)
+        logits = logits.float()
+        loss_sum += nn.functional.cross_entropy(logits, target, reduction="sum").item()
+        k = min(5, logits.size(1))
+        top = logits.topk(k, dim=1).indices  # B x k
+        hits = top.eq(target[:, None])
+        correct1 += hits[:, :1].sum().item()
+        correct5 += hits.any(dim=1).sum().item()
+        seen += target.numel()
+    correct1, correct5, loss_sum, seen = all_reduce_sum([correct1, correct5, loss_sum, seen], info)
+    n = max(seen, 1.0)
+    return EvalResult(100 * correct1 / n, 100 * correct5 / n, loss_sum / n, int(seen))

@@ -1,0 +1,324 @@
+"""Vision Transformers on a recurrent stack: ViT/DeiT, naive recursion, RingFormer-ViT, UiT.
+
+One class, :class:`VisionTransformer`, turns an image into patch tokens (ViT eq. 1), runs them
+through a level stack from :mod:`recurnmt.modules` and classifies from the class token (ViT
+eq. 4) or the average token. The architectures differ only in the stack they are given:
+
+=========================  ==================================================================
+ViT / DeiT                 N levels, N unique pre-LN blocks (Dosovitskiy et al. 2021; DeiT)
+naive recursive ViT        every block looped R times in a row (SReT eq. 4, Table 1)
+RingFormer-ViT             one block, per-level LNs and low-rank signals (RingFormer eq. 5-7)
+UiT                        one block, sinusoidal level embedding at every step (UT; RingFormer
+                           sec. 4.1 "use sinusoidal spatio-temporal embeddings")
+=========================  ==================================================================
+
+Shape legend: B batch, C channels, H x W image, P patch, D width, N = (H/P)(W/P) patch tokens,
+T = N + 1 with the class token.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from recurnmt.modules import DepthPlan, RecurrentStack, SignalConfig, StackConfig
+from recurnmt.vision.layers import PatchEmbed, PositionEmbedding, to_2tuple
+from recurnmt.vision.registry import register_model
+
+
+class VisionTransformer(nn.Module):
+    """Patch embedding, a level stack and a classifier (ViT eq. 1-4).
+
+    Args:
+        stack: the level stack; called as ``stack(tokens)`` and returns ``(tokens, states)``
+            with the final norm applied (:class:`~recurnmt.modules.RecurrentStack`).
+        embed_dim: token width D (the stack's width).
+        img_size: the training image size (rows, cols); other sizes work too, the learned
+            position table is interpolated for them.
+        patch_size: patch size P.
+        in_chans: image channels.
+        num_classes: classifier outputs; 0 gives no head (features only).
+        class_token: prepend a learned class token (ViT eq. 1); otherwise average the tokens.
+        global_pool: ``token`` (class token) or ``avg`` (mean of the patch tokens).
+        pos_embed: ``learned``, ``sincos`` or ``none`` (see :mod:`~recurnmt.vision.layers`).
+        drop_rate: dropout after the position embedding and before the head.
+    """
+
+    def __init__(
+        self,
+        stack: nn.Module,
+        embed_dim: int,
+        *,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        class_token: bool = True,
+        global_pool: str = "token",
+        pos_embed: str = "learned",
+        drop_rate: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool={global_pool!r}; use token or avg")
+        if global_pool == "token" and not class_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+        self.embed_dim = self.num_features = embed_dim
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.img_size = to_2tuple(img_size)
+        self.in_chans = in_chans
+        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
+        self.num_prefix_tokens = 1 if class_token else 0
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        grid = self.patch_embed.grid_size(self.img_size)
+        self.pos_embed = PositionEmbedding(pos_embed, grid, embed_dim, self.num_prefix_tokens)
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.stack = stack
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self._init_own_weights()
+
+    def _init_own_weights(self) -> None:
+        # The stack initialises itself (recurnmt.modules); these are the image-side parts.
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        w = self.patch_embed.proj.weight
+        nn.init.trunc_normal_(w.view(w.size(0), -1), std=0.02)
+        nn.init.zeros_(self.patch_embed.proj.bias)
+        if isinstance(self.head, nn.Linear):
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names exempt from weight decay (besides all biases and norms)."""
+        return {"cls_token", "pos_embed.weight"}
+
+    def set_img_size(self, img_size: int | tuple[int, int]) -> None:
+        """Re-targets the model at a new resolution (fine-tuning, DeiT sec. 6)."""
+        self.img_size = to_2tuple(img_size)
+        self.pos_embed.resize_(self.patch_embed.grid_size(self.img_size))
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Replaces the head with a fresh one of ``num_classes`` outputs."""
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self._init_own_weights()
+
+    def embed(self, x: Tensor) -> Tensor:
+        """Image B x C x H x W -> tokens B x T x D with position embedding (ViT eq. 1)."""
+        x = self.patch_embed(x)  # B x D x H/P x W/P
+        grid = (x.size(2), x.size(3))
+        x = x.flatten(2).transpose(1, 2)  # B x N x D
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.size(0), -1, -1), x], dim=1)  # B x T x D
+        return self.pos_drop(self.pos_embed(x, grid))
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Image B x C x H x W -> normalised tokens B x T x D (ViT eq. 2-4 before the head)."""
+        x, _ = self.stack(self.embed(x))
+        return x
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Tokens B x T x D -> logits B x num_classes (or the pooled B x D)."""
+        if self.global_pool == "token":
+            x = x[:, 0]  # B x D, the class token
+        else:
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)  # B x D
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def vit_stack_config(
+    *,
+    embed_dim: int,
+    depth: int,
+    num_heads: int,
+    ffn_dim: int | None = None,
+    mlp_ratio: float = 4.0,
+    loops: int = 1,
+    num_levels: int | None = None,
+    sharing: str = "sequence",
+    norms_per_level: bool = False,
+    signal: SignalConfig | None = None,
+    drop_rate: float = 0.0,
+    attn_drop_rate: float = 0.0,
+) -> StackConfig:
+    """The pre-LN GELU stack of a ViT (ViT eq. 2-3): ``depth`` unique blocks over the levels.
+
+    Args:
+        depth: number of unique blocks M.
+        ffn_dim: FFN inner width; ``embed_dim * mlp_ratio`` when omitted.
+        loops: how often each block runs (``num_levels = depth * loops``); with the default
+            ``sequence`` sharing every block is looped ``loops`` times in a row, SReT's
+            internal loop (SReT eq. 4, sec. 5.2).
+        num_levels: the number of levels N directly (overrides ``loops``).
+        sharing: level order, see :class:`~recurnmt.modules.DepthPlan`.
+    """
+    levels = num_levels if num_levels is not None else depth * loops
+    return StackConfig(
+        embed_dim=embed_dim,
+        ffn_dim=ffn_dim if ffn_dim is not None else int(embed_dim * mlp_ratio),
+        num_heads=num_heads,
+        num_levels=levels,
+        num_unique=depth,
+        sharing=sharing,
+        norms_per_level=norms_per_level,
+        normalize_before=True,
+        signal=signal or SignalConfig(),
+        dropout=drop_rate,
+        attention_dropout=attn_drop_rate,
+        activation="gelu",
+    )
+
+
+_IMAGE_KEYS = ("img_size", "patch_size", "in_chans", "num_classes", "class_token", "global_pool")
+
+
+def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
+    """Splits ``defaults | kwargs`` into stack and image settings and builds the model."""
+    args = {**defaults, **kwargs}
+    image = {k: args.pop(k) for k in _IMAGE_KEYS if k in args}
+    pos_embed = args.pop("pos_embed", "learned")
+    drop_rate = args.get("drop_rate", 0.0)
+    cfg = vit_stack_config(**args)
+    stack = RecurrentStack(cfg, DepthPlan.build(cfg.num_levels, cfg.num_unique, cfg.sharing))
+    return VisionTransformer(
+        stack, cfg.embed_dim, pos_embed=pos_embed, drop_rate=drop_rate, **image
+    )
+
+
+# ---------------------------------------------------------------- ViT / DeiT (no sharing)
+
+_DEIT_TINY = dict(embed_dim=192, depth=12, num_heads=3)
+_DEIT_SMALL = dict(embed_dim=384, depth=12, num_heads=6)
+_VIT_BASE = dict(embed_dim=768, depth=12, num_heads=12)
+
+
+@register_model
+def deit_tiny_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-Ti (DeiT Table 1): 192 wide, 12 layers, 3 heads, 5.7M parameters."""
+    return _create_vit(_DEIT_TINY, kwargs)
+
+
+@register_model
+def deit_small_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-S (DeiT Table 1): 384 wide, 12 layers, 6 heads, 22.1M parameters."""
+    return _create_vit(_DEIT_SMALL, kwargs)
+
+
+@register_model
+def vit_base_patch16_224(**kwargs) -> VisionTransformer:
+    """ViT-B/16 (ViT Table 1): 768 wide, 12 layers, 12 heads.
+
+    With ``pos_embed="sincos"`` it is RingFormer Table 3's ViT (86.42M).
+    """
+    return _create_vit(_VIT_BASE, kwargs)
+
+
+@register_model
+def vit_small_rf_patch16_224(**kwargs) -> VisionTransformer:
+    """RingFormer Table 2's ViT: 512/2048, 6 layers, 8 heads, fixed position embedding."""
+    return _create_vit(
+        dict(embed_dim=512, ffn_dim=2048, depth=6, num_heads=8, pos_embed="sincos"), kwargs
+    )
+
+
+# ---------------------------------------------------------------- naive recursion (SReT)
+
+
+@register_model
+def deit_tiny_recursive_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-Ti with every block looped twice in a row (SReT Table 1, "+1 naive recursion").
+
+    ``loops=3`` and ``loops=4`` give the table's other rows; parameters stay at 5.7M.
+    """
+    return _create_vit({**_DEIT_TINY, "loops": 2}, kwargs)
+
+
+# ---------------------------------------------------------------- RingFormer-ViT
+
+_RINGFORMER = dict(
+    depth=1, norms_per_level=True, signal=SignalConfig(kind="lowrank"), pos_embed="sincos"
+)
+
+
+@register_model
+def ringformer_vit_base_patch16_224(**kwargs) -> VisionTransformer:
+    """RingFormer-ViT of RingFormer Table 3: one block over 12 levels, 768/3072, 12.02M.
+
+    Per-level LNs and low-rank signals of rank D/16 on Q, K, V and the FFN input
+    (RingFormer eq. 5-7). ``embed_dim=1284, ffn_dim=5120`` is the table's RingFormer^s.
+    """
+    return _create_vit(
+        {**_RINGFORMER, "embed_dim": 768, "ffn_dim": 3072, "num_levels": 12, "num_heads": 12},
+        kwargs,
+    )
+
+
+@register_model
+def ringformer_vit_small_patch16_224(**kwargs) -> VisionTransformer:
+    """RingFormer-ViT of RingFormer Table 2: 512/2048, 6 levels, 8 heads (4.4M, 100 classes)."""
+    return _create_vit(
+        {**_RINGFORMER, "embed_dim": 512, "ffn_dim": 2048, "num_levels": 6, "num_heads": 8}, kwargs
+    )
+
+
+# ---------------------------------------------------------------- UiT
+
+_UIT = dict(depth=1, signal=SignalConfig(kind="static"), pos_embed="sincos")
+
+
+@register_model
+def uit_base_patch16_224(**kwargs) -> VisionTransformer:
+    """Universal Transformer ViT of RingFormer Table 3: one block, 12 levels, 768/3072, 8.45M.
+
+    A sinusoidal level (timestep) embedding is added before every level (UT; RingFormer
+    Table 4 "static signal"). ``embed_dim=1560, ffn_dim=6240`` is the table's UiT^s.
+    """
+    return _create_vit(
+        {**_UIT, "embed_dim": 768, "ffn_dim": 3072, "num_levels": 12, "num_heads": 12}, kwargs
+    )
+
+
+@register_model
+def uit_small_patch16_224(**kwargs) -> VisionTransformer:
+    """UiT of RingFormer Table 2: 512/2048, 6 levels, 8 heads (3.60M with 100 classes)."""
+    return _create_vit(
+        {**_UIT, "embed_dim": 512, "ffn_dim": 2048, "num_levels": 6, "num_heads": 8}, kwargs
+    )
+
+
+# ---------------------------------------------------------------- mini models for CPUs
+
+_MINI = dict(embed_dim=64, ffn_dim=128, num_heads=4, img_size=32, patch_size=4)
+
+
+@register_model
+def vit_mini_patch4(**kwargs) -> VisionTransformer:
+    """A CPU-sized ViT: 64 wide, 6 layers, 4 x 4 patches of 32 x 32 (or digits' 16 x 16) images."""
+    return _create_vit({**_MINI, "depth": 6}, kwargs)
+
+
+@register_model
+def recursive_vit_mini_patch4(**kwargs) -> VisionTransformer:
+    """The mini ViT with 3 blocks, each looped twice (naive recursion, SReT eq. 4)."""
+    return _create_vit({**_MINI, "depth": 3, "loops": 2}, kwargs)
+
+
+@register_model
+def ringformer_vit_mini_patch4(**kwargs) -> VisionTransformer:
+    """A CPU-sized RingFormer-ViT: one 64-wide block over 6 levels, signal rank 8."""
+    return _create_vit(
+        {**_MINI, **_RINGFORMER, "num_levels": 6, "signal": SignalConfig(kind="lowrank", rank=8)},
+        kwargs,
+    )
+
+
+@register_model
+def uit_mini_patch4(**kwargs) -> VisionTransformer:
+    """A CPU-sized UiT: one 64-wide block over 6 levels with sinusoidal level embeddings."""
+    return _create_vit({**_MINI, **_UIT, "num_levels": 6}, kwargs)

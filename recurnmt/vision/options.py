@@ -1,0 +1,145 @@
+"""Command-line options of ``python -m recurnmt.vision.train``.
+
+Any option can also come from a YAML file (``--config configs/vision/digits_ringformer.yaml``)
+whose keys are the option names with underscores; flags on the command line win over the file.
+Model settings beyond the registered defaults go in ``--model-arg key=value`` (repeatable;
+values are Python literals) or a ``model_args`` mapping in the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from pathlib import Path
+from typing import Any
+
+
+def parse_model_args(items: list[str] | dict | None) -> dict[str, Any]:
+    """``["loops=3", "embed_dim=96"]`` -> ``{"loops": 3, "embed_dim": 96}``."""
+    if items is None:
+        return {}
+    if isinstance(items, dict):
+        return dict(items)
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"--model-arg {item!r} is not key=value")
+        try:
+            out[key.strip()] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value  # a bare word, e.g. pos_embed=sincos
+    return out
+
+
+def parse_size(value: str | int | list | tuple | None) -> tuple[int, int] | None:
+    """``"224"`` -> (224, 224); ``"224x160"`` -> (224, 160)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return int(value[0]), int(value[1])
+    if isinstance(value, int):
+        return value, value
+    rows, _, cols = str(value).lower().partition("x")
+    return int(rows), int(cols or rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m recurnmt.vision.train",
+        description="Train an image classifier from recurnmt.vision (single process or torchrun).",
+    )
+    p.add_argument("--config", help="YAML file of option defaults")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="ringformer_vit_mini_patch4", help="registered model")
+    g.add_argument(
+        "--model-arg",
+        dest="model_args",
+        action="append",
+        metavar="KEY=VALUE",
+        help="model setting (repeatable), e.g. loops=3",
+    )
+    g.add_argument(
+        "--finetune",
+        metavar="CKPT",
+        help="start from this checkpoint's weights (new resolution/classes allowed)",
+    )
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--data", default="digits", choices=["digits", "cifar10", "cifar100", "imagenet"]
+    )
+    g.add_argument("--data-root", help="data folder (not needed for digits)")
+    g.add_argument("--img-size", help="training resolution, 224 or 224x160 (data set default)")
+    g.add_argument("--workers", type=int, default=0, help="data loader processes per rank")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=int, default=30)
+    g.add_argument("--batch-size", type=int, default=128, help="global batch size (all ranks)")
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--min-lr", type=float, default=1e-5)
+    g.add_argument("--weight-decay", type=float, default=0.05)
+    g.add_argument("--warmup-epochs", type=float, default=5.0)
+    g.add_argument("--clip-grad", type=float, default=None, help="max gradient norm")
+    g.add_argument("--smoothing", type=float, default=0.1, help="label smoothing")
+    g = p.add_argument_group("augmentation (data set defaults when omitted)")
+    g.add_argument("--hflip", type=float, help="horizontal flip probability")
+    g.add_argument("--scale-min", type=float, help="smallest random-resized-crop area")
+    g.add_argument("--reprob", type=float, help="random erasing probability")
+    g.add_argument("--mixup", type=float, default=0.0, help="mixup alpha (DeiT: 0.8)")
+    g.add_argument("--cutmix", type=float, default=0.0, help="cutmix alpha (DeiT: 1.0)")
+    g.add_argument("--mixup-prob", type=float, default=1.0)
+    g.add_argument("--mixup-switch-prob", type=float, default=0.5)
+    g = p.add_argument_group("distillation and depth")
+    g.add_argument("--teacher", metavar="CKPT", help="distil from this checkpoint (SReT eq. 17)")
+    g.add_argument("--distill-temperature", type=float, default=1.0)
+    g.add_argument(
+        "--mixed-depth",
+        action="store_true",
+        help="SReT appendix B: add the loss of the loop-free shallow branch",
+    )
+    g = p.add_argument_group("run")
+    g.add_argument("--output", default="runs/vision", help="checkpoints, metrics, tensorboard")
+    g.add_argument(
+        "--resume",
+        metavar="CKPT",
+        help="continue a run; 'auto' resumes OUTPUT/checkpoint.pt when present",
+    )
+    g.add_argument(
+        "--stop-after-epoch",
+        type=int,
+        default=None,
+        help="end after this epoch as if interrupted (the schedule still spans --epochs)",
+    )
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    g.add_argument(
+        "--amp",
+        default="auto",
+        choices=["auto", "off", "bf16", "fp16"],
+        help="mixed precision; auto = bf16/fp16 on CUDA, off on CPU",
+    )
+    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs")
+    g.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    g.add_argument("--no-tensorboard", action="store_true")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parses ``argv`` with defaults from ``--config``."""
+    parser = build_parser()
+    first, _ = parser.parse_known_args(argv)
+    if first.config:
+        import yaml
+
+        values = yaml.safe_load(Path(first.config).read_text()) or {}
+        known = {a.dest for a in parser._actions}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            parser.error(f"unknown keys in {first.config}: {', '.join(unknown)}")
+        if isinstance(values.get("model_args"), dict):
+            values["model_args"] = [f"{k}={v!r}" for k, v in values["model_args"].items()]
+        parser.set_defaults(**values)
+    args = parser.parse_args(argv)
+    args.model_args = parse_model_args(args.model_args)
+    args.img_size = parse_size(args.img_size)
+    return args

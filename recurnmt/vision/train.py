@@ -1,0 +1,309 @@
+"""Train an image classifier: ``python -m recurnmt.vision.train [options]``.
+
+The default trains a small RingFormer-ViT on scikit-learn's bundled digits on a CPU::
+
+    python -m recurnmt.vision.train --output runs/digits
+
+Recipes (AdamW, cosine schedule with warmup, label smoothing, DeiT-style augmentation) follow
+DeiT (Touvron et al. 2021, Table 9) and SReT (appendix E, Table 10). Also supported:
+soft-label distillation from a teacher checkpoint (``--teacher``, SReT eq. 17), fine-tuning at a
+higher resolution (``--finetune CKPT --img-size 384``, DeiT sec. 6; SReT uses weight decay 0
+there), mixed precision on CUDA, exact resume (``--resume auto``), tensorboard logs and, under
+``torchrun``, data-parallel training on many GPUs or nodes (gloo on CPUs)::
+
+    torchrun --nproc_per_node 2 -m recurnmt.vision.train --output runs/digits-ddp
+
+Outputs in ``--output``: ``checkpoint.pt`` (latest, for resuming), ``best.pt`` (best top-1),
+``metrics.jsonl`` (one line per epoch) and ``tb/`` (tensorboard).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from argparse import Namespace
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from recurnmt.vision.checkpoint import (
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    unwrap,
+)
+from recurnmt.vision.data import DataSpec, Mixup, build_dataset, data_spec
+from recurnmt.vision.distributed import DistInfo, check_batch_size, cleanup, init_distributed
+from recurnmt.vision.engine import Precision, evaluate, train_one_epoch
+from recurnmt.vision.flops import count_parameters
+from recurnmt.vision.losses import ClassificationLoss
+from recurnmt.vision.optim import build_optimizer
+from recurnmt.vision.options import parse_args
+from recurnmt.vision.registry import create_model
+from recurnmt.vision.schedule import cosine_with_warmup
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds torch, Python and numpy."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def model_from_checkpoint(ckpt: dict) -> nn.Module:
+    """Rebuilds the model stored in a checkpoint of this command and loads its weights."""
+    model = create_model(ckpt["model_name"], **ckpt["model_kwargs"])
+    model.load_state_dict(ckpt["model"])
+    return model
+
+
+def _spec_with_overrides(args: Namespace) -> DataSpec:
+    spec = data_spec(args.data, args.data_root)
+    changes = {}
+    if args.hflip is not None:
+        changes["hflip"] = args.hflip
+    if args.scale_min is not None:
+        changes["scale"] = (args.scale_min, 1.0)
+    if args.reprob is not None:
+        changes["erase"] = args.reprob
+    return replace(spec, **changes)
+
+
+def _build_model(args: Namespace, spec: DataSpec, img_size: tuple[int, int], log) -> tuple:
+    """The model, its registered name and the keyword arguments that rebuild it."""
+    if not args.finetune:
+        kwargs = {
+            **args.model_args,
+            "img_size": img_size,
+            "num_classes": spec.num_classes,
+            "in_chans": spec.in_chans,
+        }
+        return create_model(args.model, **kwargs), args.model, kwargs
+    if args.model_args:
+        raise SystemExit("--model-arg cannot change the architecture of a --finetune checkpoint")
+    ckpt = load_checkpoint(args.finetune)
+    model = model_from_checkpoint(ckpt)
+    kwargs = dict(ckpt["model_kwargs"])
+    if tuple(kwargs.get("img_size", img_size)) != tuple(img_size):
+        model.set_img_size(img_size)  # interpolates learned position tables
+    if kwargs.get("num_classes") != spec.num_classes:
+        model.reset_classifier(spec.num_classes)
+    kwargs.update(img_size=img_size, num_classes=spec.num_classes)
+    log(f"fine-tuning {ckpt['model_name']} from {args.finetune} at {img_size[0]}x{img_size[1]}")
+    return model, ckpt["model_name"], kwargs
+
+
+def _gather_rng(info: DistInfo) -> list:
+    states = [None] * info.world_size
+    if info.distributed:
+        dist.all_gather_object(states, rng_state())
+    else:
+        states[0] = rng_state()
+    return states
+
+
+def run(args: Namespace, info: DistInfo) -> dict:
+    """Trains as ``args`` says; returns the last metrics line."""
+
+    def log(msg: str) -> None:
+        if info.is_main:
+            print(msg, flush=True)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    seed_everything(args.seed + info.rank)
+    out = Path(args.output)
+    spec = _spec_with_overrides(args)
+    img_size = tuple(args.img_size or spec.img_size)
+    model, model_name, model_kwargs = _build_model(args, spec, img_size, log)
+    model.to(info.device)
+
+    train_set, _ = build_dataset(
+        args.data, "train", root=args.data_root, img_size=img_size, augment=True, spec=spec
+    )
+    eval_set, _ = build_dataset(
+        args.data, "eval", root=args.data_root, img_size=img_size, augment=False, spec=spec
+    )
+    per_rank = check_batch_size(args.batch_size, info)
+    sampler = DistributedSampler(
+        train_set,
+        num_replicas=info.world_size,
+        rank=info.rank,
+        shuffle=True,
+        seed=args.seed,
+        drop_last=True,
+    )
+    pin = info.device.type == "cuda"
+    train_loader = DataLoader(
+        train_set,
+        batch_size=per_rank,
+        sampler=sampler,
+        num_workers=args.workers,
+        drop_last=True,
+        pin_memory=pin,
+    )
+    shard = Subset(eval_set, range(info.rank, len(eval_set), info.world_size))
+    eval_loader = DataLoader(shard, batch_size=per_rank, num_workers=args.workers, pin_memory=pin)
+    steps = len(train_loader)
+    if steps == 0:
+        raise SystemExit(f"--batch-size {args.batch_size} exceeds the {len(train_set)} images")
+
+    optimizer = build_optimizer(model, args.lr, args.weight_decay)
+    scheduler = cosine_with_warmup(
+        optimizer, round(args.warmup_epochs * steps), args.epochs * steps, args.min_lr / args.lr
+    )
+    precision = Precision.build(args.amp, info.device)
+    teacher = None
+    if args.teacher:
+        teacher = model_from_checkpoint(load_checkpoint(args.teacher)).to(info.device)
+        log(f"distilling from {args.teacher} (soft labels only, SReT eq. 17)")
+    loss_fn = ClassificationLoss(args.smoothing, teacher, args.distill_temperature)
+    mixup = None
+    if args.mixup > 0 or args.cutmix > 0:
+        mixup = Mixup(
+            spec.num_classes,
+            args.mixup,
+            args.cutmix,
+            args.mixup_prob,
+            args.mixup_switch_prob,
+            args.smoothing,
+        )
+
+    start_epoch, best = 0, 0.0
+    resume = args.resume
+    if resume == "auto":
+        resume = str(out / "checkpoint.pt") if (out / "checkpoint.pt").exists() else None
+    if resume:
+        ckpt = load_checkpoint(resume)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        if precision.scaler is not None and ckpt.get("scaler"):
+            precision.scaler.load_state_dict(ckpt["scaler"])
+        start_epoch, best = ckpt["epoch"], ckpt.get("best_top1", 0.0)
+        if len(ckpt["rng"]) == info.world_size:
+            set_rng_state(ckpt["rng"][info.rank])
+        else:
+            log(
+                f"warning: checkpoint has {len(ckpt['rng'])} ranks, this run {info.world_size}; "
+                "continuing with fresh random streams (not bit-identical)"
+            )
+            seed_everything(args.seed + 1000 * start_epoch + info.rank)
+        log(f"resumed {resume} at epoch {start_epoch}")
+
+    log(
+        f"model {model_name}: {count_parameters(model) / 1e6:.3f}M parameters; "
+        f"data {args.data}: {len(train_set)} train / {len(eval_set)} eval images; "
+        f"{info.world_size} process(es) on {info.device.type}; {steps} steps/epoch"
+    )
+    net = model
+    if info.distributed:
+        ids = [info.device.index] if info.device.type == "cuda" else None
+        net = DistributedDataParallel(model, device_ids=ids)
+
+    writer = None
+    if info.is_main and not args.no_tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out / "tb"), purge_step=start_epoch * steps or None)
+
+    def on_step(step: int, loss: float, lr: float) -> None:
+        if writer is not None:
+            writer.add_scalar("train/loss", loss, step)
+            writer.add_scalar("train/lr", lr, step)
+
+    record: dict = {}
+    for epoch in range(start_epoch, args.epochs):
+        sampler.set_epoch(epoch)
+        started = time.perf_counter()
+        result = train_one_epoch(
+            net,
+            train_loader,
+            optimizer,
+            scheduler,
+            loss_fn,
+            info,
+            precision,
+            mixup=mixup,
+            clip_grad=args.clip_grad,
+            shallow_loss=args.mixed_depth,
+            progress=not args.no_progress,
+            on_step=on_step,
+            epoch=epoch,
+        )
+        record = {
+            "epoch": epoch + 1,
+            "train_loss": result.loss,
+            "losses": result.losses,
+            "lr": optimizer.param_groups[0]["lr"],
+            "seconds": time.perf_counter() - started,
+        }
+        last = epoch + 1 == args.epochs or epoch + 1 == args.stop_after_epoch
+        if (epoch + 1) % args.eval_every == 0 or last:
+            ev = evaluate(net, eval_loader, info, precision)
+            record.update(top1=ev.top1, top5=ev.top5, eval_loss=ev.loss)
+            if writer is not None:
+                writer.add_scalar("eval/top1", ev.top1, epoch + 1)
+                writer.add_scalar("eval/top5", ev.top5, epoch + 1)
+                writer.add_scalar("eval/loss", ev.loss, epoch + 1)
+        rng = _gather_rng(info)
+        if info.is_main:
+            payload = {
+                "model_name": model_name,
+                "model_kwargs": model_kwargs,
+                "model": unwrap(net).state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "scaler": precision.scaler.state_dict() if precision.scaler else None,
+                "epoch": epoch + 1,
+                "best_top1": max(best, record.get("top1", 0.0)),
+                "args": {k: v for k, v in vars(args).items()},
+                "rng": rng,
+                "data": {"name": args.data, "mean": spec.mean, "std": spec.std},
+            }
+            save_checkpoint(out / "checkpoint.pt", payload)
+            if record.get("top1", -1.0) > best:
+                best = record["top1"]
+                save_checkpoint(
+                    out / "best.pt",
+                    {
+                        k: payload[k]
+                        for k in ("model_name", "model_kwargs", "model", "epoch", "data")
+                    },
+                )
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            acc = (
+                f" top1 {record['top1']:.2f} top5 {record['top5']:.2f}" if "top1" in record else ""
+            )
+            log(
+                f"epoch {epoch + 1}/{args.epochs} loss {result.loss:.4f}{acc} "
+                f"({record['seconds']:.1f}s)"
+            )
+        if args.stop_after_epoch is not None and epoch + 1 >= args.stop_after_epoch:
+            break
+    if writer is not None:
+        writer.close()
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    info = init_distributed(args.device)
+    try:
+        run(args, info)
+    finally:
+        cleanup(info)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
