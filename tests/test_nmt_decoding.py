@@ -57,7 +57,17 @@ def _generate(model, src, lengths, beam=4):
     return [[(h["tokens"].tolist(), round(h["score"].item(), 4)) for h in sent] for sent in hyps]
 
 
-@pytest.mark.parametrize("arch", ["ringformer_tiny", "recurrent_transformer_tiny"])
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "ringformer_tiny",
+        "recurrent_transformer_tiny",
+        "universal_transformer_tiny",
+        "universal_transformer_act_tiny",
+        "owf_tiny",
+        "sret_tiny",
+    ],
+)
 def test_beam_search_matches_untied_reference(arch):
     model, _, _ = build(arch, "--share-all-embeddings")
     train_signals(model)

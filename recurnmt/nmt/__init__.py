@@ -5,7 +5,7 @@ Importing this package registers the ``recurrent_transformer`` model and its arc
 torch's weights-only unpickler.
 """
 
-from recurnmt.nmt import architectures, checkpoint_safety  # noqa: F401  (registration)
+from recurnmt.nmt import architectures, checkpoint_safety, criterion  # noqa: F401  (registration)
 from recurnmt.nmt.model import RecurrentTransformerModel
 
 __all__ = ["RecurrentTransformerModel"]

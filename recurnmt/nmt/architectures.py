@@ -69,9 +69,71 @@ def vanilla(args: Any) -> None:
     """A plain Transformer built from recurnmt's blocks (one block per level)."""
 
 
+def universal_transformer(args: Any) -> None:
+    """Universal Transformer (Dehghani et al. 2019) as compared in RingFormer Table 1: one
+    shared block per side, sinusoidal level + position embeddings at every level, GELU."""
+    _set_defaults(
+        args,
+        encoder_unique_layers=1,
+        decoder_unique_layers=1,
+        layer_norms="per-block",
+        level_signal="static",
+        positions="every-level",
+        activation_fn="gelu",
+    )
+
+
+def universal_transformer_act(args: Any) -> None:
+    """Universal Transformer with Adaptive Computation Time halting (UT sec. 2.2); the
+    levels are the maximum number of steps. Needs the recurrent criterion."""
+    _set_defaults(args, act="on", criterion="recurrent_label_smoothed_cross_entropy")
+    universal_transformer(args)
+
+
+def one_wide_ffn(args: Any) -> None:
+    """One Wide FFN (Pires et al. 2023, as in RingFormer Table 1): attention per layer, one
+    FFN shared by all encoder layers, no decoder FFN, GELU."""
+    _set_defaults(
+        args,
+        encoder_ffn_sharing="shared",
+        decoder_ffn_sharing="none",
+        level_signal="none",
+        activation_fn="gelu",
+    )
+
+
+def sret(args: Any) -> None:
+    """SReT for translation (SReT sec. 3, Table 9 setting): each of the six blocks per side
+    looped twice in a row (internal loop, eq. 6: 12 levels), a non-shared NLL after every
+    loop (eq. 5, ratio 1), learnable residual coefficients on every residual (eq. 9-10)."""
+    _set_defaults(
+        args,
+        encoder_unique_layers=6,
+        decoder_unique_layers=6,
+        encoder_layers=12,
+        decoder_layers=12,
+        sharing_scheme="sequence",
+        nll_ratio=1.0,
+        lrc="both",
+        share_decoder_input_output_embed=True,
+    )
+
+
 FAMILIES: dict[str, ArchFn] = {
     "ringformer": ringformer,
     "recurrent_transformer": vanilla,
+    "universal_transformer": universal_transformer,
+    "universal_transformer_act": universal_transformer_act,
+    "owf": one_wide_ffn,
+    "sret": sret,
+}
+
+
+# depth of a family at a size, where it differs from the family's own default
+FAMILY_SIZE_DEPTH: dict[tuple[str, str], dict[str, int]] = {
+    ("sret", "tiny"): dict(
+        encoder_unique_layers=2, decoder_unique_layers=2, encoder_layers=4, decoder_layers=4
+    ),
 }
 
 
@@ -79,8 +141,10 @@ def _register(family: str, size: str | None) -> None:
     name = family if size is None else f"{family}_{size}"
     family_fn = FAMILIES[family]
     size_fn = SIZES["wmt_en_de" if size is None else size]
+    depth = FAMILY_SIZE_DEPTH.get((family, size or "wmt_en_de"), {})
 
     def arch(args: Any) -> None:
+        _set_defaults(args, **depth)
         family_fn(args)
         size_fn(args)
         recurrent_base_architecture(args)

@@ -13,6 +13,7 @@ from fairseq import options, tasks
 from fairseq.data import Dictionary
 
 import recurnmt.nmt  # noqa: F401  (registers the architectures)
+from recurnmt.nmt.model import RECURRENT_CRITERION
 
 
 def toy_dictionary(size: int = 100) -> Dictionary:
@@ -27,18 +28,11 @@ def toy_dictionary(size: int = 100) -> Dictionary:
 def parse_train_args(arch: str, extra: Sequence[str] = (), data: str = "<none>"):
     """fairseq training arguments for ``--arch arch`` plus ``extra`` flags."""
     parser = options.get_training_parser()
-    argv = [
-        data,
-        "--task",
-        "translation",
-        "--arch",
-        arch,
-        "--source-lang",
-        "src",
-        "--target-lang",
-        "tgt",
-        *extra,
-    ]
+    argv = [data, "--task", "translation", "--arch", arch]
+    argv += ["--source-lang", "src", "--target-lang", "tgt"]
+    if "--criterion" not in extra:
+        argv += ["--criterion", RECURRENT_CRITERION]
+    argv += list(extra)
     return options.parse_args_and_arch(parser, argv)
 
 

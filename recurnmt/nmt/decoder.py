@@ -30,7 +30,13 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
     ) -> None:
         super().__init__(dictionary)
         self.max_target_positions = args.max_target_positions
-        self.embed = TokenEmbedding(args, embed_tokens, args.max_target_positions, "decoder")
+        self.embed = TokenEmbedding(
+            args,
+            embed_tokens,
+            args.max_target_positions,
+            "decoder",
+            add_positions=not stack_cfg.positions_every_level,
+        )
         self.padding_idx = self.embed.padding_idx
         self.stack = RecurrentStack(stack_cfg)
         self.share_input_output_embed = args.share_decoder_input_output_embed
@@ -59,9 +65,10 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         alignment_heads: int | None = None,
         src_lengths: Any = None,
         return_all_hiddens: bool = False,
+        shallow: bool = False,
     ) -> tuple[Tensor, dict[str, Any]]:
         x, extra = self.extract_features(
-            prev_output_tokens, encoder_out, incremental_state, return_all_hiddens
+            prev_output_tokens, encoder_out, incremental_state, return_all_hiddens, shallow
         )
         if not features_only:
             x = self.output_layer(x)
@@ -73,9 +80,13 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         encoder_out: dict[str, list[Tensor]] | None = None,
         incremental_state: IncrementalState | None = None,
         return_all_hiddens: bool = False,
+        shallow: bool = False,
         **unused: Any,
     ) -> tuple[Tensor, dict[str, Any]]:
-        """Decoder features B x T x C (B x 1 x C in incremental mode)."""
+        """Decoder features B x T x C (B x 1 x C in incremental mode).
+
+        ``shallow`` runs SReT's shallow branch (every block once, appendix B).
+        """
         if encoder_out is None or not encoder_out["encoder_out"]:
             raise ValueError("the recurrent decoder needs the encoder output")
         memory = encoder_out["encoder_out"][0].transpose(0, 1)  # B x S x C
@@ -85,7 +96,7 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             if not memory_padding_mask.any():
                 memory_padding_mask = None
 
-        x, _ = self.embed(prev_output_tokens, incremental_state)  # B x T x C
+        x, _, positions = self.embed(prev_output_tokens, incremental_state)  # B x T x C
         cache = None
         if incremental_state is not None:
             cache = self.get_incremental_state(incremental_state, _CACHE)
@@ -94,19 +105,26 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             self_padding_mask = None  # generated prefixes hold no padding
         else:
             self_padding_mask = _interior_padding(prev_output_tokens, self.padding_idx)
+        aux: dict[str, Tensor] = {}
         x, states = self.stack(
             x,
             key_padding_mask=self_padding_mask,
             causal=True,
             memory=memory,
             memory_padding_mask=memory_padding_mask,
+            positions=positions,
             cache=cache,
+            levels=self.stack.plan.first_loop_levels() if shallow else None,
             return_states=return_all_hiddens,
+            aux=aux,
         )
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, _CACHE, cache)
         inner = [s.transpose(0, 1) for s in states]  # List[T x B x C]
-        return x, {"attn": [None], "inner_states": inner}
+        extra: dict[str, Any] = {"attn": [None], "inner_states": inner}
+        if "ponder" in aux:
+            extra["ponder"] = aux["ponder"]  # B x T, ACT only
+        return x, extra
 
     def output_layer(self, features: Tensor) -> Tensor:
         """Projects features to vocabulary logits."""

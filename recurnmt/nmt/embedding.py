@@ -18,10 +18,20 @@ class TokenEmbedding(nn.Module):
         embed_tokens: the (possibly shared) token embedding.
         max_positions: longest sequence.
         side: ``encoder`` or ``decoder``.
+        add_positions: add the positions to the input; when False they are returned for the
+            stack to add at every level (Universal Transformer).
     """
 
-    def __init__(self, args: Any, embed_tokens: nn.Embedding, max_positions: int, side: str):
+    def __init__(
+        self,
+        args: Any,
+        embed_tokens: nn.Embedding,
+        max_positions: int,
+        side: str,
+        add_positions: bool = True,
+    ):
         super().__init__()
+        self.add_positions = add_positions
         dim = embed_tokens.embedding_dim
         self.embed_tokens = embed_tokens
         self.padding_idx = embed_tokens.padding_idx
@@ -48,10 +58,13 @@ class TokenEmbedding(nn.Module):
 
     def forward(
         self, tokens: Tensor, incremental_state: dict | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Embeds B x T tokens; returns (dropout(x), scaled token embeddings), both B x T x C.
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Embeds B x T tokens.
 
-        With ``incremental_state`` only the last position is embedded.
+        Returns:
+            ``dropout(x)``, the scaled token embeddings and the position embeddings (None
+            when there are none), all B x T x C. With ``incremental_state`` only the last
+            position is embedded.
         """
         positions = None
         if self.embed_positions is not None:
@@ -60,7 +73,7 @@ class TokenEmbedding(nn.Module):
             tokens = tokens[:, -1:]
             positions = positions[:, -1:] if positions is not None else None
         embedded = self.embed_scale * self.embed_tokens(tokens)
-        x = embedded if positions is None else embedded + positions
+        x = embedded if positions is None or not self.add_positions else embedded + positions
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
-        return self.dropout(x), embedded
+        return self.dropout(x), embedded, positions

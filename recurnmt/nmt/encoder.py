@@ -25,7 +25,13 @@ class RecurrentEncoder(FairseqEncoder):
     ) -> None:
         super().__init__(dictionary)
         self.max_source_positions = args.max_source_positions
-        self.embed = TokenEmbedding(args, embed_tokens, args.max_source_positions, "encoder")
+        self.embed = TokenEmbedding(
+            args,
+            embed_tokens,
+            args.max_source_positions,
+            "encoder",
+            add_positions=not stack_cfg.positions_every_level,
+        )
         self.padding_idx = self.embed.padding_idx
         self.stack = RecurrentStack(stack_cfg)
 
@@ -39,19 +45,28 @@ class RecurrentEncoder(FairseqEncoder):
         src_lengths: Tensor | None = None,
         return_all_hiddens: bool = False,
         token_embeddings: Tensor | None = None,
+        shallow: bool = False,
     ) -> EncoderOut:
-        """Encodes B x T source tokens."""
+        """Encodes B x T source tokens.
+
+        Args:
+            shallow: run SReT's shallow branch (every block once) instead of all levels.
+        """
         if token_embeddings is not None:
             raise NotImplementedError("precomputed token embeddings are not supported")
         padding_mask = src_tokens.eq(self.padding_idx)  # B x T
         has_pads = bool(padding_mask.any())
-        x, embedded = self.embed(src_tokens)  # B x T x C
+        x, embedded, positions = self.embed(src_tokens)  # B x T x C
         if has_pads:
             x = x * (~padding_mask).unsqueeze(-1).type_as(x)
+        aux: dict[str, Tensor] = {}
         x, states = self.stack(
             x,
             key_padding_mask=padding_mask if has_pads else None,
+            positions=positions,
+            levels=self.stack.plan.first_loop_levels() if shallow else None,
             return_states=return_all_hiddens,
+            aux=aux,
         )
         if src_lengths is None:
             src_lengths = (~padding_mask).sum(dim=1, dtype=src_tokens.dtype)
@@ -63,6 +78,7 @@ class RecurrentEncoder(FairseqEncoder):
             "fc_results": [],
             "src_tokens": [],
             "src_lengths": [src_lengths.view(-1, 1)],
+            "ponder": [aux["ponder"]] if "ponder" in aux else [],  # B x T, ACT only
         }
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:

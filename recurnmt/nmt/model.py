@@ -13,12 +13,14 @@ from typing import Any
 from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
+from recurnmt.modules import ConfigError
 from recurnmt.nmt.decoder import RecurrentDecoder
 from recurnmt.nmt.encoder import RecurrentEncoder
 from recurnmt.nmt.options import add_recurrent_args, stack_configs
 from recurnmt.nmt.registry import register_model_once
 
 MODEL_NAME = "recurrent_transformer"
+RECURRENT_CRITERION = "recurrent_label_smoothed_cross_entropy"
 
 
 @register_model_once(MODEL_NAME)
@@ -55,7 +57,50 @@ class RecurrentTransformerModel(TransformerModel):
             )
         encoder = RecurrentEncoder(args, src_dict, encoder_embed, encoder_cfg)
         decoder = RecurrentDecoder(args, tgt_dict, decoder_embed, decoder_cfg)
-        return cls(args, encoder, decoder)
+        model = cls(args, encoder, decoder)
+        criterion = getattr(args, "criterion", None)
+        if (args.act == "on" or args.mixed_depth == "on") and criterion not in (
+            None,
+            RECURRENT_CRITERION,
+        ):
+            raise ConfigError(
+                f"--act/--mixed-depth need --criterion {RECURRENT_CRITERION} "
+                f"(got --criterion {criterion}), which adds the ponder cost and the shallow "
+                "branch loss"
+            )
+        return model
+
+    @property
+    def mixed_depth(self) -> bool:
+        """SReT mixed-depth training is on (appendix B)."""
+        return getattr(self.args, "mixed_depth", "off") == "on"
+
+    def forward(
+        self,
+        src_tokens,
+        src_lengths,
+        prev_output_tokens,
+        return_all_hiddens: bool = True,
+        features_only: bool = False,
+        alignment_layer: int | None = None,
+        alignment_heads: int | None = None,
+        shallow: bool = False,
+    ):
+        """fairseq's encoder-decoder forward; ``shallow`` runs SReT's shallow branch."""
+        encoder_out = self.encoder(
+            src_tokens, src_lengths, return_all_hiddens=return_all_hiddens, shallow=shallow
+        )
+        x, extra = self.decoder(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            features_only=features_only,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
+            shallow=shallow,
+        )
+        if encoder_out["ponder"]:
+            extra["encoder_ponder"] = encoder_out["ponder"]  # for the ACT criterion
+        return x, extra
 
 
 def recurrent_base_architecture(args: Any) -> None:
@@ -68,4 +113,19 @@ def recurrent_base_architecture(args: Any) -> None:
     args.level_signal_rank = getattr(args, "level_signal_rank", None)
     args.attn_signal = getattr(args, "attn_signal", None) or "after"
     args.ffn_signal = getattr(args, "ffn_signal", None) or "input"
+    args.encoder_ffn_sharing = getattr(args, "encoder_ffn_sharing", None) or "block"
+    args.decoder_ffn_sharing = getattr(args, "decoder_ffn_sharing", None) or "block"
+    args.positions = getattr(args, "positions", None) or "input"
+    args.act = getattr(args, "act", None) or "off"
+    args.act_threshold = _default(args, "act_threshold", 0.99)
+    args.act_bias_init = _default(args, "act_bias_init", 1.0)
+    args.lrc = getattr(args, "lrc", None) or "none"
+    args.nll_ratio = _default(args, "nll_ratio", 0.0)
+    args.encoder_attn_groups = getattr(args, "encoder_attn_groups", None) or ()
+    args.mixed_depth = getattr(args, "mixed_depth", None) or "off"
     base_architecture(args)
+
+
+def _default(args: Any, name: str, value: float) -> float:
+    current = getattr(args, name, None)
+    return value if current is None else current

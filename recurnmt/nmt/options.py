@@ -17,7 +17,9 @@ import torch
 
 from recurnmt.modules.config import (
     ATTN_SIGNAL_PLACES,
+    FFN_SHARING,
     FFN_SIGNAL_PLACES,
+    LRC_MODES,
     SHARING_SCHEMES,
     SIGNAL_KINDS,
     ConfigError,
@@ -26,6 +28,16 @@ from recurnmt.modules.config import (
 )
 
 LAYER_NORM_PLACES = ("per-level", "per-block")
+POSITION_PLACES = ("input", "every-level")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
 
 def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +89,56 @@ def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
         choices=FFN_SIGNAL_PLACES,
         help="FFN level signal on the FFN input (RingFormer eq. 7), on the intermediate "
         "activation (inter), or none",
+    )
+    group.add_argument(
+        "--encoder-ffn-sharing",
+        choices=FFN_SHARING,
+        help="encoder FFNs: one per block, one shared by all blocks (One Wide FFN), or none",
+    )
+    group.add_argument(
+        "--decoder-ffn-sharing",
+        choices=FFN_SHARING,
+        help="decoder FFNs: one per block, one shared by all blocks, or none (OWF default)",
+    )
+    group.add_argument(
+        "--positions",
+        choices=POSITION_PLACES,
+        help="add position embeddings at the input only, or at every level together with "
+        "the level embedding (Universal Transformer coordinate embedding)",
+    )
+    group.add_argument(
+        "--act",
+        choices=("on", "off"),
+        help="Adaptive Computation Time halting over the levels (Universal Transformer); "
+        "train with --criterion recurrent_label_smoothed_cross_entropy for the ponder cost",
+    )
+    group.add_argument("--act-threshold", type=float, help="ACT halting threshold 1 - eps")
+    group.add_argument("--act-bias-init", type=float, help="initial halting unit bias")
+    group.add_argument(
+        "--lrc",
+        choices=LRC_MODES,
+        help="learnable residual coefficients (SReT eq. 9-10) on both branches, the identity "
+        "branch, the main branch, or none",
+    )
+    group.add_argument(
+        "--nll-ratio",
+        type=float,
+        metavar="R",
+        help="SReT non-linear projection layer after every level with hidden ratio R "
+        "(SReT eq. 5); 0 = none",
+    )
+    group.add_argument(
+        "--encoder-attn-groups",
+        type=_int_list,
+        metavar="G1,G2,...",
+        help="sliced group self-attention in the encoder: groups at loop 1, 2, ... of each "
+        "block (SReT sec. 4); empty = global attention",
+    )
+    group.add_argument(
+        "--mixed-depth",
+        choices=("on", "off"),
+        help="SReT mixed-depth training (appendix B): also train the shallow branch (every "
+        "block once) under the same loss; needs the recurrent criterion",
     )
 
 
@@ -141,6 +203,12 @@ def stack_configs(args: Any) -> tuple[StackConfig, StackConfig]:
         )
     common = dict(
         norms_per_level=args.layer_norms == "per-level",
+        lrc=args.lrc,
+        nll_ratio=args.nll_ratio,
+        positions_every_level=args.positions == "every-level",
+        act=args.act == "on",
+        act_threshold=args.act_threshold,
+        act_bias_init=args.act_bias_init,
         sharing=args.sharing_scheme,
         signal=signal,
         dropout=args.dropout,
@@ -157,6 +225,8 @@ def stack_configs(args: Any) -> tuple[StackConfig, StackConfig]:
             num_levels=args.encoder_layers,
             num_unique=args.encoder_unique_layers,
             normalize_before=args.encoder_normalize_before,
+            ffn_sharing=args.encoder_ffn_sharing,
+            attn_groups=tuple(args.encoder_attn_groups or ()),
             **common,
         ),
     )
@@ -174,6 +244,7 @@ def stack_configs(args: Any) -> tuple[StackConfig, StackConfig]:
             num_levels=args.decoder_layers,
             num_unique=args.decoder_unique_layers,
             normalize_before=args.decoder_normalize_before,
+            ffn_sharing=args.decoder_ffn_sharing,
             cross_attention=True,
             **common,
         ),
@@ -192,6 +263,11 @@ _FLAG_OF_FIELD = {
     "attention_dropout": "--attention-dropout",
     "activation_dropout": "--activation-dropout",
     "dropout": "--dropout",
+    "ffn_sharing": "--{side}-ffn-sharing",
+    "attn_groups": "--encoder-attn-groups",
+    "nll_ratio": "--nll-ratio",
+    "act_threshold": "--act-threshold",
+    "lrc": "--lrc",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fairseq.criterions import CRITERION_REGISTRY, register_criterion
 from fairseq.models import (
     ARCH_MODEL_REGISTRY,
     MODEL_REGISTRY,
@@ -32,5 +33,15 @@ def register_arch_once(model: str, arch: str) -> Callable[[Callable], Callable]:
         if arch in ARCH_MODEL_REGISTRY and ARCH_MODEL_REGISTRY[arch] is MODEL_REGISTRY[model]:
             return fn
         return register_model_architecture(model, arch)(fn)
+
+    return wrap
+
+
+def register_criterion_once(name: str, dataclass: type) -> Callable[[type], type]:
+    def wrap(cls: type) -> type:
+        existing = CRITERION_REGISTRY.get(name)
+        if existing is not None and existing.__qualname__ == cls.__qualname__:
+            return existing
+        return register_criterion(name, dataclass=dataclass)(cls)
 
     return wrap

@@ -1,0 +1,161 @@
+"""Label-smoothed cross-entropy with the extra terms of recurrent models.
+
+``--criterion recurrent_label_smoothed_cross_entropy`` is fairseq's label-smoothed
+cross-entropy plus, when the model has them:
+
+* the ACT ponder cost (Graves 2016 eq. 11; Universal Transformer sec. 2.2):
+  ``act_loss_weight * sum of (N + R)`` over real source and target positions;
+* SReT mixed-depth training (SReT appendix B): the shallow branch (every block once,
+  sharing the deep branch's weights) is trained under the same loss, ``L_deep + L_shallow``;
+* SReT's learnable residual coefficients (eq. 9-10) of the first block of each side
+  (or all of them with ``--log-lrc all``), logged as ``lrc_...`` scalars, so that fairseq's
+  progress output and ``--tensorboard-logdir`` record their evolution (SReT Fig. 7 / 16;
+  ``recurnmt-plot-lrc`` draws it).
+"""
+
+# no ``from __future__ import annotations``: fairseq reads the dataclass field types
+
+from dataclasses import dataclass, field
+
+import torch
+from fairseq import metrics
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+from fairseq.dataclass import ChoiceEnum
+from torch import Tensor
+
+from recurnmt.nmt.model import RECURRENT_CRITERION
+from recurnmt.nmt.registry import register_criterion_once
+
+LRC_PREFIX = "lrc_"
+
+
+@dataclass
+class RecurrentCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    act_loss_weight: float = field(
+        default=0.01, metadata={"help": "weight of the ACT ponder cost (UT: 0.01)"}
+    )
+    log_lrc: ChoiceEnum(["none", "first-block", "all"]) = field(  # type: ignore[valid-type]
+        default="first-block",
+        metadata={"help": "log SReT LRC coefficients: none, first-block or all"},
+    )
+
+
+def lrc_coefficients(model, which: str = "first-block") -> "dict[str, float]":
+    """Current LRC scalars, keyed ``lrc_{side}_b{block}_{sublayer}_{branch}``.
+
+    NLLs are keyed ``lrc_{side}_l{level}_nll_{branch}``. ``which`` is ``first-block`` (block 0
+    and the NLL of level 0 of each side, as SReT Fig. 7 plots) or ``all``.
+    """
+    out: dict[str, float] = {}
+    if which == "none":
+        return out
+    for side in ("encoder", "decoder"):
+        stack = getattr(getattr(model, side, None), "stack", None)
+        if stack is None:
+            continue
+        names = ["self_attn"] + (["cross_attn"] if stack.cfg.cross_attention else [])
+        names += ["ffn"] if stack.cfg.ffn_sharing != "none" else []
+        blocks = stack.blocks if which == "all" else stack.blocks[:1]
+        for b, block in enumerate(blocks):
+            for branch in ("main", "skip"):
+                coef = getattr(block.lrc, branch)
+                if coef is not None:
+                    for name, value in zip(names, coef.tolist(), strict=True):
+                        out[f"{LRC_PREFIX}{side[:3]}_b{b}_{name}_{branch}"] = value
+        levels = stack.levels if which == "all" else stack.levels[:1]
+        for i, parts in enumerate(levels):
+            if parts.nll is None:
+                continue
+            for branch in ("main", "skip"):
+                coef = getattr(parts.nll.lrc, branch)
+                if coef is not None:
+                    out[f"{LRC_PREFIX}{side[:3]}_l{i}_nll_{branch}"] = coef.item()
+    return out
+
+
+@register_criterion_once(RECURRENT_CRITERION, dataclass=RecurrentCriterionConfig)
+class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
+    """Label-smoothed cross-entropy + ACT ponder cost + SReT mixed depth + LRC logging."""
+
+    def __init__(
+        self,
+        task,
+        sentence_avg,
+        label_smoothing,
+        ignore_prefix_size=0,
+        report_accuracy=False,
+        act_loss_weight=0.01,
+        log_lrc="first-block",
+    ):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        if log_lrc not in ("none", "first-block", "all"):
+            raise ValueError(f"--log-lrc={log_lrc!r}: choose none, first-block or all")
+        self.act_loss_weight = act_loss_weight
+        self.log_lrc = log_lrc
+
+    def _ponder(self, sample, net_output) -> "Tensor | None":
+        """Sum of N + R over real source and target positions, or None without ACT."""
+        extra = net_output[1]
+        terms = []
+        if extra.get("encoder_ponder"):
+            src = sample["net_input"]["src_tokens"]
+            terms.append((extra["encoder_ponder"][0] * src.ne(self.padding_idx)).sum())
+        if "ponder" in extra:
+            terms.append((extra["ponder"] * sample["target"].ne(self.padding_idx)).sum())
+        return torch.stack(terms).sum() if terms else None
+
+    def forward(self, model, sample, reduce=True):
+        net_output = model(**sample["net_input"])
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+        }
+        ponder = self._ponder(sample, net_output)
+        if ponder is not None:
+            loss = loss + self.act_loss_weight * ponder
+            logging_output["ponder"] = ponder.data
+            logging_output["ponder_positions"] = sample["ntokens"] + int(
+                sample["net_input"]["src_tokens"].ne(self.padding_idx).sum()
+            )
+        if model.training and getattr(model, "mixed_depth", False):
+            shallow_output = model(**sample["net_input"], shallow=True)
+            shallow_loss, _ = self.compute_loss(model, shallow_output, sample, reduce=reduce)
+            loss = loss + shallow_loss
+            logging_output["shallow_loss"] = shallow_loss.data
+        if self.report_accuracy:
+            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            logging_output["n_correct"] = n_correct.item()
+            logging_output["total"] = total.item()
+        if model.training:
+            logging_output.update(lrc_coefficients(model, self.log_lrc))
+        return loss, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        if any("shallow_loss" in log for log in logging_outputs):
+            shallow = sum(log.get("shallow_loss", 0) for log in logging_outputs)
+            metrics.log_scalar(
+                "shallow_loss", shallow / sample_size / 0.6931471805599453, sample_size, round=3
+            )
+        positions = sum(log.get("ponder_positions", 0) for log in logging_outputs)
+        if positions:
+            ponder = sum(log.get("ponder", 0) for log in logging_outputs)
+            metrics.log_scalar("ponder", ponder / positions, positions, round=3)
+        keys = {k for log in logging_outputs for k in log if k.startswith(LRC_PREFIX)}
+        for key in sorted(keys):
+            values = [log[key] for log in logging_outputs if key in log]
+            metrics.log_scalar(key, sum(values) / len(values), 1, round=4, priority=10000)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return False  # LRC values are averaged, not summed

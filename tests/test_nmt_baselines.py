@@ -1,0 +1,138 @@
+"""Universal Transformer (with ACT), One Wide FFN, sharing schemes and SReT as fairseq models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recurnmt.analysis.params import count_parameters
+from recurnmt.modules import ConfigError
+from recurnmt.nmt.criterion import RecurrentLabelSmoothedCrossEntropy, lrc_coefficients
+from tests.nmt_helpers import DICT, batch, build
+
+
+@pytest.mark.parametrize(
+    ("arch", "paper"),
+    [
+        ("universal_transformer_wmt_en_de", 7.34e6),  # RingFormer Table 1
+        ("universal_transformer_wmt_en_de_big", 29.37e6),
+        ("owf_wmt_en_de", 20.98e6),
+        ("owf_wmt_en_de_big", 83.91e6),
+        ("universal_transformer_act_wmt_en_de", 7.34e6),  # + one halting unit per side
+    ],
+)
+def test_table1_baselines(arch, paper):
+    assert count_parameters(build(arch)[0]).p_star == pytest.approx(paper, rel=0.01)
+
+
+def test_universal_transformer_shares_one_block_and_adds_coordinates():
+    model, _, _ = build("universal_transformer_tiny")
+    for stack in (model.encoder.stack, model.decoder.stack):
+        assert len(stack.blocks) == 1 and stack.cfg.positions_every_level
+        assert stack.level_embedding is not None
+    assert not model.encoder.embed.add_positions
+
+
+def test_owf_shares_the_encoder_ffn_and_drops_the_decoder_ffn():
+    model, _, _ = build("owf_tiny")
+    ffns = {id(b.ffn) for b in model.encoder.stack.blocks}
+    assert len(ffns) == 1 and len(model.encoder.stack.blocks) == 3
+    assert all(b.ffn is None for b in model.decoder.stack.blocks)
+    shared, _, _ = build("owf_tiny", "--decoder-ffn-sharing", "shared")
+    assert len({id(b.ffn) for b in shared.decoder.stack.blocks}) == 1
+
+
+@pytest.mark.parametrize(
+    ("scheme", "expected"),
+    [
+        ("sequence", (0, 0, 1, 1, 2, 2)),
+        ("cycle", (0, 1, 2, 0, 1, 2)),
+        ("cycle_rev", (0, 1, 2, 2, 1, 0)),
+    ],
+)
+def test_sharing_schemes_map_levels_by_identity(scheme, expected):
+    model, _, _ = build(
+        "recurrent_transformer_tiny",
+        "--encoder-layers",
+        "6",
+        "--decoder-layers",
+        "6",
+        "--encoder-unique-layers",
+        "3",
+        "--decoder-unique-layers",
+        "3",
+        "--sharing-scheme",
+        scheme,
+    )
+    for stack in (model.encoder.stack, model.decoder.stack):
+        weights = [stack.block_of_level(i).self_attn.qkv_proj.weight for i in range(6)]
+        unique = [stack.blocks[b].self_attn.qkv_proj.weight for b in range(3)]
+        assert tuple(next(b for b in range(3) if w is unique[b]) for w in weights) == expected
+
+
+def test_more_unique_layers_than_levels_fails_at_build():
+    with pytest.raises(ConfigError, match="--encoder-unique-layers=4"):
+        build("recurrent_transformer_tiny", "--encoder-unique-layers", "4")
+
+
+def test_sret_shares_blocks_across_loops_but_not_nlls():
+    model, _, _ = build("sret_tiny")
+    stack = model.encoder.stack
+    assert stack.plan.block_of_level == (0, 0, 1, 1)
+    assert stack.block_of_level(0) is stack.block_of_level(1)
+    assert stack.levels[0].nll is not stack.levels[1].nll
+    assert stack.blocks[0].lrc.main is not None
+
+
+def _criterion(task, **kw):
+    return RecurrentLabelSmoothedCrossEntropy(task, False, 0.1, **kw)
+
+
+def _sample(model):
+    src, lengths, prev = batch()
+    target = torch.cat([prev[:, 1:], torch.full((prev.size(0), 1), DICT.eos())], dim=1)
+    return {
+        "net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
+        "target": target,
+        "ntokens": int(target.ne(DICT.pad()).sum()),
+    }
+
+
+def test_ponder_cost_is_added_to_the_loss():
+    model, _, task = build("universal_transformer_act_tiny")
+    sample = _sample(model)
+    torch.manual_seed(0)
+    loss, _, log = _criterion(task, act_loss_weight=0.5)(model.eval(), sample)
+    base, _, _ = _criterion(task, act_loss_weight=0.0)(model, sample)
+    assert log["ponder"] > 0
+    torch.testing.assert_close(loss, base + 0.5 * log["ponder"])
+    loss.backward()
+    assert model.encoder.stack.halting.proj.weight.grad.abs().sum() > 0
+
+
+def test_act_model_refuses_a_criterion_without_ponder_cost():
+    with pytest.raises(ConfigError, match="--criterion recurrent_label_smoothed_cross_entropy"):
+        build("universal_transformer_act_tiny", "--criterion", "label_smoothed_cross_entropy")
+
+
+def test_mixed_depth_adds_the_shallow_branch_loss():
+    model, _, task = build("sret_tiny", "--mixed-depth", "on")
+    sample = _sample(model)
+    model.train()
+    loss, _, log = _criterion(task)(model, sample)
+    assert "shallow_loss" in log
+    model.eval()
+    deep, _, _ = _criterion(task)(model, sample)
+    shallow_out = model(**sample["net_input"], shallow=True)
+    shallow, _ = _criterion(task).compute_loss(model, shallow_out, sample)
+    torch.testing.assert_close(loss, deep + shallow)
+
+
+def test_lrc_coefficients_are_logged_in_training():
+    model, _, task = build("sret_tiny")
+    _, _, log = _criterion(task)(model.train(), _sample(model))
+    keys = {k for k in log if k.startswith("lrc_")}
+    assert "lrc_enc_b0_self_attn_main" in keys and "lrc_dec_b0_cross_attn_skip" in keys
+    assert "lrc_enc_l0_nll_main" in keys
+    assert all(log[k] == 1.0 for k in keys)  # initialised to 1
+    assert len(lrc_coefficients(model, "all")) > len(keys)
