@@ -20,18 +20,32 @@ from recurnmt.vision.data.transforms import Transform, pil_to_tensor
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 
 
-def scan_folder(root: Path) -> tuple[list[tuple[Path, int]], list[str]]:
+def scan_folder(
+    root: Path, classes: list[str] | None = None
+) -> tuple[list[tuple[Path, int]], list[str]]:
     """(file, class index) pairs under ``root``'s class folders, and the class names.
+
+    Args:
+        root: folder of class folders.
+        classes: the class list to index by (the training split's, so that a validation
+            split missing a class still uses the same indices); its own folders by default.
 
     Raises:
         FileNotFoundError: ``root`` is missing or holds no class folder with images.
+        ValueError: ``root`` has a class folder that ``classes`` lacks.
     """
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {root} does not exist")
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+    found = sorted(d.name for d in root.iterdir() if d.is_dir())
+    if classes is None:
+        classes = found
+    unknown = sorted(set(found) - set(classes))
+    if unknown:
+        raise ValueError(f"{root} has classes missing from training: {', '.join(unknown[:5])}")
     samples = [
         (path, index)
         for index, name in enumerate(classes)
+        if (root / name).is_dir()
         for path in sorted((root / name).rglob("*"))
         if path.suffix.lower() in IMAGE_SUFFIXES
     ]
@@ -47,10 +61,18 @@ class ImageFolderDataset(Dataset):
         root: the data set folder (holding ``train/`` and ``val/``).
         split: sub-folder to read.
         transform: tensor transform applied to each RGB image in [0, 1].
+
+    Class indices follow the sorted class folders of ``root/train`` when it exists.
     """
 
-    def __init__(self, root: str | Path, split: str = "train", transform: Transform | None = None):
-        self.samples, self.classes = scan_folder(Path(root) / split)
+    def __init__(
+        self, root: str | Path, split: str = "train", transform: Transform | None = None
+    ) -> None:
+        root = Path(root)
+        classes = None
+        if split != "train" and (root / "train").is_dir():
+            classes = sorted(d.name for d in (root / "train").iterdir() if d.is_dir())
+        self.samples, self.classes = scan_folder(root / split, classes)
         self.transform = transform
 
     def __len__(self) -> int:

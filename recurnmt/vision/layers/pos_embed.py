@@ -77,15 +77,23 @@ class PositionEmbedding(nn.Module):
             if kind == "sincos":
                 sincos_2d(self.grid, dim)  # fail early on a bad width
 
-    def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+    def table(self, grid: tuple[int, int], like: Tensor) -> Tensor | None:
+        """The embedding of every token, 1 x (prefix + rows*cols) x D (``None`` for ``none``).
+
+        ``like`` gives the dtype and device. Prefix tokens get zeros under ``sincos``.
+        """
         if self.kind == "none":
-            return x
+            return None
         if self.kind == "sincos":
-            pe = sincos_2d(grid, self.dim).to(x)[None]  # 1 x N x D
-            return torch.cat([x[:, : self.num_prefix], x[:, self.num_prefix :] + pe], dim=1)
+            pe = sincos_2d(tuple(grid), self.dim).to(like)
+            return torch.cat([pe.new_zeros(self.num_prefix, self.dim), pe])[None]
         prefix, table = self.weight[:, : self.num_prefix], self.weight[:, self.num_prefix :]
-        table = resize_grid(table, self.grid, tuple(grid))
-        return x + torch.cat([prefix, table], dim=1)
+        return torch.cat([prefix, resize_grid(table, self.grid, tuple(grid))], dim=1).to(like)
+
+    def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        """``x`` (B x T x D) plus the embedding of a ``grid`` of tokens."""
+        pe = self.table(grid, x)
+        return x if pe is None else x + pe
 
     def resize_(self, grid: tuple[int, int]) -> None:
         """Permanently resamples the learned table to ``grid`` (fine-tuning at a new size)."""

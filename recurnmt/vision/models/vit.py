@@ -8,9 +8,14 @@ eq. 4) or the average token. The architectures differ only in the stack they are
 ViT / DeiT                 N levels, N unique pre-LN blocks (Dosovitskiy et al. 2021; DeiT)
 naive recursive ViT        every block looped R times in a row (SReT eq. 4, Table 1)
 RingFormer-ViT             one block, per-level LNs and low-rank signals (RingFormer eq. 5-7)
-UiT                        one block, sinusoidal level embedding at every step (UT; RingFormer
-                           sec. 4.1 "use sinusoidal spatio-temporal embeddings")
+UiT                        one block; sinusoidal position + level (coordinate) embedding added
+                           at every step (UT sec. 2.1; RingFormer sec. 4.1)
+OWF-ViT                    N attention blocks, one FFN shared by all (Pires et al. 2023;
+                           RingFormer sec. 4.1 "share only the feedforward layer")
 =========================  ==================================================================
+
+Every model also runs its shallow branch, each unique block once (``model(x, shallow=True)``),
+for SReT's mixed-depth training (SReT appendix B).
 
 Shape legend: B batch, C channels, H x W image, P patch, D width, N = (H/P)(W/P) patch tokens,
 T = N + 1 with the class token.
@@ -75,6 +80,8 @@ class VisionTransformer(nn.Module):
         self.pos_embed = PositionEmbedding(pos_embed, grid, embed_dim, self.num_prefix_tokens)
         self.pos_drop = nn.Dropout(drop_rate)
         self.stack = stack
+        cfg = getattr(stack, "cfg", None)
+        self.positions_every_level = bool(getattr(cfg, "positions_every_level", False))
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_own_weights()
@@ -105,18 +112,35 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_own_weights()
 
-    def embed(self, x: Tensor) -> Tensor:
-        """Image B x C x H x W -> tokens B x T x D with position embedding (ViT eq. 1)."""
+    def embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Image B x C x H x W -> tokens B x T x D and the token grid (ViT eq. 1).
+
+        The position embedding is added here, unless the stack adds it at every level
+        (Universal Transformer coordinate embedding).
+        """
         x = self.patch_embed(x)  # B x D x H/P x W/P
         grid = (x.size(2), x.size(3))
         x = x.flatten(2).transpose(1, 2)  # B x N x D
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.size(0), -1, -1), x], dim=1)  # B x T x D
-        return self.pos_drop(self.pos_embed(x, grid))
+        if not self.positions_every_level:
+            x = self.pos_embed(x, grid)
+        return self.pos_drop(x), grid
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Image B x C x H x W -> normalised tokens B x T x D (ViT eq. 2-4 before the head)."""
-        x, _ = self.stack(self.embed(x))
+    def forward_features(self, x: Tensor, shallow: bool = False) -> Tensor:
+        """Image B x C x H x W -> normalised tokens B x T x D (ViT eq. 2-4 before the head).
+
+        Args:
+            shallow: run every unique block once instead of the full depth (the shallow
+                branch of SReT's mixed-depth training, appendix B).
+        """
+        x, grid = self.embed(x)
+        kwargs = {}
+        if self.positions_every_level:
+            kwargs["positions"] = self.pos_embed.table(grid, x)
+        if shallow:
+            kwargs["levels"] = self.stack.plan.first_loop_levels()
+        x, _ = self.stack(x, **kwargs)
         return x
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
@@ -128,8 +152,8 @@ class VisionTransformer(nn.Module):
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(x))
+    def forward(self, x: Tensor, shallow: bool = False) -> Tensor:
+        return self.forward_head(self.forward_features(x, shallow))
 
 
 def vit_stack_config(
@@ -144,6 +168,8 @@ def vit_stack_config(
     sharing: str = "sequence",
     norms_per_level: bool = False,
     signal: SignalConfig | None = None,
+    ffn_sharing: str = "block",
+    positions_every_level: bool = False,
     drop_rate: float = 0.0,
     attn_drop_rate: float = 0.0,
 ) -> StackConfig:
@@ -157,6 +183,8 @@ def vit_stack_config(
             internal loop (SReT eq. 4, sec. 5.2).
         num_levels: the number of levels N directly (overrides ``loops``).
         sharing: level order, see :class:`~recurnmt.modules.DepthPlan`.
+        ffn_sharing: ``shared`` gives One Wide FFN (one FFN for all blocks).
+        positions_every_level: add the position embedding at every level (UT).
     """
     levels = num_levels if num_levels is not None else depth * loops
     return StackConfig(
@@ -169,6 +197,8 @@ def vit_stack_config(
         norms_per_level=norms_per_level,
         normalize_before=True,
         signal=signal or SignalConfig(),
+        ffn_sharing=ffn_sharing,
+        positions_every_level=positions_every_level,
         dropout=drop_rate,
         attention_dropout=attn_drop_rate,
         activation="gelu",
@@ -269,15 +299,17 @@ def ringformer_vit_small_patch16_224(**kwargs) -> VisionTransformer:
 
 # ---------------------------------------------------------------- UiT
 
-_UIT = dict(depth=1, signal=SignalConfig(kind="static"), pos_embed="sincos")
+_UIT = dict(
+    depth=1, signal=SignalConfig(kind="static"), positions_every_level=True, pos_embed="sincos"
+)
 
 
 @register_model
 def uit_base_patch16_224(**kwargs) -> VisionTransformer:
     """Universal Transformer ViT of RingFormer Table 3: one block, 12 levels, 768/3072, 8.45M.
 
-    A sinusoidal level (timestep) embedding is added before every level (UT; RingFormer
-    Table 4 "static signal"). ``embed_dim=1560, ffn_dim=6240`` is the table's UiT^s.
+    The sinusoidal position and level (timestep) embeddings are added before every level
+    (UT sec. 2.1 coordinate embedding; RingFormer Table 4 "static signal"). ``embed_dim=1560, ffn_dim=6240`` is the table's UiT^s.
     """
     return _create_vit(
         {**_UIT, "embed_dim": 768, "ffn_dim": 3072, "num_levels": 12, "num_heads": 12}, kwargs
@@ -289,6 +321,30 @@ def uit_small_patch16_224(**kwargs) -> VisionTransformer:
     """UiT of RingFormer Table 2: 512/2048, 6 levels, 8 heads (3.60M with 100 classes)."""
     return _create_vit(
         {**_UIT, "embed_dim": 512, "ffn_dim": 2048, "num_levels": 6, "num_heads": 8}, kwargs
+    )
+
+
+# ---------------------------------------------------------------- One Wide FFN
+
+_OWF = dict(ffn_sharing="shared", pos_embed="sincos")
+
+
+@register_model
+def owf_vit_base_patch16_224(**kwargs) -> VisionTransformer:
+    """One Wide FFN ViT of RingFormer Table 3: 12 attention blocks, one shared FFN, 34.45M."""
+    return _create_vit(
+        {**_OWF, "embed_dim": 768, "ffn_dim": 3072, "depth": 12, "num_heads": 12}, kwargs
+    )
+
+
+@register_model
+def owf_vit_small_patch16_224(**kwargs) -> VisionTransformer:
+    """One Wide FFN ViT of RingFormer Table 2: 512/2048, 6 blocks, 8 heads (8.86M, 100 classes).
+
+    ``embed_dim=376, ffn_dim=1024`` is the table's down-scaled OWF^d.
+    """
+    return _create_vit(
+        {**_OWF, "embed_dim": 512, "ffn_dim": 2048, "depth": 6, "num_heads": 8}, kwargs
     )
 
 
@@ -322,3 +378,9 @@ def ringformer_vit_mini_patch4(**kwargs) -> VisionTransformer:
 def uit_mini_patch4(**kwargs) -> VisionTransformer:
     """A CPU-sized UiT: one 64-wide block over 6 levels with sinusoidal level embeddings."""
     return _create_vit({**_MINI, **_UIT, "num_levels": 6}, kwargs)
+
+
+@register_model
+def owf_vit_mini_patch4(**kwargs) -> VisionTransformer:
+    """A CPU-sized One Wide FFN ViT: 6 attention blocks, 64 wide, one shared FFN."""
+    return _create_vit({**_MINI, **_OWF, "depth": 6}, kwargs)
