@@ -1,0 +1,219 @@
+"""End to end through fairseq's command line on a tiny slice of the embedded corpus.
+
+fairseq-preprocess (via data_prep), fairseq-train --user-dir, fairseq-generate --scoring
+sacrebleu, fairseq-interactive, and resuming from checkpoint_last.pt.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from data_prep.checksums import write_manifest
+from data_prep.embedded import SHIPPED_DIR
+from data_prep.embedded.prepare import prepare
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SIZES = {"train": 1500, "valid": 40, "test": 24}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """A binarized slice of the shipped corpus (real text, same pipeline as the demo)."""
+    corpus = tmp_path_factory.mktemp("corpus")
+    for split, n in SIZES.items():
+        for lang in ("de", "en"):
+            with gzip.open(SHIPPED_DIR / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(n)]
+            with gzip.open(corpus / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.writelines(lines)
+    for name in ("spm.model", "spm.vocab"):
+        shutil.copy(SHIPPED_DIR / name, corpus / name)
+    write_manifest(corpus, sorted(p.name for p in corpus.iterdir()))
+    return prepare(tmp_path_factory.mktemp("bin") / "tiny", corpus_dir=corpus)
+
+
+def fairseq(tool: str, *args: str, stdin: str | None = None) -> str:
+    proc = subprocess.run(
+        [str(BIN / f"fairseq-{tool}"), *args],
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={"OMP_NUM_THREADS": "1", "PATH": str(BIN), "PYTHONHASHSEED": "0"},
+    )
+    if proc.returncode:
+        raise AssertionError(
+            f"fairseq-{tool} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc.stdout + proc.stderr
+
+
+def train(data: Path, save_dir: Path, arch: str, updates: int, *extra: str) -> str:
+    return fairseq(
+        "train",
+        str(data),
+        "--user-dir",
+        "user_dir",
+        "--arch",
+        arch,
+        "--cpu",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        "1024",
+        "--max-update",
+        str(updates),
+        "--criterion",
+        "recurrent_label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--save-dir",
+        str(save_dir),
+        "--save-interval-updates",
+        "3",
+        "--no-epoch-checkpoints",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--num-workers",
+        "0",
+        "--seed",
+        "7",
+        "--share-all-embeddings",
+        "--dropout",
+        "0.1",
+        *extra,
+    )
+
+
+def losses(log: str) -> dict[int, str]:
+    """Training loss by update number, from fairseq's JSON progress lines."""
+    out = {}
+    for m in re.finditer(r"train_inner \| (\{.*\})", log):
+        record = json.loads(m.group(1))
+        out[int(record["num_updates"])] = record["loss"]
+    return out
+
+
+def generate(data: Path, checkpoint: Path) -> str:
+    return fairseq(
+        "generate",
+        str(data),
+        "--user-dir",
+        "user_dir",
+        "--path",
+        str(checkpoint),
+        "--gen-subset",
+        "test",
+        "--beam",
+        "3",
+        "--max-len-b",
+        "20",
+        "--batch-size",
+        "16",
+        "--post-process",
+        "sentencepiece",
+        "--scoring",
+        "sacrebleu",
+        "--cpu",
+    )
+
+
+def test_train_generate_interactive_and_resume(data, tmp_path):
+    full = train(data, tmp_path / "a", "ringformer_tiny", 9)
+    reference = losses(full)
+    assert sorted(reference) == list(range(1, 10))
+
+    # the parameter count fairseq prints is P* + the (shared) embeddings
+    from fairseq.data import Dictionary
+
+    from recurnmt.analysis.params import count_parameters
+    from recurnmt.nmt.build import build_model
+
+    printed = int(re.search(r"num. shared model params: ([\d,]+)", full).group(1).replace(",", ""))
+    model, _, _ = build_model(
+        "ringformer_tiny", ["--share-all-embeddings"], Dictionary.load(str(data / "dict.de.txt"))
+    )
+    report = count_parameters(model)
+    assert printed == report.p_star + report.embeddings + report.output_projection
+
+    # resume: stop at 3 updates (mid-epoch), restart from checkpoint_last.pt, go on to 9
+    train(data, tmp_path / "b", "ringformer_tiny", 3)
+    resumed = train(data, tmp_path / "b", "ringformer_tiny", 9)
+    assert "Loaded checkpoint" in resumed and "@ 3 updates" in resumed
+    after = {u: loss for u, loss in losses(resumed).items() if u > 3}
+    assert after == {u: loss for u, loss in reference.items() if u > 3}
+
+    out = generate(data, tmp_path / "a" / "checkpoint_last.pt")
+    assert re.search(r"Generate test with beam=3: BLEU = [\d.]+", out)
+    from recurnmt.nmt.evaluate import corpus_bleu, read_hypotheses
+
+    hyps = read_hypotheses(out.splitlines())
+    refs = (data / "test.raw.en").read_text(encoding="utf-8").splitlines()
+    bleu, signature = corpus_bleu(hyps, refs)
+    assert len(hyps) == SIZES["test"] and "nrefs:1" in str(signature)
+
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    sources = (data / "test.raw.de").read_text(encoding="utf-8").splitlines()[:3]
+    stdin = "".join(" ".join(sp.encode(s, out_type=str)) + "\n" for s in sources)
+    inter = fairseq(
+        "interactive",
+        str(data),
+        "--user-dir",
+        "user_dir",
+        "--cpu",
+        "--beam",
+        "2",
+        "--path",
+        str(tmp_path / "a" / "checkpoint_last.pt"),
+        "--source-lang",
+        "de",
+        "--target-lang",
+        "en",
+        "--post-process",
+        "sentencepiece",
+        stdin=stdin,
+    )
+    assert len(re.findall(r"^D-\d+\t", inter, flags=re.M)) == 3
+
+
+VARIANTS = [
+    ("recurrent_transformer_tiny",),
+    ("universal_transformer_tiny",),
+    ("universal_transformer_act_tiny",),
+    ("owf_tiny",),
+    ("sret_tiny",),
+    ("sret_tiny", "--lrc", "none"),
+    ("sret_tiny", "--lrc", "identity", "--sharing-scheme", "cycle"),
+    ("sret_tiny", "--mixed-depth", "on", "--encoder-attn-groups", "3,1"),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: " ".join(v))
+def test_every_variant_trains_and_generates(data, tmp_path, variant):
+    log = train(data, tmp_path, variant[0], 2, *variant[1:])
+    assert sorted(losses(log)) == [1, 2]
+    if variant[0] == "universal_transformer_act_tiny":
+        assert '"ponder"' in log
+    if "--mixed-depth" in variant:
+        assert '"shallow_loss"' in log
+    if variant[0] == "sret_tiny" and "none" not in variant:
+        assert '"lrc_enc_b0_self_attn_' in log
+    out = generate(data, tmp_path / "checkpoint_last.pt")
+    assert "BLEU" in out
