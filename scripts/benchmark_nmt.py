@@ -1,0 +1,312 @@
+"""Speed and memory of recurnmt's translation models against fairseq's own transformer.
+
+Every architecture is built with the same width, FFN width, heads and depth (levels), trained
+for a fixed number of updates on the same real batches (the embedded German-English corpus)
+and then decodes the same test sentences with beam search at a fixed output length. Each
+model runs in a fresh process so that peak memory is its own. The table reports absolute
+figures and ratios to fairseq's ``transformer``:
+
+* training target tokens per second (forward + backward + Adam step);
+* generation sentences per second (beam search with the incremental decoder);
+* peak memory: CUDA ``max_memory_allocated``, or on CPU the growth of the process's peak
+  resident set during training;
+* parameters (all) and P* (without embeddings and output projection).
+
+    python scripts/benchmark_nmt.py                      # CPU-sized default
+    python scripts/benchmark_nmt.py --device cuda --embed-dim 512 --ffn-dim 2048 --heads 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+BASELINE = "transformer"
+DEFAULT_ARCHS = [
+    BASELINE,
+    "recurrent_transformer",
+    "ringformer",
+    "universal_transformer",
+    "universal_transformer_act",
+    "owf",
+    "sret",
+]
+
+
+def model_flags(arch: str, opts: argparse.Namespace) -> list[str]:
+    flags = [
+        "--encoder-embed-dim",
+        str(opts.embed_dim),
+        "--decoder-embed-dim",
+        str(opts.embed_dim),
+        "--encoder-ffn-embed-dim",
+        str(opts.ffn_dim),
+        "--decoder-ffn-embed-dim",
+        str(opts.ffn_dim),
+        "--encoder-attention-heads",
+        str(opts.heads),
+        "--decoder-attention-heads",
+        str(opts.heads),
+        "--encoder-layers",
+        str(opts.levels),
+        "--decoder-layers",
+        str(opts.levels),
+        "--activation-fn",
+        "gelu",
+        "--share-all-embeddings",
+        "--dropout",
+        "0.1",
+    ]
+    if arch == "sret":  # same depth: levels/2 unique blocks, each looped twice
+        half = str(max(1, opts.levels // 2))
+        flags += ["--encoder-unique-layers", half, "--decoder-unique-layers", half]
+    if opts.device == "cpu":
+        flags.append("--cpu")
+    return flags
+
+
+def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int):
+    """``count`` real batches of ``split`` (fairseq's own batching), on the CPU."""
+    from fairseq import options, tasks
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            str(data),
+            "--task",
+            "translation",
+            "--arch",
+            "transformer",
+            "--cpu",
+            "--max-tokens",
+            str(max_tokens),
+            "--seed",
+            str(seed),
+        ],
+    )
+    task = tasks.setup_task(args)
+    task.load_dataset(split)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split),
+        max_tokens=max_tokens,
+        seed=seed,
+        max_positions=(128, 128),
+        ignore_invalid_inputs=True,
+    ).next_epoch_itr(shuffle=True)
+    batches = []
+    for sample in itr:
+        batches.append(sample)
+        if len(batches) == count:
+            break
+    return task, batches
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def worker(opts: argparse.Namespace) -> dict:
+    """Benchmarks one architecture in this process; returns its figures."""
+    import torch
+    from fairseq import utils
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from recurnmt.analysis.params import count_parameters
+    from recurnmt.nmt.build import build_model
+
+    torch.manual_seed(opts.seed)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    device = torch.device(opts.device)
+    task, train_batches = load_batches(
+        opts.data, "train", opts.max_tokens, opts.steps + opts.warmup, opts.seed
+    )
+    _, test_batches = load_batches(opts.data, "test", 100000, 1, opts.seed)
+    model, args, _ = build_model(opts.arch, model_flags(opts.arch, opts), task.source_dictionary)
+    model.to(device)
+    params = count_parameters(model)
+    criterion = task.build_criterion(args)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
+
+    def step(sample) -> int:
+        sample = utils.move_to_cuda(sample, device) if device.type == "cuda" else sample
+        loss, _, _ = criterion(model, sample)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return int(sample["ntokens"])
+
+    model.train()
+    for sample in train_batches[: opts.warmup]:
+        step(sample)
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tokens, start = 0, time.perf_counter()
+    for sample in train_batches[opts.warmup :]:
+        tokens += step(sample)
+    _sync(device)
+    train_time = time.perf_counter() - start
+    if device.type == "cuda":
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+
+    model.eval()
+    sample = test_batches[0]
+    src = sample["net_input"]["src_tokens"][: opts.sentences].to(device)
+    lengths = sample["net_input"]["src_lengths"][: opts.sentences].to(device)
+    generator = SequenceGenerator(
+        [model],
+        task.target_dictionary,
+        beam_size=opts.beam,
+        max_len_a=0,
+        max_len_b=opts.decode_len,
+        min_len=opts.decode_len,
+    )
+    with torch.no_grad():
+        generator.generate(
+            [model], {"net_input": {"src_tokens": src[:2], "src_lengths": lengths[:2]}}
+        )
+        _sync(device)
+        start = time.perf_counter()
+        for i in range(0, src.size(0), opts.gen_batch):
+            batch = {
+                "src_tokens": src[i : i + opts.gen_batch],
+                "src_lengths": lengths[i : i + opts.gen_batch],
+            }
+            generator.generate([model], {"net_input": batch})
+        _sync(device)
+    gen_time = time.perf_counter() - start
+    return {
+        "arch": opts.arch,
+        "train_tokens_per_s": tokens / train_time,
+        "gen_sentences_per_s": src.size(0) / gen_time,
+        "peak_mem_mb": peak_mb,
+        "params": params.total,
+        "p_star": params.p_star,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--archs", nargs="+", default=DEFAULT_ARCHS)
+    parser.add_argument("--data", type=Path, default=ROOT / "data-bin/lohelp_de_en")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--embed-dim", type=int, default=256)
+    parser.add_argument("--ffn-dim", type=int, default=1024)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--levels", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=2048)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed updates")
+    parser.add_argument("--steps", type=int, default=8, help="timed updates")
+    parser.add_argument("--sentences", type=int, default=32, help="sentences to decode")
+    parser.add_argument("--gen-batch", type=int, default=16)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--decode-len", type=int, default=24, help="fixed output length")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json-out", type=Path, help="also write the results as JSON")
+    parser.add_argument("--arch", help=argparse.SUPPRESS)  # worker mode
+    opts = parser.parse_args()
+
+    if opts.arch:
+        print("RESULT " + json.dumps(worker(opts)), flush=True)
+        return
+    if not (opts.data / "dict.en.txt").exists():
+        subprocess.run(
+            [sys.executable, "-m", "data_prep.embedded", "prepare", "--out", str(opts.data)],
+            check=True,
+            cwd=ROOT,
+        )
+    if BASELINE not in opts.archs:
+        opts.archs.insert(0, BASELINE)
+    results = []
+    for arch in opts.archs:
+        argv = [
+            sys.executable,
+            __file__,
+            "--arch",
+            arch,
+            "--data",
+            str(opts.data),
+            "--device",
+            opts.device,
+            "--embed-dim",
+            str(opts.embed_dim),
+            "--ffn-dim",
+            str(opts.ffn_dim),
+            "--heads",
+            str(opts.heads),
+            "--levels",
+            str(opts.levels),
+            "--max-tokens",
+            str(opts.max_tokens),
+            "--warmup",
+            str(opts.warmup),
+            "--steps",
+            str(opts.steps),
+            "--sentences",
+            str(opts.sentences),
+            "--gen-batch",
+            str(opts.gen_batch),
+            "--beam",
+            str(opts.beam),
+            "--decode-len",
+            str(opts.decode_len),
+            "--threads",
+            str(opts.threads),
+            "--seed",
+            str(opts.seed),
+        ]
+        print(f"benchmarking {arch} ...", flush=True)
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            sys.exit(f"{arch} failed:\n{proc.stderr[-2000:]}")
+        results.append(json.loads(lines[-1][len("RESULT ") :]))
+    print_table(results, opts)
+    if opts.json_out:
+        opts.json_out.write_text(json.dumps(results, indent=2))
+
+
+def print_table(results: list[dict], opts: argparse.Namespace) -> None:
+    base = next(r for r in results if r["arch"] == BASELINE)
+    print(
+        f"\nH={opts.embed_dim} FF={opts.ffn_dim} heads={opts.heads} levels={opts.levels} "
+        f"device={opts.device}; ratios are to fairseq's `{BASELINE}`\n"
+    )
+    header = (
+        f"{'arch':<26}{'train tok/s':>12}{'ratio':>7}{'gen sent/s':>12}{'ratio':>7}"
+        f"{'peak MB':>9}{'ratio':>7}{'params':>10}{'P*':>10}{'ratio':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(
+            f"{r['arch']:<26}{r['train_tokens_per_s']:>12.0f}"
+            f"{r['train_tokens_per_s'] / base['train_tokens_per_s']:>7.2f}"
+            f"{r['gen_sentences_per_s']:>12.1f}"
+            f"{r['gen_sentences_per_s'] / base['gen_sentences_per_s']:>7.2f}"
+            f"{r['peak_mem_mb']:>9.0f}{r['peak_mem_mb'] / max(base['peak_mem_mb'], 1e-9):>7.2f}"
+            f"{r['params'] / 1e6:>9.2f}M{r['p_star'] / 1e6:>9.2f}M"
+            f"{r['p_star'] / base['p_star']:>7.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
