@@ -60,7 +60,6 @@ def train_one_epoch(
     *,
     mixup: Mixup | None = None,
     clip_grad: float | None = None,
-    shallow_loss: bool = False,
     progress: bool = True,
     on_step: Callable[[int, float, float], None] | None = None,
     epoch: int = 0,
@@ -68,9 +67,8 @@ def train_one_epoch(
     """Trains ``model`` for one pass over ``loader``.
 
     Args:
-        loss_fn: ``loss_fn(logits, target, images)``.
-        shallow_loss: mixed-depth training (SReT appendix B): the model also runs its
-            loop-free shallow branch (``model(x, shallow=True)``) and both losses are summed.
+        loss_fn: ``loss_fn(logits, target, images)``; ``logits`` is a tuple when the model
+            returns several branches (mixed-depth training, :mod:`.mixed_depth`).
         on_step: called with (update count, loss, learning rate) after every update.
 
     Raises:
@@ -93,8 +91,6 @@ def train_one_epoch(
             images, target = mixup(images, target)
         with precision.autocast(device):
             loss = loss_fn(model(images), target, images)
-            if shallow_loss:
-                loss = loss + loss_fn(model(images, shallow=True), target, images)
         value = loss.item()
         if not math.isfinite(value):
             raise FloatingPointError(f"loss is {value} at epoch {epoch}, step {len(losses)}")

@@ -53,18 +53,31 @@ class ClassificationLoss(nn.Module):
         if teacher is not None:
             teacher.eval().requires_grad_(False)
 
-    def forward(self, logits: Tensor, target: Tensor, images: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        logits: Tensor | tuple[Tensor, ...],
+        target: Tensor,
+        images: Tensor | None = None,
+    ) -> Tensor:
         """Loss of ``logits`` (B x K) against labels B or soft targets B x K.
 
-        ``images`` are the (augmented, mixed) inputs, which the teacher labels afresh.
+        Args:
+            logits: one B x K tensor, or a tuple of them (the deep and shallow branches of
+                mixed-depth training, SReT appendix B), whose losses are summed.
+            target: labels B or soft targets B x K.
+            images: the (augmented, mixed) inputs, which the teacher labels afresh.
         """
+        branches = logits if isinstance(logits, tuple) else (logits,)
         if self.teacher is not None:
             if images is None:
                 raise ValueError("distillation needs the input images")
             with torch.no_grad():
                 self.teacher.eval()
                 teacher_logits = self.teacher(images)
-            return distillation_loss(logits, teacher_logits, self.temperature)
+            return sum(distillation_loss(z, teacher_logits, self.temperature) for z in branches)
         if target.dim() == 2:
-            return soft_target_cross_entropy(logits, target)
-        return F.cross_entropy(logits.float(), target, label_smoothing=self.label_smoothing)
+            return sum(soft_target_cross_entropy(z, target) for z in branches)
+        return sum(
+            F.cross_entropy(z.float(), target, label_smoothing=self.label_smoothing)
+            for z in branches
+        )

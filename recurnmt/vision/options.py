@@ -71,6 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-root", help="data folder (not needed for digits)")
     g.add_argument("--img-size", help="training resolution, 224 or 224x160 (data set default)")
     g.add_argument("--workers", type=int, default=0, help="data loader processes per rank")
+    g.add_argument(
+        "--limit-train",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on the first N images only (smoke tests)",
+    )
+    g.add_argument(
+        "--limit-eval",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate on the first N images only (smoke tests)",
+    )
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, default=30)
     g.add_argument("--batch-size", type=int, default=128, help="global batch size (all ranks)")

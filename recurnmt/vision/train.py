@@ -23,6 +23,7 @@ import json
 import random
 import sys
 import time
+import warnings
 from argparse import Namespace
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +47,7 @@ from recurnmt.vision.distributed import DistInfo, check_batch_size, cleanup, ini
 from recurnmt.vision.engine import Precision, evaluate, train_one_epoch
 from recurnmt.vision.flops import count_parameters
 from recurnmt.vision.losses import ClassificationLoss
+from recurnmt.vision.mixed_depth import MixedDepth
 from recurnmt.vision.optim import build_optimizer
 from recurnmt.vision.options import parse_args
 from recurnmt.vision.registry import create_model
@@ -133,6 +135,10 @@ def run(args: Namespace, info: DistInfo) -> dict:
     eval_set, _ = build_dataset(
         args.data, "eval", root=args.data_root, img_size=img_size, augment=False, spec=spec
     )
+    if args.limit_train is not None:
+        train_set = Subset(train_set, range(min(args.limit_train, len(train_set))))
+    if args.limit_eval is not None:
+        eval_set = Subset(eval_set, range(min(args.limit_eval, len(eval_set))))
     per_rank = check_batch_size(args.batch_size, info)
     sampler = DistributedSampler(
         train_set,
@@ -205,10 +211,13 @@ def run(args: Namespace, info: DistInfo) -> dict:
         f"data {args.data}: {len(train_set)} train / {len(eval_set)} eval images; "
         f"{info.world_size} process(es) on {info.device.type}; {steps} steps/epoch"
     )
-    net = model
+    net = MixedDepth(model) if args.mixed_depth else model
     if info.distributed:
+        # Grouped convolutions (SReT's conv pooling) have C x 1 x 3 x 3 kernels whose gradients
+        # come with other, equivalent strides along the size-1 axis; DDP warns, harmlessly.
+        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view")
         ids = [info.device.index] if info.device.type == "cuda" else None
-        net = DistributedDataParallel(model, device_ids=ids)
+        net = DistributedDataParallel(net, device_ids=ids)
 
     writer = None
     if info.is_main and not args.no_tensorboard:
@@ -235,7 +244,6 @@ def run(args: Namespace, info: DistInfo) -> dict:
             precision,
             mixup=mixup,
             clip_grad=args.clip_grad,
-            shallow_loss=args.mixed_depth,
             progress=not args.no_progress,
             on_step=on_step,
             epoch=epoch,

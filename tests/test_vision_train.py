@@ -1,0 +1,233 @@
+"""The training and evaluation commands: losses, schedule, resume, distillation, fine-tuning,
+multi-process runs and a real (short) digits training."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from recurnmt.vision import evaluate as evaluate_cli
+from recurnmt.vision import train as train_cli
+from recurnmt.vision.checkpoint import load_checkpoint
+from recurnmt.vision.distributed import (
+    DistInfo,
+    DistributedSetupError,
+    check_batch_size,
+    init_distributed,
+)
+from recurnmt.vision.losses import ClassificationLoss, distillation_loss
+from recurnmt.vision.schedule import cosine_factor
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = [
+    "--no-progress",
+    "--no-tensorboard",
+    "--threads",
+    "1",
+    "--batch-size",
+    "32",
+    "--warmup-epochs",
+    "1",
+    "--limit-eval",
+    "64",
+]
+
+
+def train(out: Path, *flags: str) -> list[dict]:
+    train_cli.main(["--output", str(out), *FAST, *flags])
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_distillation_is_soft_cross_entropy_without_one_hot_term():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(4, 5), torch.randn(4, 5)
+    manual = -(F.softmax(teacher, -1) * F.log_softmax(student, -1)).sum(-1).mean()
+    torch.testing.assert_close(distillation_loss(student, teacher), manual)  # SReT eq. 17
+    # the labels play no part once there is a teacher
+    model = torch.nn.Linear(5, 5)
+    loss = ClassificationLoss(0.1, teacher=model)
+    x = torch.randn(4, 5)
+    a = loss(student, torch.tensor([0, 1, 2, 3]), x)
+    b = loss(student, torch.tensor([4, 4, 4, 4]), x)
+    torch.testing.assert_close(a, b)
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_mixed_depth_sums_the_branch_losses():
+    loss = ClassificationLoss(0.0)
+    y = torch.tensor([1, 0])
+    deep, shallow = torch.randn(2, 3), torch.randn(2, 3)
+    torch.testing.assert_close(loss((deep, shallow), y), loss(deep, y) + loss(shallow, y))
+
+
+def test_cosine_schedule_with_warmup():
+    assert cosine_factor(0, 10, 100) == pytest.approx(0.1)
+    assert cosine_factor(9, 10, 100) == pytest.approx(1.0)
+    assert cosine_factor(55, 10, 100) == pytest.approx(0.5)
+    assert cosine_factor(100, 10, 100, min_ratio=0.01) == pytest.approx(0.01)
+
+
+def test_inconsistent_launches_are_refused(monkeypatch):
+    for var in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(DistributedSetupError, match="launch multi-process training with torchrun"):
+        init_distributed("cpu")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(DistributedSetupError, match="RANK=3 is outside WORLD_SIZE=2"):
+        init_distributed("cpu")
+    with pytest.raises(DistributedSetupError, match="not divisible by the 3 processes"):
+        check_batch_size(64, DistInfo(rank=0, world_size=3))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert init_distributed("cpu").world_size == 1
+
+
+def test_resume_continues_the_same_run(tmp_path):
+    """Losses after resuming equal those of a run that never stopped (augmentation, mixup,
+    dropout and sliced-attention permutations included)."""
+    flags = [
+        "--model",
+        "sret_mini",
+        "--epochs",
+        "3",
+        "--limit-train",
+        "96",
+        "--mixup",
+        "0.8",
+        "--cutmix",
+        "1.0",
+        "--reprob",
+        "0.5",
+        "--model-arg",
+        "drop_rate=0.1",
+    ]
+    straight = train(tmp_path / "a", *flags)
+    train(tmp_path / "b", *flags, "--stop-after-epoch", "1")
+    resumed = train(tmp_path / "b", *flags, "--resume", "auto")
+    assert [r["epoch"] for r in resumed] == [1, 2, 3]
+    for a, b in zip(straight, resumed, strict=True):
+        assert a["losses"] == b["losses"]
+        assert a["top1"] == b["top1"]
+    ckpt = load_checkpoint(tmp_path / "b" / "checkpoint.pt")  # weights-only load works
+    assert ckpt["epoch"] == 3 and len(ckpt["rng"]) == 1
+
+
+def test_distillation_finetuning_and_evaluation(tmp_path, capsys):
+    base = ["--epochs", "1", "--limit-train", "64"]
+    train(tmp_path / "teacher", *base, "--model", "vit_mini_patch4")
+    train(
+        tmp_path / "student",
+        *base,
+        "--model",
+        "ringformer_vit_mini_patch4",
+        "--teacher",
+        str(tmp_path / "teacher" / "checkpoint.pt"),
+        "--mixed-depth",
+    )
+    # fine-tune the student at twice the resolution: the learned table is interpolated
+    ft = train(
+        tmp_path / "ft",
+        *base,
+        "--finetune",
+        str(tmp_path / "student" / "best.pt"),
+        "--img-size",
+        "32",
+        "--weight-decay",
+        "0",
+        "--lr",
+        "5e-6",
+    )
+    assert math.isfinite(ft[0]["train_loss"])
+    ckpt = load_checkpoint(tmp_path / "ft" / "checkpoint.pt")
+    assert tuple(ckpt["model_kwargs"]["img_size"]) == (32, 32)
+    capsys.readouterr()
+    report = evaluate_cli.main([str(tmp_path / "ft" / "best.pt"), "--batch-size", "16"])
+    out = capsys.readouterr().out
+    assert "top-1" in out and "FLOPs" in out and "images/s" in out
+    assert report["images"] == 360 and 0 <= report["top1"] <= 100
+    assert report["params_M"] > 0 and report["GMACs"] > 0
+
+
+def test_finetune_of_a_learned_table_to_a_new_grid(tmp_path):
+    train(tmp_path / "s", "--epochs", "1", "--limit-train", "32", "--model", "vit_mini_patch4")
+    train(
+        tmp_path / "f",
+        "--epochs",
+        "1",
+        "--limit-train",
+        "32",
+        "--img-size",
+        "24",
+        "--finetune",
+        str(tmp_path / "s" / "checkpoint.pt"),
+    )
+    state = load_checkpoint(tmp_path / "f" / "checkpoint.pt")["model"]
+    assert state["pos_embed.weight"].shape == (1, 1 + 6 * 6, 64)
+
+
+@pytest.mark.e2e
+def test_digits_training_learns(tmp_path):
+    """Real handwritten digits, real training: far above the 10% of chance in ~30 s."""
+    history = train(
+        tmp_path / "digits",
+        "--epochs",
+        "30",
+        "--batch-size",
+        "128",
+        "--warmup-epochs",
+        "5",
+        "--limit-eval",
+        "360",
+    )
+    assert history[-1]["top1"] > 80.0
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+
+
+@pytest.mark.e2e
+@pytest.mark.dist
+def test_two_process_gloo_run_and_resume(tmp_path):
+    """torchrun with 2 CPU processes (gloo); resuming the 2-process run is exact as well."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+    def torchrun(out: Path, *flags: str) -> list[dict]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--standalone",
+            "-m",
+            "recurnmt.vision.train",
+            "--output",
+            str(out),
+            *FAST,
+            "--epochs",
+            "2",
+            "--limit-train",
+            "128",
+            "--model",
+            "sret_mini",
+            *flags,
+        ]
+        subprocess.run(cmd, check=True, env=env, cwd=REPO, timeout=300)
+        return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+    straight = torchrun(tmp_path / "a")
+    torchrun(tmp_path / "b", "--stop-after-epoch", "1")
+    resumed = torchrun(tmp_path / "b", "--resume", "auto")
+    assert [r["losses"] for r in straight] == [r["losses"] for r in resumed]
+    ckpt = load_checkpoint(tmp_path / "a" / "checkpoint.pt")
+    assert len(ckpt["rng"]) == 2  # both ranks' generator states
+    assert len(straight[0]["losses"]) == 128 // 32  # global batch 32 = 2 x 16
