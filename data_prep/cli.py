@@ -17,25 +17,28 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def run_cli(main: Callable[[], int | None], name: str) -> int:
+def run_cli(main: Callable[[], object], name: str) -> int:
     """Run a command's ``main`` and turn failures into a one-line message and exit code.
 
     SIGTERM is turned into ``KeyboardInterrupt`` so that temporary output is removed (the
     atomic-output context managers clean up on any exception) rather than left behind.
 
     Args:
-        main: The command body; returns an exit code or ``None`` for success.
+        main: The command body; an ``int`` result is the exit code, anything else means 0.
         name: Command name for messages, e.g. ``"data_prep.embedded"``.
 
     Returns:
         The process exit code (0 success, 1 error, 130 interrupted).
     """
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        return int(main() or 0)
+        result = main()
+        return result if isinstance(result, int) else 0
     except KeyboardInterrupt:
         print(f"{name}: interrupted; no partial output was left behind", file=sys.stderr)
         return 130
     except EXPECTED_ERRORS as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)

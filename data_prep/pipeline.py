@@ -124,12 +124,13 @@ def prepare_binarized(request: PrepareRequest, write_inputs: InputWriter) -> Pat
         spec = request.segmentation
         model = tmp / spec.model_file_name
         print(f"learning/loading {spec.kind} segmentation ...", file=sys.stderr)
-        segmenter = fit_segmenter(spec, [work / f"train.{src}", work / f"train.{tgt}"], model)
+        fit_segmenter(spec, [work / f"train.{src}", work / f"train.{tgt}"], model)
         counts: dict[str, int] = {}
         for split in SPLITS:
             for lang in (src, tgt):
                 name = f"{split}.{lang}"
-                counts[name] = segment_file(segmenter, work / name, work / f"{split}.seg.{lang}")
+                seg = work / f"{split}.seg.{lang}"
+                counts[name] = segment_file(spec.kind, model, work / name, seg, request.workers)
         prefixes = {split: work / f"{split}.seg" for split in SPLITS}
         filter_stats = None
         if request.train_filter is not None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import io
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 from tqdm import tqdm
 
+from data_prep.parallel import imap_ordered
 from data_prep.textio import iter_lines
 
 SegmentationKind = Literal["spm", "bpe"]
@@ -43,6 +44,8 @@ class SegmentationSpec:
         pretrained: A trained model to use as is (sentencepiece ``.model`` or BPE codes)
             instead of learning one on the training split.
         seed: Random seed for sentencepiece training.
+        spm_max_sentences: Train sentencepiece on a random sample of this many lines
+            (0: all lines, in order). Large corpora (WMT) need a sample to fit in memory.
     """
 
     kind: SegmentationKind = "spm"
@@ -52,6 +55,7 @@ class SegmentationSpec:
     character_coverage: float = 0.9999
     pretrained: Path | None = None
     seed: int = 1
+    spm_max_sentences: int = 0
 
     @property
     def model_file_name(self) -> str:
@@ -121,8 +125,8 @@ def train_sentencepiece(
         model_type=spec.spm_model_type,
         character_coverage=spec.character_coverage,
         normalization_rule_name=spec.spm_normalization,
-        input_sentence_size=0,
-        shuffle_input_sentence=False,
+        input_sentence_size=spec.spm_max_sentences,
+        shuffle_input_sentence=spec.spm_max_sentences > 0,
         num_threads=threads,
         max_sentence_length=8192,
         hard_vocab_limit=False,  # tiny corpora (tests) cannot fill a large vocabulary
@@ -180,6 +184,15 @@ def learn_bpe(inputs: Sequence[Path], codes: Path, merges: int) -> Path:
     return codes
 
 
+def load_segmenter(kind: SegmentationKind, model: Path) -> Segmenter:
+    """Load a trained segmentation model of the given kind."""
+    return SentencePieceSegmenter(model) if kind == "spm" else BpeSegmenter(model)
+
+
+def _encoder(kind: SegmentationKind, model: Path) -> Callable[[str], str]:
+    return load_segmenter(kind, model).encode_line
+
+
 def fit_segmenter(spec: SegmentationSpec, train_files: Sequence[Path], model: Path) -> Segmenter:
     """Learn (or copy a pretrained) segmentation model to ``model`` and load it.
 
@@ -197,19 +210,29 @@ def fit_segmenter(spec: SegmentationSpec, train_files: Sequence[Path], model: Pa
         train_sentencepiece(train_files, model, spec)
     else:
         learn_bpe(train_files, model, spec.vocab_size)
-    return SentencePieceSegmenter(model) if spec.kind == "spm" else BpeSegmenter(model)
+    return load_segmenter(spec.kind, model)
 
 
-def segment_file(segmenter: Segmenter, src: Path, dst: Path, desc: str | None = None) -> int:
-    """Segment every line of ``src`` into ``dst``, with a progress bar.
+def segment_file(
+    kind: SegmentationKind, model: Path, src: Path, dst: Path, workers: int = 1
+) -> int:
+    """Segment every line of ``src`` into ``dst`` with a progress bar.
+
+    Args:
+        kind: ``"spm"`` or ``"bpe"``.
+        model: The trained model.
+        src: Text to segment (plain or ``.gz``).
+        dst: Output file.
+        workers: Processes to use (each loads the model once).
 
     Returns:
         The number of lines written.
     """
     count = 0
+    lines = iter_lines(src)
     with open(dst, "w", encoding="utf-8", newline="\n") as out:
-        lines = iter_lines(src)
-        for line in tqdm(lines, desc=desc or f"segment {src.name}", unit=" lines", leave=False):
-            out.write(segmenter.encode_line(line) + "\n")
+        encoded = imap_ordered(_encoder, (kind, model), lines, workers)
+        for line in tqdm(encoded, desc=f"segment {src.name}", unit=" lines", leave=False):
+            out.write(line + "\n")
             count += 1
     return count
