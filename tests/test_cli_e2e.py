@@ -217,3 +217,27 @@ def test_every_variant_trains_and_generates(data, tmp_path, variant):
         assert '"lrc_enc_b0_self_attn_' in log
     out = generate(data, tmp_path / "checkpoint_last.pt")
     assert "BLEU" in out
+
+
+def test_lrc_evolution_is_logged_and_plotted(data, tmp_path):
+    from recurnmt.analysis.plot_lrc import plot, read_series
+
+    log = train(
+        data,
+        tmp_path / "ckpt",
+        "sret_tiny",
+        4,
+        "--lr",
+        "5e-3",
+        "--tensorboard-logdir",
+        str(tmp_path / "tb"),
+    )
+    (tmp_path / "train.log").write_text(log)
+    from_log = read_series(tmp_path / "train.log")
+    from_tb = read_series(tmp_path / "tb")
+    key = "lrc_enc_b0_self_attn_main"
+    assert [step for step, _ in from_log[key]] == [1, 2, 3, 4]
+    assert [step for step, _ in from_tb[key]] == [1, 2, 3, 4]
+    assert from_log[key][-1][1] != 1.0  # the coefficients really train
+    png = plot(from_log, tmp_path / "lrc.png")
+    assert png.stat().st_size > 1000
