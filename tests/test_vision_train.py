@@ -123,6 +123,24 @@ def test_resume_continues_the_same_run(tmp_path):
     assert ckpt["epoch"] == 3 and len(ckpt["rng"]) == 1
 
 
+def test_gradient_accumulation_matches_the_full_batch(tmp_path):
+    flags = [
+        "--model",
+        "vit_mini_patch4",
+        "--epochs",
+        "1",
+        "--limit-train",
+        "64",
+        "--scale-min",
+        "1.0",
+    ]
+    full = train(tmp_path / "full", *flags)
+    accum = train(tmp_path / "accum", *flags, "--accum-steps", "2")
+    assert len(full[0]["losses"]) == len(accum[0]["losses"]) == 2
+    assert accum[0]["losses"] == pytest.approx(full[0]["losses"], rel=1e-5)
+    assert accum[0]["top1"] == pytest.approx(full[0]["top1"])
+
+
 def test_distillation_finetuning_and_evaluation(tmp_path, capsys):
     base = ["--epochs", "1", "--limit-train", "64"]
     train(tmp_path / "teacher", *base, "--model", "vit_mini_patch4")
@@ -231,3 +249,26 @@ def test_two_process_gloo_run_and_resume(tmp_path):
     ckpt = load_checkpoint(tmp_path / "a" / "checkpoint.pt")
     assert len(ckpt["rng"]) == 2  # both ranks' generator states
     assert len(straight[0]["losses"]) == 128 // 32  # global batch 32 = 2 x 16
+
+
+@pytest.mark.parametrize("config", sorted((REPO / "configs" / "vision").glob("*.yaml")))
+def test_shipped_configs_parse_and_build(config):
+    from recurnmt.vision import create_model
+    from recurnmt.vision.data import SPECS
+    from recurnmt.vision.options import parse_args
+
+    args = parse_args(["--config", str(config)])
+    spec = SPECS[args.data]
+    if args.finetune:  # the model comes from the checkpoint
+        assert args.img_size == (384, 384) and args.weight_decay == 0.0
+        return
+    with torch.device("meta"):
+        model = create_model(
+            args.model,
+            **args.model_args,
+            num_classes=spec.num_classes,
+            in_chans=spec.in_chans,
+            img_size=args.img_size or spec.img_size,
+        )
+    assert model.num_classes == spec.num_classes
+    assert args.batch_size % args.accum_steps == 0

@@ -116,18 +116,19 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistInf
     return DistInfo(rank, world, local, dev)
 
 
-def check_batch_size(batch_size: int, info: DistInfo) -> int:
-    """The per-process share of the global ``batch_size``.
+def check_batch_size(batch_size: int, info: DistInfo, accum_steps: int = 1) -> int:
+    """The per-process micro-batch of a global ``batch_size`` split over ranks and steps.
 
     Raises:
-        DistributedSetupError: the world size does not divide the global batch.
+        DistributedSetupError: processes x accumulation steps do not divide the global batch.
     """
-    if batch_size % info.world_size:
+    parts = info.world_size * accum_steps
+    if accum_steps < 1 or batch_size % parts:
         raise DistributedSetupError(
             f"--batch-size {batch_size} (global) is not divisible by the {info.world_size} "
-            "processes; choose a multiple of the world size"
+            f"processes x {accum_steps} accumulation steps; choose a multiple of {parts}"
         )
-    return batch_size // info.world_size
+    return batch_size // parts
 
 
 def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:

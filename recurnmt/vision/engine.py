@@ -60,6 +60,7 @@ def train_one_epoch(
     *,
     mixup: Mixup | None = None,
     clip_grad: float | None = None,
+    accum_steps: int = 1,
     progress: bool = True,
     on_step: Callable[[int, float, float], None] | None = None,
     epoch: int = 0,
@@ -69,7 +70,13 @@ def train_one_epoch(
     Args:
         loss_fn: ``loss_fn(logits, target, images)``; ``logits`` is a tuple when the model
             returns several branches (mixed-depth training, :mod:`.mixed_depth`).
+        accum_steps: micro-batches per optimiser update (gradient accumulation; RingFormer
+            A.1 trains its 4096-image batches in 16 steps). A trailing partial group is
+            dropped so that every update sees the same number of images.
         on_step: called with (update count, loss, learning rate) after every update.
+
+    Returns:
+        The mean loss and the per-update losses (each the mean over its micro-batches).
 
     Raises:
         FloatingPointError: the loss became NaN or infinite.
@@ -77,29 +84,44 @@ def train_one_epoch(
     model.train()
     device = info.device
     losses: list[float] = []
+    updates = len(loader) // accum_steps
     bar = tqdm(
-        loader,
+        total=updates,
         desc=f"epoch {epoch}",
         disable=not (progress and info.is_main),
         leave=False,
         dynamic_ncols=True,
     )
-    for images, target in bar:
+    running = 0.0
+    for micro, (images, target) in enumerate(loader):
+        if micro >= updates * accum_steps:
+            break
         images = images.to(device, non_blocking=True)
         target = target.to(device, non_blocking=True)
         if mixup is not None:
             images, target = mixup(images, target)
-        with precision.autocast(device):
-            loss = loss_fn(model(images), target, images)
-        value = loss.item()
-        if not math.isfinite(value):
-            raise FloatingPointError(f"loss is {value} at epoch {epoch}, step {len(losses)}")
-        optimizer.zero_grad(set_to_none=True)
+        last_micro = (micro + 1) % accum_steps == 0
+        # DDP: synchronise gradients only on the micro-batch that completes an update
+        sync = (
+            model.no_sync()
+            if hasattr(model, "no_sync") and not last_micro
+            else contextlib.nullcontext()
+        )
+        with sync:
+            with precision.autocast(device):
+                loss = loss_fn(model(images), target, images) / accum_steps
+            value = loss.item()
+            if not math.isfinite(value):
+                raise FloatingPointError(f"loss is {value} at epoch {epoch}, step {len(losses)}")
+            if precision.scaler is not None:
+                precision.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        running += value
+        if not last_micro:
+            continue
         if precision.scaler is not None:
-            precision.scaler.scale(loss).backward()
             precision.scaler.unscale_(optimizer)
-        else:
-            loss.backward()
         if clip_grad:
             nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
         if precision.scaler is not None:
@@ -107,11 +129,16 @@ def train_one_epoch(
             precision.scaler.update()
         else:
             optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        losses.append(value)
-        bar.set_postfix(loss=f"{value:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+        losses.append(running)
+        lr = optimizer.param_groups[0]["lr"]
+        bar.update()
+        bar.set_postfix(loss=f"{running:.4f}", lr=f"{lr:.2e}")
         if on_step is not None:
-            on_step(scheduler.last_epoch, value, optimizer.param_groups[0]["lr"])
+            on_step(scheduler.last_epoch, running, lr)
+        running = 0.0
+    bar.close()
     total, count = all_reduce_sum([sum(losses), float(len(losses))], info)
     return EpochResult(total / max(count, 1.0), losses)
 

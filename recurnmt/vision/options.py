@@ -45,6 +45,7 @@ def parse_size(value: str | int | list | tuple | None) -> tuple[int, int] | None
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # defaults: the embedded digits recipe (a CPU minute); configs/vision/ has the papers'
     p = argparse.ArgumentParser(
         prog="python -m recurnmt.vision.train",
         description="Train an image classifier from recurnmt.vision (single process or torchrun).",
@@ -86,9 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate on the first N images only (smoke tests)",
     )
     g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=30)
-    g.add_argument("--batch-size", type=int, default=128, help="global batch size (all ranks)")
-    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--epochs", type=int, default=60)
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="global batch size per update (all ranks and accumulation steps)",
+    )
+    g.add_argument(
+        "--accum-steps", type=int, default=1, help="gradient accumulation: micro-batches per update"
+    )
+    g.add_argument("--lr", type=float, default=2e-3)
     g.add_argument("--min-lr", type=float, default=1e-5)
     g.add_argument("--weight-decay", type=float, default=0.05)
     g.add_argument("--warmup-epochs", type=float, default=5.0)
@@ -134,7 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs")
     g.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     g.add_argument("--no-tensorboard", action="store_true")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads per process (default 1 on CPU: the small models "
+        "gain little from more, and oversubscribed cores lose a lot)",
+    )
     return p
 
 

@@ -113,6 +113,15 @@ def _gather_rng(info: DistInfo) -> list:
     return states
 
 
+def _trim_metrics(path: Path, epochs: int) -> None:
+    """Keeps the metrics lines of the first ``epochs`` epochs (none for a fresh run)."""
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line)["epoch"] <= epochs]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
 def run(args: Namespace, info: DistInfo) -> dict:
     """Trains as ``args`` says; returns the last metrics line."""
 
@@ -120,8 +129,8 @@ def run(args: Namespace, info: DistInfo) -> dict:
         if info.is_main:
             print(msg, flush=True)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads or info.device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
     seed_everything(args.seed + info.rank)
     out = Path(args.output)
     spec = _spec_with_overrides(args)
@@ -139,7 +148,7 @@ def run(args: Namespace, info: DistInfo) -> dict:
         train_set = Subset(train_set, range(min(args.limit_train, len(train_set))))
     if args.limit_eval is not None:
         eval_set = Subset(eval_set, range(min(args.limit_eval, len(eval_set))))
-    per_rank = check_batch_size(args.batch_size, info)
+    per_rank = check_batch_size(args.batch_size, info, args.accum_steps)
     sampler = DistributedSampler(
         train_set,
         num_replicas=info.world_size,
@@ -159,7 +168,7 @@ def run(args: Namespace, info: DistInfo) -> dict:
     )
     shard = Subset(eval_set, range(info.rank, len(eval_set), info.world_size))
     eval_loader = DataLoader(shard, batch_size=per_rank, num_workers=args.workers, pin_memory=pin)
-    steps = len(train_loader)
+    steps = len(train_loader) // args.accum_steps  # optimiser updates per epoch
     if steps == 0:
         raise SystemExit(f"--batch-size {args.batch_size} exceeds the {len(train_set)} images")
 
@@ -206,6 +215,8 @@ def run(args: Namespace, info: DistInfo) -> dict:
             seed_everything(args.seed + 1000 * start_epoch + info.rank)
         log(f"resumed {resume} at epoch {start_epoch}")
 
+    if info.is_main:
+        _trim_metrics(out / "metrics.jsonl", start_epoch)
     log(
         f"model {model_name}: {count_parameters(model) / 1e6:.3f}M parameters; "
         f"data {args.data}: {len(train_set)} train / {len(eval_set)} eval images; "
@@ -244,6 +255,7 @@ def run(args: Namespace, info: DistInfo) -> dict:
             precision,
             mixup=mixup,
             clip_grad=args.clip_grad,
+            accum_steps=args.accum_steps,
             progress=not args.no_progress,
             on_step=on_step,
             epoch=epoch,
