@@ -137,6 +137,11 @@ def test_naive_recursion_loops_each_block_in_a_row():
     assert model.stack.cfg.num_levels == 36  # SReT Table 1, "+2 naive recursion"
 
 
+def test_signal_rank_shortcut():
+    model = create_model("ringformer_vit_mini_patch4", signal_rank=4)
+    assert model.stack.levels[0].attn_signal.rank == 4
+
+
 def test_owf_shares_one_ffn_and_keeps_attention_apart():
     stack = build_small("owf_vit_mini_patch4").stack
     assert all(b.ffn is stack.blocks[0].ffn for b in stack.blocks)

@@ -69,6 +69,7 @@ class PositionEmbedding(nn.Module):
         if kind not in ("learned", "sincos", "none"):
             raise ValueError(f"unknown position embedding {kind!r}; use learned, sincos or none")
         self.kind, self.grid, self.dim, self.num_prefix = kind, tuple(grid), dim, num_prefix
+        self._fixed: dict[tuple, Tensor] = {}
         if kind == "learned":
             self.weight = nn.Parameter(torch.zeros(1, num_prefix + grid[0] * grid[1], dim))
             nn.init.trunc_normal_(self.weight, std=0.02)
@@ -85,8 +86,11 @@ class PositionEmbedding(nn.Module):
         if self.kind == "none":
             return None
         if self.kind == "sincos":
-            pe = sincos_2d(tuple(grid), self.dim).to(like)
-            return torch.cat([pe.new_zeros(self.num_prefix, self.dim), pe])[None]
+            key = (tuple(grid), like.device, like.dtype)
+            if key not in self._fixed:  # computed once per grid, device and dtype
+                pe = sincos_2d(key[0], self.dim).to(like)
+                self._fixed[key] = torch.cat([pe.new_zeros(self.num_prefix, self.dim), pe])[None]
+            return self._fixed[key]
         prefix, table = self.weight[:, : self.num_prefix], self.weight[:, self.num_prefix :]
         return torch.cat([prefix, resize_grid(table, self.grid, tuple(grid))], dim=1).to(like)
 

@@ -23,6 +23,8 @@ T = N + 1 with the class token.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor, nn
 
@@ -209,8 +211,15 @@ _IMAGE_KEYS = ("img_size", "patch_size", "in_chans", "num_classes", "class_token
 
 
 def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
-    """Splits ``defaults | kwargs`` into stack and image settings and builds the model."""
+    """Splits ``defaults | kwargs`` into stack and image settings and builds the model.
+
+    ``signal_rank=r`` is a shortcut for the rank of the model's level signals (RingFormer
+    Table 4 varies it), handy on the command line (``--model-arg signal_rank=8``).
+    """
     args = {**defaults, **kwargs}
+    if "signal_rank" in args:
+        rank = args.pop("signal_rank")
+        args["signal"] = replace(args.get("signal") or SignalConfig(), rank=rank)
     image = {k: args.pop(k) for k in _IMAGE_KEYS if k in args}
     pos_embed = args.pop("pos_embed", "learned")
     drop_rate = args.get("drop_rate", 0.0)
