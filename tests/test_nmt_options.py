@@ -101,7 +101,7 @@ def test_impossible_settings_fail_naming_the_flag(flags, message):
 
 @pytest.mark.parametrize("flag", ["--fp16", "--bf16"])
 def test_half_precision_without_cuda_is_refused(flag):
-    with pytest.raises(ConfigError, match=f"{flag} needs a CUDA device"):
+    with pytest.raises(ConfigError, match=f"{flag} needs (a )?CUDA"):
         build("ringformer_tiny", flag, "--cpu")
 
 

@@ -155,3 +155,16 @@ def test_shallow_branch_runs_each_block_once():
     assert stack.plan.first_loop_levels() == [0, 2]
     _, states = stack(torch.randn(1, 3, 32), levels=[0, 2], return_states=True)
     assert len(states) == 2
+
+
+def test_unpermuted_slices_are_contiguous_runs():
+    attn = SelfAttention(16, 4).eval()
+    x = torch.randn(1, 6, 16)
+    out = attn(x, groups=2, permute=False)
+    halves = torch.cat([attn(x[:, :3]), attn(x[:, 3:])], dim=1)
+    torch.testing.assert_close(out, halves, atol=1e-6, rtol=1e-5)
+
+
+def test_permutation_per_loop():
+    stack = RecurrentStack(SRET.replace(attn_permute=(False, True)))
+    assert stack.level_permute == (False, True, False, True)

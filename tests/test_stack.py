@@ -114,3 +114,24 @@ def test_return_states_gives_every_level():
 def test_impossible_settings_name_the_setting(changes, message):
     with pytest.raises(ConfigError, match=message):
         RING.replace(**changes)
+
+
+def test_drop_path_grows_linearly_and_is_off_in_eval():
+    cfg = RING.replace(drop_path=0.3)
+    assert [cfg.drop_path_rate(i) for i in range(4)] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    stack = RecurrentStack(cfg.replace(drop_path=0.99))
+    x = torch.randn(64, 3, 32)
+    stack.eval()
+    assert torch.equal(stack(x)[0], stack(x)[0])
+    stack.train()
+    torch.manual_seed(0)
+    a = stack(x)[0]
+    assert not torch.equal(a, stack(x)[0])
+
+
+def test_final_norm_and_eps_are_configurable():
+    assert RecurrentStack(RING).final_norm is None
+    assert RecurrentStack(RING.replace(normalize_before=True)).final_norm is not None
+    stack = RecurrentStack(RING.replace(normalize_before=True, final_norm=False, norm_eps=1e-6))
+    assert stack.final_norm is None
+    assert stack.levels[0].norms[0].eps == 1e-6

@@ -141,6 +141,7 @@ class SelfAttention(_Attention):
         cache: KVCache | None = None,
         cache_key: str = "",
         groups: int = 1,
+        permute: bool = True,
     ) -> Tensor:
         """Self-attention over ``x`` (B x T x C), returns B x T x C.
 
@@ -151,13 +152,20 @@ class SelfAttention(_Attention):
                 and appended to ``cache[cache_key + "k"]`` / ``cache[cache_key + "v"]``.
             groups: sliced group self-attention with this many groups (SReT sec. 4);
                 1 is ordinary attention. Not combinable with ``causal`` or ``cache``.
+            permute: sliced attention permutes the tokens first; otherwise the slices are
+                contiguous runs of tokens.
         """
         q, k, v = self.project(x, qkv_delta, qkv_input_delta).chunk(3, dim=-1)
         q, k, v = (_split_heads(t, self.num_heads) for t in (q, k, v))
         if groups > 1:
             if causal or cache is not None:
                 raise ValueError("sliced group attention does not support causal attention")
-            perm = group_permutation(x.size(1), self.training, x.device)
+            t = x.size(1)
+            perm = (
+                group_permutation(t, self.training, x.device)
+                if permute
+                else torch.arange(t, device=x.device)
+            )
             p = self.dropout if self.training else 0.0
             out = sliced_group_attention(q, k, v, groups, perm, key_padding_mask, p)
             return self.out_proj(_merge_heads(out))

@@ -88,6 +88,14 @@ class StackConfig:
             sec. 2.2).
         act_threshold: 1 - eps of ACT.
         act_bias_init: initial bias of the halting unit.
+        drop_path: stochastic depth (Huang et al. 2016, as in DeiT/SReT): the rate of dropping
+            a residual branch per sample grows linearly from 0 at the first level to this
+            value at the last.
+        final_norm: a layer norm after the last level; None means "when pre-LN".
+        norm_eps: epsilon of every layer norm (1e-5 as in fairseq; timm/SReT use 1e-6).
+        attn_permute: sliced group attention permutes the tokens before slicing at loop r
+            when ``attn_permute[r]`` (SReT appendix C/D "P"); contiguous slices otherwise.
+            Empty = permute at every sliced loop.
     """
 
     embed_dim: int = 512
@@ -113,6 +121,10 @@ class StackConfig:
     act: bool = False
     act_threshold: float = 0.99
     act_bias_init: float = 1.0
+    drop_path: float = 0.0
+    final_norm: bool | None = None
+    norm_eps: float = 1e-5
+    attn_permute: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         _positive("embed_dim", self.embed_dim)
@@ -154,7 +166,9 @@ class StackConfig:
                 "ffn_sharing='none' removes the FFN, so it cannot carry an FFN level signal "
                 "(set signal.ffn='none')"
             )
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
+        if self.norm_eps <= 0:
+            raise ConfigError(f"norm_eps={self.norm_eps} must be positive")
+        for name in ("dropout", "attention_dropout", "activation_dropout", "drop_path"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ConfigError(f"{name}={value} must lie in [0, 1)")
@@ -171,6 +185,16 @@ class StackConfig:
     @property
     def unique_blocks(self) -> int:
         return self.num_levels if self.num_unique is None else self.num_unique
+
+    @property
+    def has_final_norm(self) -> bool:
+        return self.normalize_before if self.final_norm is None else self.final_norm
+
+    def drop_path_rate(self, level: int) -> float:
+        """Stochastic depth rate at ``level``: linear from 0 to ``drop_path`` (DeiT rule)."""
+        if self.num_levels == 1:
+            return self.drop_path
+        return self.drop_path * level / (self.num_levels - 1)
 
     @property
     def signal_rank(self) -> int:

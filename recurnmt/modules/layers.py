@@ -45,7 +45,7 @@ class LevelParts(nn.Module):
         super().__init__()
         c, sig = cfg.embed_dim, cfg.signal
         self.norms = (
-            nn.ModuleList(nn.LayerNorm(c) for _ in range(num_sublayers(cfg)))
+            nn.ModuleList(nn.LayerNorm(c, eps=cfg.norm_eps) for _ in range(num_sublayers(cfg)))
             if cfg.norms_per_level
             else None
         )
@@ -62,7 +62,7 @@ class LevelParts(nn.Module):
             else None
         )
         self.nll = (
-            NonLinearProjection(c, cfg.nll_ratio, cfg.activation, cfg.lrc)
+            NonLinearProjection(c, cfg.nll_ratio, cfg.activation, cfg.lrc, cfg.norm_eps)
             if cfg.nll_ratio > 0
             else None
         )
@@ -111,18 +111,27 @@ class TransformerBlock(nn.Module):
         self.ffn = ffn
         n = num_sublayers(cfg)
         self.norms = (
-            None if cfg.norms_per_level else nn.ModuleList(nn.LayerNorm(c) for _ in range(n))
+            None
+            if cfg.norms_per_level
+            else nn.ModuleList(nn.LayerNorm(c, eps=cfg.norm_eps) for _ in range(n))
         )
         self.lrc = ResidualCoefficients(n, cfg.lrc)
         self.dropout = nn.Dropout(cfg.dropout)
         self.normalize_before = cfg.normalize_before
 
     def _sublayer(
-        self, x: Tensor, index: int, norm: nn.Module, fn: Callable[[Tensor], Tensor]
+        self,
+        x: Tensor,
+        index: int,
+        norm: nn.Module,
+        fn: Callable[[Tensor], Tensor],
+        drop_path: float,
     ) -> Tensor:
         if self.normalize_before:
-            return self.lrc(x, self.dropout(fn(norm(x))), index)
-        return norm(self.lrc(x, self.dropout(fn(x)), index))
+            branch = self.dropout(fn(norm(x)))
+            return self.lrc(x, _drop_path(branch, drop_path, self.training), index)
+        branch = self.dropout(fn(x))
+        return norm(self.lrc(x, _drop_path(branch, drop_path, self.training), index))
 
     def forward(
         self,
@@ -136,6 +145,8 @@ class TransformerBlock(nn.Module):
         cache: KVCache | None = None,
         cache_key: str = "",
         attn_groups: int = 1,
+        attn_permute: bool = True,
+        drop_path: float = 0.0,
     ) -> Tensor:
         """Runs the block at one level, followed by the level's NLL if it has one.
 
@@ -150,6 +161,8 @@ class TransformerBlock(nn.Module):
             cache: incremental decoding state, shared by all levels; this level's entries
                 are prefixed by ``cache_key``.
             attn_groups: sliced group self-attention groups at this level (SReT sec. 4).
+            attn_permute: permute tokens before slicing (else contiguous slices).
+            drop_path: stochastic depth rate of this level's residual branches.
         """
         norms = parts.norms if parts.norms is not None else self.norms
         x = self._sublayer(
@@ -163,8 +176,10 @@ class TransformerBlock(nn.Module):
                 cache=cache,
                 cache_key=cache_key,
                 groups=attn_groups,
+                permute=attn_permute,
                 **parts.attn_kwargs(h),
             ),
+            drop_path,
         )
         index = 1
         if self.cross_attn is not None:
@@ -175,10 +190,21 @@ class TransformerBlock(nn.Module):
                 index,
                 norms[index],
                 lambda h: self.cross_attn(h, memory_kv, memory_padding_mask=memory_padding_mask),
+                drop_path,
             )
             index += 1
         if self.ffn is not None:
-            x = self._sublayer(x, index, norms[index], lambda h: self.ffn(h, **parts.ffn_kwargs(h)))
+            x = self._sublayer(
+                x, index, norms[index], lambda h: self.ffn(h, **parts.ffn_kwargs(h)), drop_path
+            )
         if parts.nll is not None:
             x = parts.nll(x)
         return x
+
+
+def _drop_path(x: Tensor, p: float, training: bool) -> Tensor:
+    """Drops the whole branch of a sample with probability p, rescaling the rest (B x ...)."""
+    if p == 0.0 or not training:
+        return x
+    keep = x.new_empty((x.size(0),) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - p)
+    return x * keep / (1.0 - p)

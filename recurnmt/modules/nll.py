@@ -21,14 +21,20 @@ class NonLinearProjection(nn.Module):
         ratio: hidden width of the MLP as a multiple of C (SReT uses 1.0 or 2.0).
         activation: MLP non-linearity (GELU in SReT).
         lrc: learnable residual coefficients mode (:data:`~recurnmt.modules.residual.LRC_MODES`).
+        norm_eps: epsilon of the layer norm.
     """
 
     def __init__(
-        self, embed_dim: int, ratio: float, activation: str = "gelu", lrc: str = "both"
+        self,
+        embed_dim: int,
+        ratio: float,
+        activation: str = "gelu",
+        lrc: str = "both",
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         hidden = max(1, round(embed_dim * ratio))
-        self.norm = nn.LayerNorm(embed_dim)
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.mlp = FeedForward(embed_dim, hidden, activation)
         self.lrc = ResidualCoefficients(1, lrc)
 

@@ -55,6 +55,11 @@ class RecurrentStack(nn.Module):
             raise ValueError(
                 f"depth plan has {self.plan.num_levels} levels, config {cfg.num_levels}"
             )
+        if cfg.attn_permute and len(cfg.attn_permute) < self.plan.num_loops:
+            raise ConfigError(
+                f"attn_permute={cfg.attn_permute} gives a setting for {len(cfg.attn_permute)} "
+                f"loop(s), but blocks run up to {self.plan.num_loops} times"
+            )
         if cfg.attn_groups and len(cfg.attn_groups) < self.plan.num_loops:
             raise ConfigError(
                 f"attn_groups={cfg.attn_groups} gives groups for {len(cfg.attn_groups)} "
@@ -63,6 +68,10 @@ class RecurrentStack(nn.Module):
         # sliced attention groups of each level: loop r of a block uses attn_groups[r]
         self.level_groups = tuple(
             cfg.attn_groups[self.plan.loop_of_level(i)] if cfg.attn_groups else 1
+            for i in range(cfg.num_levels)
+        )
+        self.level_permute = tuple(
+            cfg.attn_permute[self.plan.loop_of_level(i)] if cfg.attn_permute else True
             for i in range(cfg.num_levels)
         )
         shared_ffn = build_ffn(cfg) if cfg.ffn_sharing == "shared" else None
@@ -76,7 +85,9 @@ class RecurrentStack(nn.Module):
         else:
             self.level_embedding = None
         self.halting = HaltingUnit(cfg.embed_dim, cfg.act_bias_init) if cfg.act else None
-        self.final_norm = nn.LayerNorm(cfg.embed_dim) if cfg.normalize_before else None
+        self.final_norm = (
+            nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps) if cfg.has_final_norm else None
+        )
 
     def memory_kv(
         self, memory: Tensor, cache: KVCache | None = None
@@ -155,6 +166,8 @@ class RecurrentStack(nn.Module):
                 cache=cache,
                 cache_key=f"{i}.",
                 attn_groups=self.level_groups[i],
+                attn_permute=self.level_permute[i],
+                drop_path=self.cfg.drop_path_rate(i),
             )
             if halting is not None:
                 halting.accumulate(x, weights)
@@ -181,6 +194,7 @@ class RecurrentStack(nn.Module):
         cfg = self.cfg.replace(num_unique=None, ffn_sharing=ffn_sharing)
         copy = RecurrentStack(cfg, DepthPlan.build(self.cfg.num_levels))
         copy.level_groups = self.level_groups
+        copy.level_permute = self.level_permute
         copy.to(next(self.parameters()).device)
         for level in range(self.cfg.num_levels):
             copy.blocks[level].load_state_dict(self.block_of_level(level).state_dict())
