@@ -30,6 +30,7 @@ from recurnmt.nmt.model import RECURRENT_CRITERION
 from recurnmt.nmt.registry import register_criterion_once
 
 LRC_PREFIX = "lrc_"
+LRC_COUNT = "lrc_n"  # number of logging outputs that carry LRC values
 
 
 @dataclass
@@ -135,7 +136,10 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
             logging_output["n_correct"] = n_correct.item()
             logging_output["total"] = total.item()
         if model.training:
-            logging_output.update(lrc_coefficients(model, self.log_lrc))
+            coefficients = lrc_coefficients(model, self.log_lrc)
+            if coefficients:
+                logging_output.update(coefficients)
+                logging_output[LRC_COUNT] = 1  # summed over workers, then divides the sums
         return loss, sample_size, logging_output
 
     @classmethod
@@ -151,11 +155,14 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
         if positions:
             ponder = sum(log.get("ponder", 0) for log in logging_outputs)
             metrics.log_scalar("ponder", ponder / positions, positions, round=3)
+        count = sum(log.get(LRC_COUNT, 0) for log in logging_outputs)
         keys = {k for log in logging_outputs for k in log if k.startswith(LRC_PREFIX)}
-        for key in sorted(keys):
-            values = [log[key] for log in logging_outputs if key in log]
-            metrics.log_scalar(key, sum(values) / len(values), 1, round=4, priority=10000)
+        for key in sorted(keys - {LRC_COUNT}):
+            total = sum(log.get(key, 0) for log in logging_outputs)
+            metrics.log_scalar(key, total / max(count, 1), 1, round=4, priority=10000)
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:
-        return False  # LRC values are averaged, not summed
+        # every entry is a sum or a count, so fairseq may add them up across workers
+        # (non-summable outputs make fairseq gather them through CUDA, which fails on CPU)
+        return True
