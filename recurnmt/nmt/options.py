@@ -216,40 +216,38 @@ def stack_configs(args: Any) -> tuple[StackConfig, StackConfig]:
         activation_dropout=args.activation_dropout,
         activation=activation,
     )
-    encoder = _named(
-        "encoder",
-        lambda: StackConfig(
-            embed_dim=args.encoder_embed_dim,
-            ffn_dim=args.encoder_ffn_embed_dim,
-            num_heads=args.encoder_attention_heads,
-            num_levels=args.encoder_layers,
-            num_unique=args.encoder_unique_layers,
-            normalize_before=args.encoder_normalize_before,
-            ffn_sharing=args.encoder_ffn_sharing,
-            attn_groups=tuple(args.encoder_attn_groups or ()),
-            **common,
-        ),
-    )
     if args.decoder_embed_dim != args.encoder_embed_dim:
         raise ConfigError(
             f"--decoder-embed-dim={args.decoder_embed_dim} must equal "
             f"--encoder-embed-dim={args.encoder_embed_dim} (cross-attention reads the encoder)"
         )
-    decoder = _named(
-        "decoder",
+    encoder = _side_config(
+        args, "encoder", common, attn_groups=tuple(args.encoder_attn_groups or ())
+    )
+    decoder = _side_config(args, "decoder", common, cross_attention=True)
+    return encoder, decoder
+
+
+def _side_config(args: Any, side: str, common: dict[str, Any], **extra: Any) -> StackConfig:
+    """The stack of one side from fairseq's ``--{side}-*`` flags plus shared settings."""
+
+    def flag(name: str) -> Any:
+        return getattr(args, f"{side}_{name}")
+
+    return _named(
+        side,
         lambda: StackConfig(
-            embed_dim=args.decoder_embed_dim,
-            ffn_dim=args.decoder_ffn_embed_dim,
-            num_heads=args.decoder_attention_heads,
-            num_levels=args.decoder_layers,
-            num_unique=args.decoder_unique_layers,
-            normalize_before=args.decoder_normalize_before,
-            ffn_sharing=args.decoder_ffn_sharing,
-            cross_attention=True,
+            embed_dim=flag("embed_dim"),
+            ffn_dim=flag("ffn_embed_dim"),
+            num_heads=flag("attention_heads"),
+            num_levels=flag("layers"),
+            num_unique=flag("unique_layers"),
+            normalize_before=flag("normalize_before"),
+            ffn_sharing=flag("ffn_sharing"),
             **common,
+            **extra,
         ),
     )
-    return encoder, decoder
 
 
 _FLAG_OF_FIELD = {
