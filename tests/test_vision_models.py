@@ -75,15 +75,17 @@ def test_registry_lists_every_family():
 def test_forward_shape_finite_and_every_parameter_gets_a_gradient(name):
     model = build_small(name).train()
     perturb_zero_parameters(model)
-    x = torch.randn(2, 3, 32, 32)
+    # 4 images: with the paper models' stochastic depth (up to 0.2) a residual branch is
+    # dropped for the whole batch, leaving its block without a gradient, with odds <= 0.2^4
+    x = torch.randn(4, 3, 32, 32)
     out = model(x)
-    assert out.shape == (2, NUM_CLASSES)
+    assert out.shape == (4, NUM_CLASSES)
     assert torch.isfinite(out).all()
     (out * torch.randn_like(out)).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
     assert not missing, f"no gradient for {missing}"
     feats = model.forward_features(x)
-    assert model.forward_head(feats, pre_logits=True).shape == (2, model.num_features)
+    assert model.forward_head(feats, pre_logits=True).shape == (4, model.num_features)
 
 
 @pytest.mark.parametrize("name", list_models())
@@ -123,7 +125,6 @@ def test_weight_sharing_equals_the_untied_model(name):
     else:
         for i, stage in enumerate(model.stages):
             untied.stages[i] = stage.untied()
-            untied.stages[i].final_norm = None
     untied.eval()
     tied_params = sum(p.numel() for p in model.parameters())
     assert sum(p.numel() for p in untied.parameters()) > tied_params

@@ -17,20 +17,128 @@ coefficients (LRC, SReT eq. 9-10). Loop r of a block uses sliced group self-atte
 All of this is one :class:`~recurnmt.modules.RecurrentStack` per stage, configured with
 ``sharing="sequence"``, ``lrc``, ``nll_ratio`` and ``attn_groups``; this file adds only the
 image parts. Shape legend: B batch, C width, h x w token grid, T = h * w tokens.
+
+Details the paper's text leaves open, settled from its released code where needed:
+
+* Stochastic depth (ECCV appendix E table "Stoch. Depth": 0.1 for SReT-T/TL, 0.2 for SReT-S).
+  The rate schedule spans all stages. ``drop_path_schedule="reference"`` (default) is the
+  released code's: stage s lists ``rate * i / L`` for its own levels (L = levels of all
+  stages), but block r of the stage takes the r-th entry of that list for both of its loops,
+  so SReT-T at 0.1 runs 0, 0, .005, .005 | .02, .02, ..., .04, .04 | .07, .07, ..., .08, .08.
+  ``"linear"`` is DeiT's rule over all L levels: ``rate * i / (L - 1)`` at global level i.
+  NLLs have no stochastic depth (neither has the reference's).
+* Permutation per loop (``attn_permute``). The text asks for a permutation before slicing and
+  its inverse after (appendix C, "P+I"), without saying at which loop. Algorithm 1 (appendix D)
+  and the released code permute only at the second loop and slice the first loop's tokens
+  contiguously (runs of rows of the token grid). We keep permuting at every sliced loop
+  (``"always"``, the default); ``"reference"`` gives the released schedule.
+* Layer norms use eps 1e-6 and the stages have no final norm: SReT normalises once, after
+  global average pooling (as the reference).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from recurnmt.modules import DepthPlan, RecurrentStack, StackConfig
+from recurnmt.modules import ConfigError, DepthPlan, RecurrentStack, StackConfig
 from recurnmt.vision.layers import PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.conv import ConvPooling, ConvStem
 from recurnmt.vision.registry import register_model
 
 FINAL_GROUPS = ((8, 2), (4, 1), (1, 1))  # SReT appendix C, Table 7: [8,2][4,1][1,1]
+DROP_PATH_SCHEDULES = ("reference", "linear")
+PERMUTE_SCHEDULES = ("always", "reference")
+
+
+@dataclass(frozen=True)
+class StageConfig(StackConfig):
+    """A stage's :class:`~recurnmt.modules.StackConfig` with its own per-level drop-path rates.
+
+    ``StackConfig`` spreads stochastic depth from 0 at the first level of one stack; SReT's
+    schedule runs across all stages, so every stage is given its levels' rates explicitly.
+
+    Attributes:
+        level_drop_path: the stochastic depth rate of every level (empty: ``StackConfig``'s
+            linear rule from 0 to ``drop_path``).
+    """
+
+    level_drop_path: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.level_drop_path and len(self.level_drop_path) != self.num_levels:
+            raise ConfigError(
+                f"level_drop_path gives {len(self.level_drop_path)} rates for "
+                f"num_levels={self.num_levels} levels"
+            )
+        if any(not 0.0 <= r < 1.0 for r in self.level_drop_path):
+            raise ConfigError(f"level_drop_path={self.level_drop_path} must lie in [0, 1)")
+
+    def drop_path_rate(self, level: int) -> float:
+        if self.level_drop_path:
+            return self.level_drop_path[level]
+        return super().drop_path_rate(level)
+
+
+def sret_drop_path_rates(
+    depths: Sequence[int], loops: int, rate: float, schedule: str = "reference"
+) -> list[tuple[float, ...]]:
+    """The stochastic depth rate of every level of every stage (see the module docstring).
+
+    Args:
+        depths: unique blocks A of each stage; a stage has ``A * loops`` levels, block r
+            running at levels ``r * loops .. r * loops + loops - 1``.
+        loops: times B each block runs in a row.
+        rate: the schedule's top rate (``drop_path_rate``).
+        schedule: ``reference`` (the released SReT code) or ``linear`` (DeiT's rule over all
+            levels).
+
+    Raises:
+        ValueError: unknown schedule.
+    """
+    if schedule not in DROP_PATH_SCHEDULES:
+        raise ValueError(
+            f"drop_path_schedule={schedule!r}; choose one of {', '.join(DROP_PATH_SCHEDULES)}"
+        )
+    total = sum(depths) * loops
+    rates, start = [], 0  # start: levels before this stage
+    for depth in depths:
+        levels = range(depth * loops)
+        if schedule == "reference":
+            stage = [rate * (start + lvl // loops) / total for lvl in levels]
+        else:
+            stage = [rate * (start + lvl) / max(total - 1, 1) for lvl in levels]
+        rates.append(tuple(stage))
+        start += depth * loops
+    return rates
+
+
+def attn_permute_schedule(setting: str | Sequence[bool], loops: int) -> tuple[bool, ...]:
+    """Whether loop r of a block permutes the tokens before slicing them, for every r.
+
+    Args:
+        setting: ``always`` (every loop), ``reference`` (not at the first loop, as Algorithm 1
+            and the released code) or one bool per loop.
+        loops: times each block runs.
+
+    Raises:
+        ValueError: an unknown name, a non-bool entry or the wrong number of entries.
+    """
+    if setting == "always":
+        return (True,) * loops
+    if setting == "reference":
+        return (False,) + (True,) * (loops - 1)
+    if isinstance(setting, str):
+        raise ValueError(
+            f"attn_permute={setting!r}; choose one of {', '.join(PERMUTE_SCHEDULES)} "
+            "or give one bool per loop"
+        )
+    if len(setting) != loops or any(not isinstance(v, bool) for v in setting):
+        raise ValueError(f"attn_permute={setting!r} must give one bool for each of {loops} loops")
+    return tuple(setting)
 
 
 class SReT(nn.Module):
@@ -51,6 +159,10 @@ class SReT(nn.Module):
         num_classes: classifier outputs; 0 gives no head.
         drop_rate: dropout on residual branches, after the position embedding and the head.
         attn_drop_rate: attention dropout.
+        drop_path_rate: stochastic depth, the top rate of ``drop_path_schedule``.
+        drop_path_schedule: ``reference`` or ``linear`` (see the module docstring).
+        attn_permute: ``always``, ``reference`` or one bool per loop: which loops permute the
+            tokens before slicing them (see the module docstring).
         stem_dims: widths of the first two stem convolutions (default C1 / 2 and C1).
     """
 
@@ -70,6 +182,9 @@ class SReT(nn.Module):
         num_classes: int = 1000,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        drop_path_schedule: str = "reference",
+        attn_permute: str | Sequence[bool] = "always",
         stem_dims: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
@@ -77,6 +192,8 @@ class SReT(nn.Module):
             raise ValueError(f"dims {dims}, depths {depths} and heads {heads} differ in length")
         if groups is not None and len(groups) != len(dims):
             raise ValueError(f"groups {groups} must give one tuple per stage ({len(dims)})")
+        rates = sret_drop_path_rates(depths, loops, drop_path_rate, drop_path_schedule)
+        permute = attn_permute_schedule(attn_permute, loops)
         self.img_size = to_2tuple(img_size)
         self.in_chans = in_chans
         self.num_classes = num_classes
@@ -87,7 +204,7 @@ class SReT(nn.Module):
         self.pos_drop = nn.Dropout(drop_rate)
         self.stages = nn.ModuleList()
         for s, (dim, depth, head) in enumerate(zip(dims, depths, heads, strict=True)):
-            cfg = StackConfig(
+            cfg = StageConfig(
                 embed_dim=dim,
                 ffn_dim=int(dim * mlp_ratio),
                 num_heads=head,
@@ -99,11 +216,15 @@ class SReT(nn.Module):
                 lrc=lrc,
                 nll_ratio=nll_ratio,
                 attn_groups=tuple(groups[s]) if groups is not None else (),
+                attn_permute=permute,
                 dropout=drop_rate,
                 attention_dropout=attn_drop_rate,
+                drop_path=max(rates[s]),
+                level_drop_path=rates[s],
+                final_norm=False,  # SReT normalises once, after global pooling
+                norm_eps=1e-6,
             )
             stack = RecurrentStack(cfg, DepthPlan.build(cfg.num_levels, depth, "sequence"))
-            stack.final_norm = None  # SReT normalises once, after global pooling
             self.stages.append(stack)
         self.pools = nn.ModuleList(
             ConvPooling(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True)
@@ -172,20 +293,23 @@ _SMALL = dict(
 
 @register_model
 def sret_t(**kwargs) -> SReT:
-    """SReT-T (SReT Table 10): widths 64/128/256, blocks [2, 5, 3] x 2 loops, FFN 3.6, 4.76M."""
-    return _create({**_TINY, "mlp_ratio": 3.6}, kwargs)
+    """SReT-T (SReT Table 10): widths 64/128/256, blocks [2, 5, 3] x 2 loops, FFN 3.6, 4.76M.
+
+    Stochastic depth 0.1 (ECCV appendix E; the released code).
+    """
+    return _create({**_TINY, "mlp_ratio": 3.6, "drop_path_rate": 0.1}, kwargs)
 
 
 @register_model
 def sret_tl(**kwargs) -> SReT:
-    """SReT-TL (SReT Table 10): SReT-T with FFN ratio 4.0, 4.99M."""
-    return _create({**_TINY, "mlp_ratio": 4.0}, kwargs)
+    """SReT-TL (SReT Table 10): SReT-T with FFN ratio 4.0, 4.99M, stochastic depth 0.1."""
+    return _create({**_TINY, "mlp_ratio": 4.0, "drop_path_rate": 0.1}, kwargs)
 
 
 @register_model
 def sret_s(**kwargs) -> SReT:
-    """SReT-S (SReT Table 10): widths 126/252/504, FFN 3.0, NLL 2.0, 20.9M."""
-    return _create(_SMALL, kwargs)
+    """SReT-S (SReT Table 10): widths 126/252/504, FFN 3.0, NLL 2.0, 20.9M, stochastic depth 0.2."""
+    return _create({**_SMALL, "drop_path_rate": 0.2}, kwargs)
 
 
 @register_model
@@ -196,6 +320,7 @@ def sret_b(**kwargs) -> SReT:
     arithmetic reproduces SReT-T/TL/S exactly); the paper does not say which part of the
     printed structure differs, so we build what is printed. The paper gives no head count;
     56-wide heads (6/12/24) are our choice. The stem follows the printed 96/168/336 widths.
+    No stochastic depth rate is published for SReT-B: the default is 0 (pass ``drop_path_rate``).
     """
     return _create(
         {**_SMALL, "dims": (336, 672, 1344), "heads": (6, 12, 24), "stem_dims": (96, 168)}, kwargs
@@ -207,7 +332,8 @@ def sret_ext(**kwargs) -> SReT:
     """SReT-ExT, the "ex-tiny" model of SReT Table 2/5 (4.0M, 0.7G FLOPs).
 
     The paper does not publish its configuration. Ours keeps SReT-T's widths, heads and
-    ratios with [1, 2, 3] unique blocks: 3.94M parameters, 0.69 GMACs at 224.
+    ratios with [1, 2, 3] unique blocks: 3.94M parameters, 0.69 GMACs at 224. No stochastic
+    depth rate is published for it: the default is 0 (pass ``drop_path_rate``).
     """
     return _create({**_TINY, "depths": (1, 2, 3), "mlp_ratio": 3.6}, kwargs)
 

@@ -17,6 +17,12 @@ OWF-ViT                    N attention blocks, one FFN shared by all (Pires et a
 Every model also runs its shallow branch, each unique block once (``model(x, shallow=True)``),
 for SReT's mixed-depth training (SReT appendix B).
 
+Regularisation and norms follow timm/DeiT: layer norms with eps 1e-6 (``norm_eps``), and
+stochastic depth (``drop_path_rate``, Huang et al. 2016) whose per-sample branch-dropping rate
+grows linearly from 0 at the first level to ``drop_path_rate`` at the last, as DeiT's
+``linspace(0, rate, depth)``. The DeiT models default to DeiT's 0.1 (DeiT sec. 6, Table 9); the
+RingFormer-family models and ViT-B to 0, as their papers state none.
+
 Shape legend: B batch, C channels, H x W image, P patch, D width, N = (H/P)(W/P) patch tokens,
 T = N + 1 with the class token.
 """
@@ -174,6 +180,8 @@ def vit_stack_config(
     positions_every_level: bool = False,
     drop_rate: float = 0.0,
     attn_drop_rate: float = 0.0,
+    drop_path_rate: float = 0.0,
+    norm_eps: float = 1e-6,
 ) -> StackConfig:
     """The pre-LN GELU stack of a ViT (ViT eq. 2-3): ``depth`` unique blocks over the levels.
 
@@ -187,6 +195,10 @@ def vit_stack_config(
         sharing: level order, see :class:`~recurnmt.modules.DepthPlan`.
         ffn_sharing: ``shared`` gives One Wide FFN (one FFN for all blocks).
         positions_every_level: add the position embedding at every level (UT).
+        drop_rate: dropout on the residual branches.
+        attn_drop_rate: dropout on the attention probabilities.
+        drop_path_rate: stochastic depth at the last level (0 at the first, linear between).
+        norm_eps: epsilon of every layer norm (1e-6 as in timm and DeiT).
     """
     levels = num_levels if num_levels is not None else depth * loops
     return StackConfig(
@@ -204,6 +216,8 @@ def vit_stack_config(
         dropout=drop_rate,
         attention_dropout=attn_drop_rate,
         activation="gelu",
+        drop_path=drop_path_rate,
+        norm_eps=norm_eps,
     )
 
 
@@ -232,20 +246,21 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
 
 # ---------------------------------------------------------------- ViT / DeiT (no sharing)
 
-_DEIT_TINY = dict(embed_dim=192, depth=12, num_heads=3)
-_DEIT_SMALL = dict(embed_dim=384, depth=12, num_heads=6)
+# DeiT trains every model with stochastic depth 0.1 (DeiT Table 9; its --drop-path default)
+_DEIT_TINY = dict(embed_dim=192, depth=12, num_heads=3, drop_path_rate=0.1)
+_DEIT_SMALL = dict(embed_dim=384, depth=12, num_heads=6, drop_path_rate=0.1)
 _VIT_BASE = dict(embed_dim=768, depth=12, num_heads=12)
 
 
 @register_model
 def deit_tiny_patch16_224(**kwargs) -> VisionTransformer:
-    """DeiT-Ti (DeiT Table 1): 192 wide, 12 layers, 3 heads, 5.7M parameters."""
+    """DeiT-Ti (DeiT Table 1): 192 wide, 12 layers, 3 heads, 5.7M parameters, drop path 0.1."""
     return _create_vit(_DEIT_TINY, kwargs)
 
 
 @register_model
 def deit_small_patch16_224(**kwargs) -> VisionTransformer:
-    """DeiT-S (DeiT Table 1): 384 wide, 12 layers, 6 heads, 22.1M parameters."""
+    """DeiT-S (DeiT Table 1): 384 wide, 12 layers, 6 heads, 22.1M parameters, drop path 0.1."""
     return _create_vit(_DEIT_SMALL, kwargs)
 
 
@@ -273,7 +288,9 @@ def vit_small_rf_patch16_224(**kwargs) -> VisionTransformer:
 def deit_tiny_recursive_patch16_224(**kwargs) -> VisionTransformer:
     """DeiT-Ti with every block looped twice in a row (SReT Table 1, "+1 naive recursion").
 
-    ``loops=3`` and ``loops=4`` give the table's other rows; parameters stay at 5.7M.
+    ``loops=3`` and ``loops=4`` give the table's other rows; parameters stay at 5.7M. SReT
+    trains it with DeiT's recipe, so stochastic depth is DeiT's 0.1, spread linearly over all
+    ``depth * loops`` levels.
     """
     return _create_vit({**_DEIT_TINY, "loops": 2}, kwargs)
 
@@ -318,7 +335,8 @@ def uit_base_patch16_224(**kwargs) -> VisionTransformer:
     """Universal Transformer ViT of RingFormer Table 3: one block, 12 levels, 768/3072, 8.45M.
 
     The sinusoidal position and level (timestep) embeddings are added before every level
-    (UT sec. 2.1 coordinate embedding; RingFormer Table 4 "static signal"). ``embed_dim=1560, ffn_dim=6240`` is the table's UiT^s.
+    (UT sec. 2.1 coordinate embedding; RingFormer Table 4 "static signal").
+    ``embed_dim=1560, ffn_dim=6240`` is the table's UiT^s.
     """
     return _create_vit(
         {**_UIT, "embed_dim": 768, "ffn_dim": 3072, "num_levels": 12, "num_heads": 12}, kwargs
