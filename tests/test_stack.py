@@ -135,3 +135,13 @@ def test_final_norm_and_eps_are_configurable():
     stack = RecurrentStack(RING.replace(normalize_before=True, final_norm=False, norm_eps=1e-6))
     assert stack.final_norm is None
     assert stack.levels[0].norms[0].eps == 1e-6
+
+
+def test_explicit_level_rates_and_single_level():
+    cfg = RING.replace(level_drop_path=(0.0, 0.1, 0.1, 0.3))
+    assert [cfg.drop_path_rate(i) for i in range(4)] == [0.0, 0.1, 0.1, 0.3]
+    assert RING.replace(num_levels=1, drop_path=0.2).drop_path_rate(0) == 0.0
+    with pytest.raises(ConfigError, match="level_drop_path"):
+        RING.replace(level_drop_path=(0.1,))
+    with pytest.raises(ConfigError, match="attn_permute"):
+        RING.replace(attn_permute=("reference",))

@@ -90,7 +90,9 @@ class StackConfig:
         act_bias_init: initial bias of the halting unit.
         drop_path: stochastic depth (Huang et al. 2016, as in DeiT/SReT): the rate of dropping
             a residual branch per sample grows linearly from 0 at the first level to this
-            value at the last.
+            value at the last (timm's ``linspace(0, drop_path, N)``).
+        level_drop_path: explicit per-level stochastic depth rates (length N), for schedules
+            that span several stacks (SReT's stages); overrides ``drop_path``.
         final_norm: a layer norm after the last level; None means "when pre-LN".
         norm_eps: epsilon of every layer norm (1e-5 as in fairseq; timm/SReT use 1e-6).
         attn_permute: sliced group attention permutes the tokens before slicing at loop r
@@ -122,6 +124,7 @@ class StackConfig:
     act_threshold: float = 0.99
     act_bias_init: float = 1.0
     drop_path: float = 0.0
+    level_drop_path: tuple[float, ...] = ()
     final_norm: bool | None = None
     norm_eps: float = 1e-5
     attn_permute: tuple[bool, ...] = ()
@@ -166,6 +169,15 @@ class StackConfig:
                 "ffn_sharing='none' removes the FFN, so it cannot carry an FFN level signal "
                 "(set signal.ffn='none')"
             )
+        if self.level_drop_path and len(self.level_drop_path) != self.num_levels:
+            raise ConfigError(
+                f"level_drop_path gives {len(self.level_drop_path)} rates for "
+                f"num_levels={self.num_levels} levels"
+            )
+        if any(not 0.0 <= r < 1.0 for r in self.level_drop_path):
+            raise ConfigError(f"level_drop_path={self.level_drop_path} must lie in [0, 1)")
+        if any(not isinstance(p, bool) for p in self.attn_permute):
+            raise ConfigError(f"attn_permute={self.attn_permute!r} must be booleans, one per loop")
         if self.norm_eps <= 0:
             raise ConfigError(f"norm_eps={self.norm_eps} must be positive")
         for name in ("dropout", "attention_dropout", "activation_dropout", "drop_path"):
@@ -191,9 +203,12 @@ class StackConfig:
         return self.normalize_before if self.final_norm is None else self.final_norm
 
     def drop_path_rate(self, level: int) -> float:
-        """Stochastic depth rate at ``level``: linear from 0 to ``drop_path`` (DeiT rule)."""
+        """Stochastic depth rate at ``level``: ``level_drop_path`` if given, else linear from
+        0 at the first level to ``drop_path`` at the last (DeiT / timm rule)."""
+        if self.level_drop_path:
+            return self.level_drop_path[level]
         if self.num_levels == 1:
-            return self.drop_path
+            return 0.0
         return self.drop_path * level / (self.num_levels - 1)
 
     @property

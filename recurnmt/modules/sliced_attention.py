@@ -8,9 +8,10 @@ block can use different G, so that across loops every token still reaches every 
 
 Differences from the reference pseudo-code, each needed for text:
 
-* The inverse permutation is applied after every sliced attention, not only after the
-  second loop: the output is added to a residual in the original order, so it must be in
-  that order too (Algorithm 1 would add token i's update to token pi(i)).
+* The inverse permutation is applied after every permuted sliced attention, so the output is
+  in the original token order and adds to the residual token by token. Algorithm 1 inverts
+  only in the second loop; the released code permutes only in the second loop as well (the
+  first loop uses contiguous slices), which is reproduced by ``attn_permute=(False, True)``.
 * Any length works: T is padded to a multiple of G with masked slots.
 * Padding masks are honoured: a padded key is never attended to, so padding content cannot
   leak into real tokens. A query whose whole slice is padding attends to itself only.

@@ -39,11 +39,10 @@ Details the paper's text leaves open, settled from its released code where neede
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from recurnmt.modules import ConfigError, DepthPlan, RecurrentStack, StackConfig
+from recurnmt.modules import DepthPlan, RecurrentStack, StackConfig
 from recurnmt.vision.layers import PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.conv import ConvPooling, ConvStem
 from recurnmt.vision.registry import register_model
@@ -51,36 +50,6 @@ from recurnmt.vision.registry import register_model
 FINAL_GROUPS = ((8, 2), (4, 1), (1, 1))  # SReT appendix C, Table 7: [8,2][4,1][1,1]
 DROP_PATH_SCHEDULES = ("reference", "linear")
 PERMUTE_SCHEDULES = ("always", "reference")
-
-
-@dataclass(frozen=True)
-class StageConfig(StackConfig):
-    """A stage's :class:`~recurnmt.modules.StackConfig` with its own per-level drop-path rates.
-
-    ``StackConfig`` spreads stochastic depth from 0 at the first level of one stack; SReT's
-    schedule runs across all stages, so every stage is given its levels' rates explicitly.
-
-    Attributes:
-        level_drop_path: the stochastic depth rate of every level (empty: ``StackConfig``'s
-            linear rule from 0 to ``drop_path``).
-    """
-
-    level_drop_path: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.level_drop_path and len(self.level_drop_path) != self.num_levels:
-            raise ConfigError(
-                f"level_drop_path gives {len(self.level_drop_path)} rates for "
-                f"num_levels={self.num_levels} levels"
-            )
-        if any(not 0.0 <= r < 1.0 for r in self.level_drop_path):
-            raise ConfigError(f"level_drop_path={self.level_drop_path} must lie in [0, 1)")
-
-    def drop_path_rate(self, level: int) -> float:
-        if self.level_drop_path:
-            return self.level_drop_path[level]
-        return super().drop_path_rate(level)
 
 
 def sret_drop_path_rates(
@@ -204,7 +173,7 @@ class SReT(nn.Module):
         self.pos_drop = nn.Dropout(drop_rate)
         self.stages = nn.ModuleList()
         for s, (dim, depth, head) in enumerate(zip(dims, depths, heads, strict=True)):
-            cfg = StageConfig(
+            cfg = StackConfig(
                 embed_dim=dim,
                 ffn_dim=int(dim * mlp_ratio),
                 num_heads=head,
