@@ -16,6 +16,7 @@ from fairseq.models.transformer.transformer_legacy import base_architecture
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.decoder import RecurrentDecoder
 from recurnmt.nmt.encoder import RecurrentEncoder
+from recurnmt.nmt.launch import check_distributed
 from recurnmt.nmt.options import add_recurrent_args, stack_configs
 from recurnmt.nmt.registry import register_model_once
 
@@ -34,6 +35,7 @@ class RecurrentTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args: Any, task) -> RecurrentTransformerModel:
+        check_distributed(args)  # refuse fairseq's silent multi-process failure modes
         recurrent_base_architecture(args)
         encoder_cfg, decoder_cfg = stack_configs(args)  # fails fast, naming the setting
         for name in ("max_source_positions", "max_target_positions"):

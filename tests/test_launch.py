@@ -1,0 +1,240 @@
+"""The multi-process launcher: the flags it builds and the configurations it refuses.
+
+Fast: no process is started. The real 2-process runs are in ``test_distributed_nmt.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from recurnmt.modules import ConfigError
+from recurnmt.nmt import launch
+from recurnmt.nmt.build import parse_train_args
+from recurnmt.nmt.launch import (
+    LaunchPlan,
+    check_distributed,
+    device_flags,
+    distributed_problems,
+    rank_commands,
+    torchrun_command,
+    worker_argv,
+)
+from tests.nmt_helpers import build
+
+LS = ["--criterion", "label_smoothed_cross_entropy"]
+GOOD_CPU = [
+    "--cpu",
+    "--distributed-backend",
+    "gloo",
+    "--ddp-backend",
+    "legacy_ddp",
+    "--distributed-no-spawn",
+    "--distributed-init-method",
+    "tcp://127.0.0.1:1",
+]
+TORCHRUN = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+TORCHRUN_FULL = {**TORCHRUN, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+def args(*flags: str):
+    return parse_train_args("ringformer_tiny", [*LS, *flags])
+
+
+def problems(a, **kw) -> str:
+    kw.setdefault("environ", {})
+    kw.setdefault("cuda_available", False)
+    return "\n".join(distributed_problems(a, **kw))
+
+
+# --- what check_distributed refuses ------------------------------------------------------------
+
+
+def test_a_working_cpu_configuration_passes():
+    check_distributed(args(*GOOD_CPU), world_size=2, environ={}, cuda_available=False)
+    check_distributed(args("--cpu"), world_size=1, environ={}, cuda_available=False)
+
+
+def test_torchrun_without_world_size_is_refused():
+    msg = problems(args("--cpu"), world_size=1, environ=TORCHRUN)
+    assert "torchrun started 2 processes" in msg and "same --save-dir" in msg
+    assert "recurnmt.nmt.launch --nproc 2" in msg
+    # the same processes with the world size given are fine
+    assert problems(args(*GOOD_CPU), world_size=2, environ=TORCHRUN) == ""
+
+
+def test_slurm_tasks_without_world_size_are_refused():
+    env = {"SLURM_NTASKS": "4", "SLURM_PROCID": "1"}
+    assert "SLURM started 4 tasks" in problems(args("--cpu"), world_size=1, environ=env)
+
+
+@pytest.mark.parametrize("backend", ["pytorch_ddp", "c10d"])
+def test_pytorch_ddp_on_cpu_is_refused(backend):
+    flags = [f for f in GOOD_CPU if f != "legacy_ddp"]
+    flags[flags.index("--ddp-backend") + 1 : flags.index("--ddp-backend") + 1] = [backend]
+    msg = problems(args(*flags), world_size=2)
+    assert f"--ddp-backend {backend} does not work on CPU" in msg and "legacy_ddp" in msg
+
+
+def test_nccl_on_cpu_is_refused():
+    flags = [f if f != "gloo" else "nccl" for f in GOOD_CPU]
+    assert "use --distributed-backend gloo on CPU" in problems(args(*flags), world_size=2)
+
+
+def test_fairseq_spawn_on_cpu_is_refused():
+    flags = [f for f in GOOD_CPU if f != "--distributed-no-spawn"]
+    assert "exits 0 without training" in problems(args(*flags), world_size=2)
+
+
+def test_unsummable_criterion_on_cpu_is_refused(monkeypatch):
+    from fairseq.criterions import CRITERION_REGISTRY
+
+    class Gathered:  # fairseq's default: logging outputs gathered, not summed
+        @staticmethod
+        def logging_outputs_can_be_summed() -> bool:
+            return False
+
+    monkeypatch.setitem(CRITERION_REGISTRY, "gathered", Gathered)
+    a = args(*GOOD_CPU)
+    a.criterion = "gathered"
+    msg = problems(a, world_size=2)
+    assert "all_gather_list" in msg and "CUDA tensor" in msg
+    gpu = parse_train_args("ringformer_tiny", ["--distributed-no-spawn"])
+    gpu.criterion = "gathered"
+    assert problems(gpu, world_size=2, cuda_available=True) == ""  # on GPUs it works
+    # recurnmt's criterion sums its logging outputs (LRC values with a count)
+    assert problems(parse_train_args("ringformer_tiny", GOOD_CPU), world_size=2) == ""
+
+
+@pytest.mark.parametrize("flag", ["--fp16", "--bf16", "--amp"])
+def test_half_precision_on_cpu_is_refused(flag):
+    assert "needs CUDA" in problems(args("--cpu", flag), world_size=1)
+
+
+def test_generation_from_a_gpu_checkpoint_is_not_refused():
+    """At generation, build_model sees the training run's args (GPU, fp16, 8 processes,
+    pytorch_ddp, nccl) on a machine without CUDA: nothing of that applies any more."""
+    a = parse_train_args(
+        "ringformer_tiny", ["--fp16", "--distributed-world-size", "8", "--distributed-no-spawn"]
+    )
+    assert distributed_problems(a, environ={}, cuda_available=False) == []
+
+
+def test_every_problem_is_named_in_one_error():
+    swap = {"gloo": "nccl", "legacy_ddp": "c10d"}
+    flags = [swap.get(f, f) for f in GOOD_CPU]
+    with pytest.raises(ConfigError) as err:
+        check_distributed(args(*flags, "--fp16"), world_size=2, environ={}, cuda_available=False)
+    text = str(err.value)
+    assert text.count("\n  - ") == 3 and "--fp16" in text and "nccl" in text and "c10d" in text
+
+
+def test_build_model_refuses_torchrun_without_world_size(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="torchrun started 2 processes"):
+        build("ringformer_tiny")
+    monkeypatch.delenv("WORLD_SIZE")
+    build("ringformer_tiny")
+
+
+# --- the flags the launcher builds -------------------------------------------------------------
+
+
+def test_cpu_flags_are_added_unless_given():
+    plan = LaunchPlan(nproc=2, device="cpu")
+    assert device_flags(plan, ["DATA"]) == [
+        "--cpu",
+        "--distributed-backend",
+        "gloo",
+        "--ddp-backend",
+        "legacy_ddp",
+    ]
+    assert device_flags(plan, ["DATA", "--cpu", "--ddp-backend=no_c10d"]) == [
+        "--distributed-backend",
+        "gloo",
+    ]
+    assert device_flags(LaunchPlan(device="cpu"), ["DATA"]) == ["--cpu"]
+    assert device_flags(LaunchPlan(nproc=2, device="cuda"), ["D"]) == [
+        "--distributed-backend",
+        "nccl",
+    ]
+
+
+@pytest.mark.parametrize(
+    "flag", ["--distributed-world-size", "--distributed-rank=1", "--device-id"]
+)
+def test_flags_owned_by_the_launcher_are_refused(flag):
+    with pytest.raises(ConfigError, match="the launcher sets"):
+        device_flags(LaunchPlan(nproc=2), ["DATA", flag, "1"])
+
+
+def test_cpu_flag_contradicts_cuda():
+    with pytest.raises(ConfigError, match="--cpu contradicts --device cuda"):
+        device_flags(LaunchPlan(device="cuda"), ["DATA", "--cpu"])
+
+
+def test_rank_commands_on_two_nodes():
+    plan = LaunchPlan(nproc=2, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=7)
+    cmds = rank_commands(plan, ["DATA", "--arch", "x"], port=7)
+    assert len(cmds) == 2
+    for local, cmd in enumerate(cmds):
+        flags = dict(zip(cmd, cmd[1:], strict=False))
+        assert flags["--distributed-world-size"] == "4"
+        assert flags["--distributed-rank"] == str(2 + local)
+        assert flags["--distributed-init-method"] == "tcp://10.0.0.1:7"
+        assert "--distributed-no-spawn" in cmd and "--cpu" in cmd
+    gpu = rank_commands(LaunchPlan(nproc=2, device="cuda"), ["DATA"], port=9)
+    assert [c[c.index("--device-id") + 1] for c in gpu] == ["0", "1"]
+    assert rank_commands(LaunchPlan(), ["DATA"], port=0)[0][-2:] == ["DATA", "--cpu"]
+
+
+def test_torchrun_command_and_worker_flags():
+    plan = LaunchPlan(nproc=2, nnodes=2, node_rank=1, master_addr="h", master_port=5)
+    cmd = torchrun_command(plan, ["DATA", "--arch", "x"], port=5)
+    joined = " ".join(cmd)
+    assert "--nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr h --master-port 5" in joined
+    assert joined.endswith("-m recurnmt.nmt.launch --torchrun-worker --device cpu -- DATA --arch x")
+    env = {**TORCHRUN_FULL, "WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}
+    argv = worker_argv(["DATA"], "cuda", env)
+    assert argv[argv.index("--distributed-rank") + 1] == "3"
+    assert argv[argv.index("--distributed-world-size") + 1] == "4"
+    assert argv[argv.index("--device-id") + 1] == "1"
+    assert "env://" in argv and "--distributed-no-spawn" in argv
+    cpu = worker_argv(["DATA"], "cpu", TORCHRUN_FULL)
+    assert {"--cpu", "gloo", "legacy_ddp"} <= set(cpu)
+    with pytest.raises(ConfigError, match="runs under torchrun"):
+        worker_argv(["DATA"], "cpu", {})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(nproc=0), "must be >= 1"),
+        (dict(nnodes=2, node_rank=2, master_port=1), "--node-rank 2"),
+        (dict(nnodes=2), "--master-port"),
+        (dict(device="tpu"), "--device"),
+    ],
+)
+def test_impossible_plans_are_refused(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        LaunchPlan(**kwargs)
+
+
+def test_cuda_plan_without_gpus_is_refused(monkeypatch):
+    monkeypatch.setattr(launch.torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="--nproc 2 processes on 1 visible GPU"):
+        launch.check_launch(LaunchPlan(nproc=2, device="cuda"), ["DATA"])
+    monkeypatch.setattr(launch.torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        launch.check_launch(LaunchPlan(device="cuda"), ["DATA"])
+
+
+def test_main_dry_run_and_refusal(capsys):
+    train = ["DATA", "--user-dir", str(launch.user_dir()), "--arch", "ringformer_tiny", *LS]
+    assert launch.main(["--nproc", "2", "--device", "cpu", "--dry-run", "--", *train]) == 0
+    out = capsys.readouterr().out
+    assert out.count("$ ") == 2 and "--distributed-rank 1" in out
+    refused = launch.main(
+        ["--nproc", "2", "--device", "cpu", "--", *train, "--ddp-backend", "pytorch_ddp"]
+    )
+    assert refused == 2
+    assert "--ddp-backend pytorch_ddp does not work on CPU" in capsys.readouterr().err
