@@ -1,0 +1,80 @@
+"""The results table and bar chart across architectures, from evaluation JSON files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recurnmt.nmt import results
+from recurnmt.nmt.results import load_results, markdown_table, split_arch
+
+SIG = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+
+
+def write(root: Path, name: str, arch: str, dataset: str, bleu: float, **extra) -> Path:
+    path = root / name / "result.json"
+    path.parent.mkdir(parents=True)
+    record = {
+        "name": name,
+        "arch": arch,
+        "dataset": dataset,
+        "sacrebleu": {"score": bleu, "signature": extra.pop("signature", SIG)},
+        "tokenized_bleu": {"score": bleu + 0.5, "compound_split": dataset == "wmt14"},
+        "params": {"p_star": extra.pop("p_star", 8_940_000)},
+        **extra,
+    }
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_split_arch():
+    assert split_arch("ringformer_wmt_en_de_big") == ("ringformer", "wmt_en_de_big")
+    assert split_arch("universal_transformer_act_iwslt_de_en") == (
+        "universal_transformer_act",
+        "iwslt_de_en",
+    )
+    assert split_arch("transformer_vaswani_wmt_en_de_big") == (
+        "transformer",
+        "vaswani_wmt_en_de_big",
+    )
+    assert split_arch("ringformer") == ("ringformer", "base")
+
+
+def test_table_rows_columns_and_signatures(tmp_path):
+    write(tmp_path, "ringformer_wmt14", "ringformer_wmt_en_de", "wmt14", 26.1)
+    write(tmp_path, "transformer_wmt14", "transformer_wmt_en_de", "wmt14", 27.3, p_star=44_050_000)
+    write(tmp_path, "sret_iwslt14", "sret_iwslt_de_en", "iwslt14", 35.2)
+    table = markdown_table(load_results([tmp_path]))
+    lines = table.splitlines()
+    assert lines[0].startswith("| model | IWSLT14 De-En (iwslt_de_en) sacreBLEU")
+    assert "WMT14 En-De (wmt_en_de) sacreBLEU" in lines[0]
+    rows = [line.split(" | ")[0].strip("| ") for line in lines[2:5]]
+    assert rows == ["transformer", "ringformer", "sret"]  # baselines first
+    assert "| transformer |  |  |  | 27.30 | 27.80ᶜ | 44.05 |" in table
+    assert "| sret | 35.20 | 35.70 | 8.94 |  |  |  |" in table
+    assert f"- WMT14 En-De (wmt_en_de): `{SIG}`" in table
+
+
+def test_differing_signatures_and_duplicates_are_flagged(tmp_path):
+    write(tmp_path, "a", "ringformer_wmt_en_de", "wmt14", 26.1)
+    write(tmp_path, "b", "owf_wmt_en_de", "wmt14", 25.0, signature=SIG.replace("13a", "intl"))
+    assert "not comparable" in markdown_table(load_results([tmp_path]))
+    write(tmp_path, "c", "ringformer_wmt_en_de", "wmt14", 26.5)
+    with pytest.raises(ValueError, match="two results for ringformer"):
+        markdown_table(load_results([tmp_path]))
+
+
+def test_command_line_writes_markdown_and_png(tmp_path, capsys):
+    write(tmp_path, "r", "ringformer_wmt_en_de", "wmt14", 26.1)
+    write(tmp_path, "u", "universal_transformer_iwslt_de_en", "iwslt14", 33.0)
+    md, png = tmp_path / "out" / "results.md", tmp_path / "out" / "results.png"
+    assert results.main([str(tmp_path), "--markdown", str(md), "--png", str(png)]) == 0
+    assert "| ringformer |" in md.read_text()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "empty").mkdir()
+    assert results.main([str(tmp_path / "empty")]) == 1
+    assert "no result.json" in capsys.readouterr().err
+    assert results.main([str(tmp_path / "missing")]) == 1
+    assert "No such file" in capsys.readouterr().err
