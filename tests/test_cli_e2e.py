@@ -6,41 +6,23 @@ sacrebleu, fairseq-interactive, and resuming from checkpoint_last.pt.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from data_prep.checksums import write_manifest
-from data_prep.embedded import SHIPPED_DIR
-from data_prep.embedded.prepare import prepare
+from tests import nmt_fixtures
+from tests.nmt_fixtures import SIZES
+
+data = nmt_fixtures.data  # the shared fixture, found by pytest under this name
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-SIZES = {"train": 1500, "valid": 40, "test": 24}
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    """A binarized slice of the shipped corpus (real text, same pipeline as the demo)."""
-    corpus = tmp_path_factory.mktemp("corpus")
-    for split, n in SIZES.items():
-        for lang in ("de", "en"):
-            with gzip.open(SHIPPED_DIR / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = [next(f) for _ in range(n)]
-            with gzip.open(corpus / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
-                f.writelines(lines)
-    for name in ("spm.model", "spm.vocab"):
-        shutil.copy(SHIPPED_DIR / name, corpus / name)
-    write_manifest(corpus, sorted(p.name for p in corpus.iterdir()))
-    return prepare(tmp_path_factory.mktemp("bin") / "tiny", corpus_dir=corpus)
 
 
 def fairseq(tool: str, *args: str, stdin: str | None = None) -> str:
