@@ -238,3 +238,16 @@ def test_main_dry_run_and_refusal(capsys):
     )
     assert refused == 2
     assert "--ddp-backend pytorch_ddp does not work on CPU" in capsys.readouterr().err
+
+
+def test_a_failing_rank_stops_the_others():
+    """A rank that dies would leave the others waiting in a collective forever."""
+    import sys
+    import time
+
+    start = time.time()
+    fail = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    hang = [sys.executable, "-c", "import time; time.sleep(60)"]
+    assert launch.supervise([hang, fail], env={}) == 3
+    assert time.time() - start < 10
+    assert launch.supervise([[sys.executable, "-c", "pass"]] * 2, env={}) == 0

@@ -528,13 +528,24 @@ def supervise(commands: Sequence[Sequence[str]], env: Mapping[str, str]) -> int:
     Returns:
         0 when every process succeeded, else the first non-zero exit status.
     """
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # a killed launcher takes its workers with it
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        previous = None
     procs = [subprocess.Popen(list(c), env=dict(env)) for c in commands]
     status = 0
     try:
-        while any(p.poll() is None for p in procs):
-            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        while True:
+            codes = [p.poll() for p in procs]  # poll every process, every time
+            failed = [c for c in codes if c not in (None, 0)]
             if failed:
                 status = failed[0]
+                break
+            if all(c == 0 for c in codes):
                 break
             time.sleep(0.2)
     except KeyboardInterrupt:
@@ -550,6 +561,8 @@ def supervise(commands: Sequence[Sequence[str]], env: Mapping[str, str]) -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if status == 0:
         status = next((p.returncode for p in procs if p.returncode), 0)
     return status
