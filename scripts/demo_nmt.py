@@ -33,7 +33,8 @@ def run(cmd: list[str], stdout=None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="ringformer_iwslt_de_en")
-    parser.add_argument("--max-update", type=int, default=1200)
+    parser.add_argument("--max-update", type=int, default=600)
+    parser.add_argument("--levels", type=int, default=3, help="levels N of each side")
     parser.add_argument("--data", default="data-bin/lohelp_de_en")
     parser.add_argument("--work", default="work/demo_nmt", help="checkpoints and outputs")
     parser.add_argument("--fresh", action="store_true", help="delete earlier demo checkpoints")
@@ -51,7 +52,7 @@ def main() -> None:
     if not (data / "dict.en.txt").exists():
         run([str(BIN / "python"), "-m", "data_prep.embedded", "prepare", "--out", args.data])
 
-    # A small RingFormer (H=128, FF=512, 6 levels, rank H/16 = 8), pre-LN so that a large
+    # A small RingFormer (H=128, FF=512, 3 levels, rank H/16 = 8), pre-LN so that a large
     # learning rate trains stably in a few CPU minutes.
     run(
         [
@@ -69,6 +70,10 @@ def main() -> None:
             "512",
             "--decoder-ffn-embed-dim",
             "512",
+            "--encoder-layers",
+            str(args.levels),
+            "--decoder-layers",
+            str(args.levels),
             "--encoder-normalize-before",
             "--decoder-normalize-before",
             "--share-all-embeddings",
@@ -94,11 +99,6 @@ def main() -> None:
             "4096",
             "--max-update",
             str(args.max_update),
-            "--max-source-positions",
-            "128",
-            "--max-target-positions",
-            "128",
-            "--skip-invalid-size-inputs-valid-test",
             "--cpu",
             "--num-workers",
             "0",
