@@ -132,6 +132,8 @@ def main() -> None:
                 "1.0",
                 "--max-tokens",
                 "8000",
+                "--required-batch-size-multiple",
+                "1",  # else fairseq drops a last batch that is not a multiple of 8
                 "--post-process",
                 "sentencepiece",
                 "--scoring",
