@@ -41,12 +41,13 @@ def build_tiny_corpus(root: Path) -> Path:
     return prepare(root / "bin" / "tiny", corpus_dir=corpus)
 
 
-def build_wmt14_bpe(root: Path) -> Path:
+def build_wmt14_bpe(root: Path, direction: tuple[str, str] = ("en", "de")) -> Path:
     """``python -m data_prep.wmt14 --from-local FIXTURE`` with a 300-merge BPE."""
     from data_prep import wmt14
 
     out = root / "wmt14_bpe"
     args = ["--from-local", str(HUB_FIXTURES / "wmt14"), "--out", str(out)]
+    args += ["--src", direction[0], "--tgt", direction[1]]
     args += ["--cache-dir", str(root / "cache"), "--vocab-size", "300"]
     assert wmt14.main(args) == 0
     return out
@@ -68,3 +69,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def wmt14_bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The WMT14 fixture, Moses-tokenized and BPE-segmented by data_prep (8 test pairs)."""
     return _once("wmt14", build_wmt14_bpe, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def wmt14_de_en_bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The WMT14 fixture in RingFormer's direction, German to English."""
+    return _once("wmt14_de_en", lambda root: build_wmt14_bpe(root, ("de", "en")), tmp_path_factory)

@@ -285,6 +285,17 @@ PRESETS: dict[str, DatasetPreset] = {
         lenpen=0.6,
         compound_split=True,
     ),
+    # RingFormer Table 1 direction (sec. 4.1): German to English, same test set and decoding
+    "wmt14_de_en": DatasetPreset(
+        "wmt14_de_en",
+        "WMT14 De-En",
+        "data-bin/wmt14_de_en",
+        "de",
+        "en",
+        "python -m data_prep.wmt14 --src de --tgt en --out {data}",
+        beam=4,
+        lenpen=0.6,
+    ),
     "lohelp": DatasetPreset(
         "lohelp",
         "LibreOffice help De-En",
