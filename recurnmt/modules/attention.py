@@ -83,13 +83,6 @@ class _Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.out_proj(_merge_heads(out))
 
-    def attention_weights(self, q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:
-        """Head-wise attention probabilities B x H x T x S (for analysis, not the hot path)."""
-        scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return scores.softmax(-1)
-
 
 class SelfAttention(_Attention):
     """Multi-head self-attention (Vaswani et al. 2017, eq. 1) with an optional KV cache."""
