@@ -117,3 +117,16 @@ def test_cross_attention_matches_reference():
 def test_heads_must_divide_width():
     with pytest.raises(ValueError, match="num_heads=3"):
         SelfAttention(16, 3)
+
+
+def test_cross_attention_weights_are_returned_on_request():
+    attn = CrossAttention(16, 4).eval()
+    x, mem = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    pad = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    kv = attn.project_memory(mem)
+    out: dict = {}
+    y = attn(x, kv, memory_padding_mask=pad, weights_out=out)
+    torch.testing.assert_close(y, attn(x, kv, memory_padding_mask=pad), atol=1e-6, rtol=1e-5)
+    assert out["attn"].shape == (2, 3, 5)
+    torch.testing.assert_close(out["attn"].sum(-1), torch.ones(2, 3))
+    assert torch.all(out["attn"][0, :, 3:] == 0)

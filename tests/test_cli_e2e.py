@@ -91,7 +91,7 @@ def losses(log: str) -> dict[int, str]:
     return out
 
 
-def generate(data: Path, checkpoint: Path) -> str:
+def generate(data: Path, checkpoint: Path, *extra: str) -> str:
     return fairseq(
         "generate",
         str(data),
@@ -112,6 +112,7 @@ def generate(data: Path, checkpoint: Path) -> str:
         "--scoring",
         "sacrebleu",
         "--cpu",
+        *extra,
     )
 
 
@@ -140,7 +141,8 @@ def test_train_generate_interactive_and_resume(data, tmp_path):
     after = {u: loss for u, loss in losses(resumed).items() if u > 3}
     assert after == {u: loss for u, loss in reference.items() if u > 3}
 
-    out = generate(data, tmp_path / "a" / "checkpoint_last.pt")
+    out = generate(data, tmp_path / "a" / "checkpoint_last.pt", "--print-alignment")
+    assert len(re.findall(r"^A-\d+\t", out, flags=re.M)) == SIZES["test"]
     assert re.search(r"Generate test with beam=3: BLEU = [\d.]+", out)
     from recurnmt.nmt.evaluate import corpus_bleu, read_hypotheses
 

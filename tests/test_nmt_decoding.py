@@ -104,3 +104,23 @@ def test_training_pass_runs_with_right_padded_targets():
     assert logits.shape == (3, prev.size(1), len(DICT))
     logits.sum().backward()
     assert torch.isfinite(logits).all()
+
+
+def test_alignment_weights_match_between_full_and_incremental_decoding():
+    model, _, _ = build("ringformer_tiny")
+    train_signals(model)
+    model.eval()
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        _, extra = model.decoder(prev, enc)
+        state: dict = {}
+        steps = [
+            model.decoder(prev[:, : t + 1], enc, incremental_state=state)[1]["attn"][0]
+            for t in range(prev.size(1))
+        ]
+    full = extra["attn"][0]
+    assert full.shape == (3, prev.size(1), src.size(1))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
+    model.train()
+    assert model.decoder(prev, model.encoder(src, lengths))[1]["attn"][0] is None

@@ -213,9 +213,25 @@ class CrossAttention(_Attention):
         memory_kv: tuple[Tensor, Tensor],
         *,
         memory_padding_mask: Tensor | None = None,
+        weights_out: dict[str, Tensor] | None = None,
     ) -> Tensor:
-        """Attends ``x`` (B x T x C) to keys/values from :meth:`project_memory`."""
+        """Attends ``x`` (B x T x C) to keys/values from :meth:`project_memory`.
+
+        Args:
+            weights_out: if given, receives ``"attn"``, the attention probabilities averaged
+                over heads (B x T x S), as fairseq's ``--print-alignment`` expects; the
+                attention is then computed explicitly instead of by SDPA.
+        """
         q = _split_heads(self.q_proj(x), self.num_heads)
         k, v = memory_kv
         mask = None if memory_padding_mask is None else ~memory_padding_mask[:, None, None, :]
-        return self._attend(q, k, v, mask)
+        if weights_out is None:
+            return self._attend(q, k, v, mask)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))  # B x H x T x S
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = scores.softmax(-1)
+        weights_out["attn"] = probs.mean(dim=1)
+        if self.training and self.dropout > 0:
+            probs = F.dropout(probs, self.dropout)
+        return self.out_proj(_merge_heads(probs @ v))

@@ -147,6 +147,7 @@ class TransformerBlock(nn.Module):
         attn_groups: int = 1,
         attn_permute: bool = True,
         drop_path: float = 0.0,
+        cross_weights: dict[str, Tensor] | None = None,
     ) -> Tensor:
         """Runs the block at one level, followed by the level's NLL if it has one.
 
@@ -163,6 +164,8 @@ class TransformerBlock(nn.Module):
             attn_groups: sliced group self-attention groups at this level (SReT sec. 4).
             attn_permute: permute tokens before slicing (else contiguous slices).
             drop_path: stochastic depth rate of this level's residual branches.
+            cross_weights: if given, receives the cross-attention probabilities averaged
+                over heads under ``"attn"`` (B x T x S).
         """
         norms = parts.norms if parts.norms is not None else self.norms
         x = self._sublayer(
@@ -189,7 +192,12 @@ class TransformerBlock(nn.Module):
                 x,
                 index,
                 norms[index],
-                lambda h: self.cross_attn(h, memory_kv, memory_padding_mask=memory_padding_mask),
+                lambda h: self.cross_attn(
+                    h,
+                    memory_kv,
+                    memory_padding_mask=memory_padding_mask,
+                    weights_out=cross_weights,
+                ),
                 drop_path,
             )
             index += 1

@@ -121,6 +121,7 @@ class RecurrentStack(nn.Module):
         levels: Sequence[int] | None = None,
         return_states: bool = False,
         aux: dict[str, Tensor] | None = None,
+        need_attn: bool = False,
     ) -> tuple[Tensor, list[Tensor]]:
         """Runs the levels.
 
@@ -137,7 +138,10 @@ class RecurrentStack(nn.Module):
             levels: run only these levels, in this order (e.g. SReT's shallow branch
                 ``plan.first_loop_levels()``); all levels by default.
             return_states: also return the output of every level (before the final norm).
-            aux: if given, receives ``"ponder"`` (B x T, ACT's N + R per position).
+            aux: if given, receives ``"ponder"`` (B x T, ACT's N + R per position) and, with
+                ``need_attn``, ``"attn"``.
+            need_attn: put the last level's cross-attention probabilities, averaged over
+                heads (B x T x S), into ``aux["attn"]`` (fairseq's alignment output).
 
         Returns:
             The output (B x T x C) and the list of per-level outputs (empty unless asked).
@@ -153,8 +157,9 @@ class RecurrentStack(nn.Module):
                 x = x + self.level_embedding[i]
             if self.cfg.positions_every_level:
                 x = x + positions
+            last = step == len(order) - 1
             if halting is not None:
-                weights = halting.weights(self.halting(x), last=step == len(order) - 1)
+                weights = halting.weights(self.halting(x), last=last)
             b = self.plan.block_of_level[i]
             x = self.blocks[b](
                 x,
@@ -168,13 +173,14 @@ class RecurrentStack(nn.Module):
                 attn_groups=self.level_groups[i],
                 attn_permute=self.level_permute[i],
                 drop_path=self.cfg.drop_path_rate(i),
+                cross_weights=aux if need_attn and last and aux is not None else None,
             )
             if halting is not None:
                 halting.accumulate(x, weights)
             if return_states:
                 states.append(x if halting is None else halting.output)
             # with a cache every level must fill its keys/values for later steps
-            if halting is not None and cache is None and halting.all_halted():
+            if halting is not None and cache is None and not need_attn and halting.all_halted():
                 break
         if halting is not None:
             x = halting.output

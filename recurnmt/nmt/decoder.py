@@ -117,11 +117,13 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             levels=self.stack.plan.first_loop_levels() if shallow else None,
             return_states=return_all_hiddens,
             aux=aux,
+            # like fairseq's transformer: alignment weights of the last level in evaluation
+            need_attn=not self.training,
         )
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, _CACHE, cache)
         inner = [s.transpose(0, 1) for s in states]  # List[T x B x C]
-        extra: dict[str, Any] = {"attn": [None], "inner_states": inner}
+        extra: dict[str, Any] = {"attn": [aux.get("attn")], "inner_states": inner}
         if "ponder" in aux:
             extra["ponder"] = aux["ponder"]  # B x T, ACT only
         return x, extra
