@@ -190,6 +190,23 @@ class RecurrentStack(nn.Module):
             x = self.final_norm(x)
         return x, states
 
+    @staticmethod
+    def reorder_cache(cache: KVCache, new_order: Tensor) -> KVCache:
+        """The cache with its batch rows selected by ``new_order`` (beam search).
+
+        Self-attention keys/values are reordered. The projected memory is the same for all
+        beams of a sentence, so while the batch keeps its size (beams reshuffled within each
+        sentence) it is left as is, as fairseq does for encoder-decoder attention; it is
+        selected only when finished sentences leave the batch.
+        """
+        out = {}
+        for key, value in cache.items():
+            same_size = value.size(0) == new_order.numel()
+            out[key] = (
+                value if key.startswith("m") and same_size else value.index_select(0, new_order)
+            )
+        return out
+
     def untied(self) -> RecurrentStack:
         """A copy in which every level has its own block, holding the same weights.
 

@@ -144,8 +144,9 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         cache = self.get_incremental_state(incremental_state, _CACHE)
         if cache is None:
             return
-        reordered = {k: v.index_select(0, new_order) for k, v in cache.items() if v is not None}
-        self.set_incremental_state(incremental_state, _CACHE, reordered)
+        self.set_incremental_state(
+            incremental_state, _CACHE, RecurrentStack.reorder_cache(cache, new_order)
+        )
 
 
 def _interior_padding(tokens: Tensor, padding_idx: int) -> Tensor | None:
