@@ -225,3 +225,19 @@ def test_lrc_evolution_is_logged_and_plotted(data, tmp_path):
     assert from_log[key][-1][1] != 1.0  # the coefficients really train
     png = plot(from_log, tmp_path / "lrc.png")
     assert png.stat().st_size > 1000
+
+
+def test_half_precision_training_without_cuda_stops_before_training(data, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    proc = subprocess.run(
+        [str(BIN / "fairseq-train"), str(data), "--user-dir", "user_dir",
+         "--arch", "ringformer_tiny", "--fp16", "--max-update", "1", "--max-tokens", "512",
+         "--save-dir", str(tmp_path / "ckpt")],
+        cwd=ROOT, capture_output=True, text=True, env={"PATH": str(BIN)},
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "--fp16 needs CUDA" in proc.stderr
+    assert not (tmp_path / "ckpt" / "checkpoint_last.pt").exists()

@@ -230,10 +230,11 @@ def distributed_problems(
             f"{tasks} (fairseq then reads SLURM's ranks), or " + _launcher_hint(tasks)
         )
 
-    # --fp16 on a CPU-only checkpoint's args cannot occur; at generation time (no process
-    # group) only an explicit --cpu says that this process runs on the CPU
+    # a checkpoint trained with --fp16 on GPUs may be decoded on a CPU machine, so outside
+    # training (no process group, not fairseq-train) only an explicit --cpu refuses it
+    training = "fairseq_cli.train" in sys.modules
     wants_half = [f for f in PRECISION_FLAGS if getattr(args, f, False)]
-    if wants_half and on_cpu and (explicit_cpu or not runtime or world > 1):
+    if wants_half and on_cpu and (explicit_cpu or not runtime or world > 1 or training):
         flags = " ".join("--" + f.replace("_", "-") for f in wants_half)
         problems.append(
             f"{flags} needs CUDA; on CPU fairseq fails with unrelated-looking errors "

@@ -13,8 +13,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from recurnmt.modules.config import (
     ATTN_SIGNAL_PLACES,
     FFN_SHARING,
@@ -163,22 +161,14 @@ _UNSUPPORTED = {
 def check_supported(args: Any) -> None:
     """Raises :class:`ConfigError` for settings that cannot work.
 
-    Covers fairseq options the recurrent models do not implement, and ``--fp16``/``--bf16``
-    without a CUDA device (fairseq fails on those much later with unrelated-looking errors).
+    Covers fairseq options the recurrent models do not implement. Half precision without
+    CUDA and multi-process mistakes are refused by :func:`recurnmt.nmt.launch.check_distributed`.
     """
     for name, what in _UNSUPPORTED.items():
         value = getattr(args, name, None)
         if value not in (None, False, 0, 0.0, ""):
             flag = "--" + name.replace("_", "-")
             raise ConfigError(f"{flag}={value!r}: {what} is not supported by recurnmt models")
-    for flag in ("fp16", "bf16", "memory_efficient_fp16", "memory_efficient_bf16"):
-        if getattr(args, flag, False) and (
-            getattr(args, "cpu", False) or not torch.cuda.is_available()
-        ):
-            raise ConfigError(
-                f"--{flag.replace('_', '-')} needs a CUDA device; none is available "
-                "(or --cpu is set). Drop the flag to train in float32."
-            )
 
 
 def stack_configs(args: Any) -> tuple[StackConfig, StackConfig]:
