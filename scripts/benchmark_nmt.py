@@ -30,16 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from recurnmt.nmt.results import FAMILY_ORDER  # noqa: E402
+
 BASELINE = "transformer"
-DEFAULT_ARCHS = [
-    BASELINE,
-    "recurrent_transformer",
-    "ringformer",
-    "universal_transformer",
-    "universal_transformer_act",
-    "owf",
-    "sret",
-]
+DEFAULT_ARCHS = list(FAMILY_ORDER)  # fairseq's transformer, then recurnmt's families
 
 
 def model_flags(arch: str, opts: argparse.Namespace) -> list[str]:

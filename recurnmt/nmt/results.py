@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from recurnmt.nmt.evaluate import PRESETS
+
 # family order of the table: the two baselines, then the papers' models
 FAMILY_ORDER = (
     "transformer",
@@ -32,7 +34,7 @@ FAMILY_ORDER = (
 )
 # size suffixes of fairseq's and recurnmt's architecture names, longest first
 SIZE_SUFFIXES = ("vaswani_wmt_en_de_big", "wmt_en_de_big", "wmt_en_de", "iwslt_de_en", "tiny")
-DATASET_TITLES = {"iwslt14": "IWSLT14 De-En", "wmt14": "WMT14 En-De", "lohelp": "LibreOffice De-En"}
+DATASET_TITLES = {name: preset.title for name, preset in PRESETS.items()}
 
 
 def split_arch(arch: str) -> tuple[str, str]:
