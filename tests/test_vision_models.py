@@ -62,6 +62,7 @@ def test_registry_lists_every_family():
         "sret_tl",
         "sret_s",
         "sret_b",
+        "sret_b_printed",
         "sret_ext",
         "recursive_mixer_b16_224",
     ):

@@ -99,6 +99,7 @@ def test_sret_drop_path_spans_the_stages(monkeypatch):
         ("sret_tl", 0.1),
         ("sret_s", 0.2),
         ("sret_b", 0.0),  # not published
+        ("sret_b_printed", 0.0),
         ("sret_ext", 0.0),
         ("vit_base_patch16_224", 0.0),
         ("ringformer_vit_base_patch16_224", 0.0),
