@@ -135,6 +135,8 @@ class SelfAttention(_Attention):
         cache_key: str = "",
         groups: int = 1,
         permute: bool = True,
+        attn_bias: Tensor | None = None,
+        logits_out: list[Tensor] | None = None,
     ) -> Tensor:
         """Self-attention over ``x`` (B x T x C), returns B x T x C.
 
@@ -147,9 +149,15 @@ class SelfAttention(_Attention):
                 1 is ordinary attention. Not combinable with ``causal`` or ``cache``.
             permute: sliced attention permutes the tokens first; otherwise the slices are
                 contiguous runs of tokens.
+            attn_bias: float B x H x T x S (or broadcastable) added to the attention logits
+                before the softmax, passed to SDPA as its additive mask (DVT eq. 9).
+            logits_out: if given, the attention is computed explicitly and its logits
+                (B x H x T x S, ``QK^T / sqrt(D)`` plus ``attn_bias``) are appended to it.
         """
         q, k, v = self.project(x, qkv_delta, qkv_input_delta).chunk(3, dim=-1)
         q, k, v = (_split_heads(t, self.num_heads) for t in (q, k, v))
+        if (attn_bias is not None or logits_out is not None) and (groups > 1 or cache is not None):
+            raise ValueError("attn_bias/logits_out need full attention without a cache")
         if groups > 1:
             if causal or cache is not None:
                 raise ValueError("sliced group attention does not support causal attention")
@@ -168,13 +176,31 @@ class SelfAttention(_Attention):
                 v = torch.cat([cache[cache_key + "v"], v], dim=2)
             cache[cache_key + "k"], cache[cache_key + "v"] = k, v
         t, s = q.size(2), k.size(2)
-        if causal and key_padding_mask is None and t == s:
+        plain = attn_bias is None and logits_out is None
+        if causal and key_padding_mask is None and t == s and plain:
             # the common training case: let SDPA pick its fused causal kernel
             p = self.dropout if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
             return self.out_proj(_merge_heads(out))
         mask = attention_mask(key_padding_mask, causal and t > 1, t, s, x.device)
-        return self._attend(q, k, v, mask)
+        if plain:
+            return self._attend(q, k, v, mask)
+        if attn_bias is not None:
+            attn_bias = attn_bias.to(q.dtype)
+            mask = attn_bias if mask is None else attn_bias.masked_fill(~mask, float("-inf"))
+        if logits_out is None:
+            return self._attend(q, k, v, mask)
+        # the logits are wanted downstream (DVT relationship reuse): compute them once here
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))  # B x H x T x S
+        if mask is not None and mask.is_floating_point():
+            scores = scores + mask
+        elif mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        logits_out.append(scores)
+        probs = scores.softmax(-1)
+        if self.training and self.dropout > 0:
+            probs = F.dropout(probs, self.dropout)
+        return self.out_proj(_merge_heads(probs @ v))
 
 
 class CrossAttention(_Attention):

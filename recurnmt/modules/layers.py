@@ -148,6 +148,9 @@ class TransformerBlock(nn.Module):
         attn_permute: bool = True,
         drop_path: float = 0.0,
         cross_weights: dict[str, Tensor] | None = None,
+        attn_bias: Tensor | None = None,
+        attn_logits: list[Tensor] | None = None,
+        ffn_hidden_delta: Tensor | None = None,
     ) -> Tensor:
         """Runs the block at one level, followed by the level's NLL if it has one.
 
@@ -166,8 +169,17 @@ class TransformerBlock(nn.Module):
             drop_path: stochastic depth rate of this level's residual branches.
             cross_weights: if given, receives the cross-attention probabilities averaged
                 over heads under ``"attn"`` (B x T x S).
+            attn_bias: added to the self-attention logits, B x H x T x T (DVT eq. 9).
+            attn_logits: if given, receives this level's self-attention logits.
+            ffn_hidden_delta: added to the FFN's hidden pre-activation, B x T x FF (DVT
+                eq. 5's context embedding through the extra columns of the first layer).
         """
         norms = parts.norms if parts.norms is not None else self.norms
+        reuse = {}
+        if attn_bias is not None:
+            reuse["attn_bias"] = attn_bias
+        if attn_logits is not None:
+            reuse["logits_out"] = attn_logits
         x = self._sublayer(
             x,
             0,
@@ -180,6 +192,7 @@ class TransformerBlock(nn.Module):
                 cache_key=cache_key,
                 groups=attn_groups,
                 permute=attn_permute,
+                **reuse,
                 **parts.attn_kwargs(h),
             ),
             drop_path,
@@ -203,11 +216,24 @@ class TransformerBlock(nn.Module):
             index += 1
         if self.ffn is not None:
             x = self._sublayer(
-                x, index, norms[index], lambda h: self.ffn(h, **parts.ffn_kwargs(h)), drop_path
+                x,
+                index,
+                norms[index],
+                lambda h: self.ffn(h, **_with_hidden_delta(parts.ffn_kwargs(h), ffn_hidden_delta)),
+                drop_path,
             )
         if parts.nll is not None:
             x = parts.nll(x)
         return x
+
+
+def _with_hidden_delta(kwargs: dict[str, Tensor], delta: Tensor | None) -> dict[str, Tensor]:
+    """FFN keyword arguments with ``delta`` added to the hidden pre-activation."""
+    if delta is None:
+        return kwargs
+    if "hidden_delta" in kwargs:
+        delta = kwargs["hidden_delta"] + delta
+    return {**kwargs, "hidden_delta": delta}
 
 
 def _drop_path(x: Tensor, p: float, training: bool) -> Tensor:

@@ -27,7 +27,8 @@ self-attention keys and values, so levels never mix their states.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -122,6 +123,7 @@ class RecurrentStack(nn.Module):
         return_states: bool = False,
         aux: dict[str, Tensor] | None = None,
         need_attn: bool = False,
+        level_kwargs: Callable[[int], dict[str, Any]] | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
         """Runs the levels.
 
@@ -142,6 +144,10 @@ class RecurrentStack(nn.Module):
                 ``need_attn``, ``"attn"``.
             need_attn: put the last level's cross-attention probabilities, averaged over
                 heads (B x T x S), into ``aux["attn"]`` (fairseq's alignment output).
+            level_kwargs: called with a level index before that level runs; returns extra
+                keyword arguments for its block (``attn_bias``, ``attn_logits``,
+                ``ffn_hidden_delta``: DVT's relationship and feature reuse), computed lazily
+                so that only one level's extras are alive at a time.
 
         Returns:
             The output (B x T x C) and the list of per-level outputs (empty unless asked).
@@ -174,6 +180,7 @@ class RecurrentStack(nn.Module):
                 attn_permute=self.level_permute[i],
                 drop_path=self.cfg.drop_path_rate(i),
                 cross_weights=aux if need_attn and last and aux is not None else None,
+                **(level_kwargs(i) if level_kwargs is not None else {}),
             )
             if halting is not None:
                 halting.accumulate(x, weights)
