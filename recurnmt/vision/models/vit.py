@@ -135,15 +135,16 @@ class VisionTransformer(nn.Module):
             x = self.pos_embed(x, grid)
         return self.pos_drop(x), grid
 
-    def forward_features(self, x: Tensor, shallow: bool = False) -> Tensor:
+    def forward_features(self, x: Tensor, shallow: bool = False, **stack_kwargs) -> Tensor:
         """Image B x C x H x W -> normalised tokens B x T x D (ViT eq. 2-4 before the head).
 
         Args:
             shallow: run every unique block once instead of the full depth (the shallow
                 branch of SReT's mixed-depth training, appendix B).
+            stack_kwargs: passed on to the stack (e.g. ``level_kwargs``, DVT's reuse).
         """
         x, grid = self.embed(x)
-        kwargs = {}
+        kwargs = dict(stack_kwargs)
         if self.positions_every_level:
             kwargs["positions"] = self.pos_embed.table(grid, x)
         if shallow:
