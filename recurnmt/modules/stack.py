@@ -124,6 +124,7 @@ class RecurrentStack(nn.Module):
         aux: dict[str, Tensor] | None = None,
         need_attn: bool = False,
         level_kwargs: Callable[[int], dict[str, Any]] | None = None,
+        after_level: Callable[[int, Tensor], Tensor] | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
         """Runs the levels.
 
@@ -148,6 +149,9 @@ class RecurrentStack(nn.Module):
                 keyword arguments for its block (``attn_bias``, ``attn_logits``,
                 ``ffn_hidden_delta``: DVT's relationship and feature reuse), computed lazily
                 so that only one level's extras are alive at a time.
+            after_level: called as ``x = after_level(i, x)`` after level i's block, for
+                per-level parts that read across levels (MRLA layer attention,
+                :class:`~recurnmt.modules.layer_attention.LayerAttention`).
 
         Returns:
             The output (B x T x C) and the list of per-level outputs (empty unless asked).
@@ -182,6 +186,8 @@ class RecurrentStack(nn.Module):
                 cross_weights=aux if need_attn and last and aux is not None else None,
                 **(level_kwargs(i) if level_kwargs is not None else {}),
             )
+            if after_level is not None:
+                x = after_level(i, x)
             if halting is not None:
                 halting.accumulate(x, weights)
             if return_states:

@@ -12,6 +12,8 @@ UiT                        one block; sinusoidal position + level (coordinate) e
                            at every step (UT sec. 2.1; RingFormer sec. 4.1)
 OWF-ViT                    N attention blocks, one FFN shared by all (Pires et al. 2023;
                            RingFormer sec. 4.1 "share only the feedforward layer")
++ MRLA                     any of the above with multi-head recurrent layer attention after
+                           every level, per level and never shared (Fang et al. 2023; ``mrla=``)
 =========================  ==================================================================
 
 Every model also runs its shallow branch, each unique block once (``model(x, shallow=True)``),
@@ -35,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from recurnmt.modules import DepthPlan, RecurrentStack, SignalConfig, StackConfig
+from recurnmt.modules.layer_attention import LayerAttention
 from recurnmt.vision.layers import PatchEmbed, PositionEmbedding, to_2tuple
 from recurnmt.vision.registry import register_model
 
@@ -55,6 +58,8 @@ class VisionTransformer(nn.Module):
         global_pool: ``token`` (class token) or ``avg`` (mean of the patch tokens).
         pos_embed: ``learned``, ``sincos`` or ``none`` (see :mod:`~recurnmt.vision.layers`).
         drop_rate: dropout after the position embedding and before the head.
+        layer_attention: MRLA run after every level of the stack on the patch tokens
+            (:class:`~recurnmt.modules.layer_attention.LayerAttention`); None for none.
     """
 
     def __init__(
@@ -70,6 +75,7 @@ class VisionTransformer(nn.Module):
         global_pool: str = "token",
         pos_embed: str = "learned",
         drop_rate: float = 0.0,
+        layer_attention: LayerAttention | None = None,
     ) -> None:
         super().__init__()
         if global_pool not in ("token", "avg"):
@@ -88,6 +94,7 @@ class VisionTransformer(nn.Module):
         self.pos_embed = PositionEmbedding(pos_embed, grid, embed_dim, self.num_prefix_tokens)
         self.pos_drop = nn.Dropout(drop_rate)
         self.stack = stack
+        self.layer_attn = layer_attention
         cfg = getattr(stack, "cfg", None)
         self.positions_every_level = bool(getattr(cfg, "positions_every_level", False))
         self.head_drop = nn.Dropout(drop_rate)
@@ -149,6 +156,8 @@ class VisionTransformer(nn.Module):
             kwargs["positions"] = self.pos_embed.table(grid, x)
         if shallow:
             kwargs["levels"] = self.stack.plan.first_loop_levels()
+        if self.layer_attn is not None:
+            kwargs["after_level"] = self.layer_attn.start(grid, self.num_prefix_tokens)
         x, _ = self.stack(x, **kwargs)
         return x
 
@@ -230,6 +239,12 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
 
     ``signal_rank=r`` is a shortcut for the rank of the model's level signals (RingFormer
     Table 4 varies it), handy on the command line (``--model-arg signal_rank=8``).
+
+    ``mrla="light"`` or ``"base"`` adds MRLA after every level (MRLA sec. 4), with
+    ``mrla_head_dim`` channels per head (d_k, 16 for ViTs, MRLA sec. 5.1) and ``mrla_stages``
+    stages (a count dividing the levels, or stage lengths; 3 as in MRLA App. B.1.1); the
+    MRLA branch takes the level's stochastic depth rate. With a class-token head the last
+    level has no MRLA (the head never reads the patch tokens it would change).
     """
     args = {**defaults, **kwargs}
     if "signal_rank" in args:
@@ -238,10 +253,50 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
     image = {k: args.pop(k) for k in _IMAGE_KEYS if k in args}
     pos_embed = args.pop("pos_embed", "learned")
     drop_rate = args.get("drop_rate", 0.0)
+    mrla = {k: args.pop(k) for k in _MRLA_KEYS if k in args}
     cfg = vit_stack_config(**args)
     stack = RecurrentStack(cfg, DepthPlan.build(cfg.num_levels, cfg.num_unique, cfg.sharing))
     return VisionTransformer(
-        stack, cfg.embed_dim, pos_embed=pos_embed, drop_rate=drop_rate, **image
+        stack,
+        cfg.embed_dim,
+        pos_embed=pos_embed,
+        drop_rate=drop_rate,
+        layer_attention=_layer_attention(
+            cfg, skip_last_level=image.get("global_pool", "token") == "token", **mrla
+        ),
+        **image,
+    )
+
+
+_MRLA_KEYS = ("mrla", "mrla_head_dim", "mrla_stages")
+
+
+def _layer_attention(
+    cfg: StackConfig,
+    mrla: str | None = None,
+    mrla_head_dim: int | None = None,
+    mrla_stages: int | tuple[int, ...] | None = None,
+    *,
+    skip_last_level: bool = False,
+) -> LayerAttention | None:
+    """MRLA over the stack's levels, or None when ``mrla`` is None.
+
+    Raises:
+        ValueError: MRLA settings without ``mrla``, or invalid settings (named).
+    """
+    if mrla is None:
+        if mrla_head_dim is not None or mrla_stages is not None:
+            raise ValueError("mrla_head_dim / mrla_stages need mrla='light' or mrla='base'")
+        return None
+    return LayerAttention(
+        cfg.embed_dim,
+        cfg.num_levels,
+        variant=mrla,
+        head_dim=16 if mrla_head_dim is None else mrla_head_dim,
+        stages=3 if mrla_stages is None else mrla_stages,
+        drop_path=[cfg.drop_path_rate(i) for i in range(cfg.num_levels)],
+        norm_eps=cfg.norm_eps,
+        skip_last_level=skip_last_level,
     )
 
 
@@ -376,6 +431,66 @@ def owf_vit_small_patch16_224(**kwargs) -> VisionTransformer:
     )
 
 
+# ---------------------------------------------------------------- MRLA (layer attention)
+
+# MRLA Table 1 / App. B.1.1: DeiT's recipe, d_k = 16, three stages of four layers
+_MRLA = dict(mrla="light", mrla_head_dim=16, mrla_stages=3)
+
+
+@register_model
+def deit_tiny_mrla_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-T + MRLA-light (MRLA Table 1: 5.7M, +0.03M): MRLA after each of the 12 layers."""
+    return _create_vit({**_DEIT_TINY, **_MRLA}, kwargs)
+
+
+@register_model
+def deit_tiny_mrla_base_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-T + MRLA-base (MRLA Table 1, eq. 6): each layer attends to its stage so far."""
+    return _create_vit({**_DEIT_TINY, **_MRLA, "mrla": "base"}, kwargs)
+
+
+@register_model
+def deit_small_mrla_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-S + MRLA-light (MRLA Table 1: 22.1M)."""
+    return _create_vit({**_DEIT_SMALL, **_MRLA}, kwargs)
+
+
+@register_model
+def deit_base_mrla_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-B + MRLA-light (MRLA Table 1: 86.5M): 768 wide, 12 heads, drop path 0.1."""
+    return _create_vit({**_VIT_BASE, "drop_path_rate": 0.1, **_MRLA}, kwargs)
+
+
+@register_model
+def deit_tiny_recursive_mrla_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-T with every block looped twice (SReT Table 1) and MRLA-light at all 24 levels.
+
+    Three stages of eight levels; the MRLA parts are per level although blocks repeat, so a
+    block's second run retrieves from its first.
+    """
+    return _create_vit({**_DEIT_TINY, "loops": 2, **_MRLA}, kwargs)
+
+
+@register_model
+def ringformer_vit_base_mrla_patch16_224(**kwargs) -> VisionTransformer:
+    """RingFormer-ViT (RingFormer Table 3) with MRLA-light after each of its 12 levels.
+
+    One shared block; the level signals and the MRLA parts are per level (three stages of
+    four levels).
+    """
+    return _create_vit(
+        {
+            **_RINGFORMER,
+            "embed_dim": 768,
+            "ffn_dim": 3072,
+            "num_levels": 12,
+            "num_heads": 12,
+            **_MRLA,
+        },
+        kwargs,
+    )
+
+
 # ---------------------------------------------------------------- mini models for CPUs
 
 _MINI = dict(embed_dim=64, ffn_dim=128, num_heads=4, img_size=32, patch_size=4)
@@ -412,3 +527,24 @@ def uit_mini_patch4(**kwargs) -> VisionTransformer:
 def owf_vit_mini_patch4(**kwargs) -> VisionTransformer:
     """A CPU-sized One Wide FFN ViT: 6 attention blocks, 64 wide, one shared FFN."""
     return _create_vit({**_MINI, **_OWF, "depth": 6}, kwargs)
+
+
+@register_model
+def vit_mini_mrla_patch4(**kwargs) -> VisionTransformer:
+    """The mini ViT with MRLA-light after each of its 6 layers (three stages of two)."""
+    return _create_vit({**_MINI, "depth": 6, **_MRLA}, kwargs)
+
+
+@register_model
+def ringformer_vit_mini_mrla_patch4(**kwargs) -> VisionTransformer:
+    """The mini RingFormer-ViT with MRLA-light after each of its 6 levels (three stages of two)."""
+    return _create_vit(
+        {
+            **_MINI,
+            **_RINGFORMER,
+            "num_levels": 6,
+            "signal": SignalConfig(kind="lowrank", rank=8),
+            **_MRLA,
+        },
+        kwargs,
+    )
