@@ -116,3 +116,25 @@ def test_flops(name, kwargs, paper):
     # "FLOPs" in these tables are multiply-accumulates; 224 x 224 input
     model = create_model(name, **kwargs)
     assert count_macs(model, (1, 3, 224, 224)) == pytest.approx(paper, rel=0.05)
+
+
+# MRLA Table 1 (ImageNet-1K, 1000 classes): DeiT + MRLA-light/base, d_k = 16 (sec. 5.1).
+# Ours add 0.025M (DeiT-T), 0.050M (S), 0.099M (B): MRLA after levels 1-11 (the class-token
+# head never reads level 12's patch tokens), one LayerNorm each, no lambda at stage starts.
+@pytest.mark.parametrize(
+    ("name", "paper"),
+    [
+        ("deit_tiny_mrla_patch16_224", 5.7e6),
+        ("deit_tiny_mrla_base_patch16_224", 5.7e6),
+        ("deit_small_mrla_patch16_224", 22.1e6),
+        ("deit_base_mrla_patch16_224", 86.5e6),
+    ],
+)
+def test_mrla_table_1(name, paper):
+    assert params(name) == pytest.approx(paper, rel=0.01)
+
+
+def test_mrla_adds_about_0_03m_to_deit_tiny():
+    # MRLA sec. 5.1: "+0.03M parameters" on DeiT-T, a figure rounded to 0.01M
+    extra = params("deit_tiny_mrla_patch16_224") - params("deit_tiny_patch16_224")
+    assert extra == pytest.approx(0.03e6, abs=0.01e6)

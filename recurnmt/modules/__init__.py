@@ -7,6 +7,7 @@ from recurnmt.modules.attention import CrossAttention, SelfAttention
 from recurnmt.modules.config import ConfigError, SignalConfig, StackConfig
 from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.feedforward import FeedForward
+from recurnmt.modules.layer_attention import LayerAttention, MRLABase, MRLALight
 from recurnmt.modules.layers import LevelParts, TransformerBlock
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 from recurnmt.modules.level_signals import FullRankSignal, LowRankSignal, build_signal
@@ -18,8 +19,11 @@ __all__ = [
     "DepthPlan",
     "FeedForward",
     "FullRankSignal",
+    "LayerAttention",
     "LevelParts",
     "LowRankSignal",
+    "MRLABase",
+    "MRLALight",
     "RecurrentStack",
     "SelfAttention",
     "SignalConfig",
