@@ -13,7 +13,7 @@ from torch import nn
 import recurnmt.vision.registry as registry
 from recurnmt.modules import RecurrentStack
 from recurnmt.vision import create_model, list_models
-from recurnmt.vision.models import RecursiveMixer, SReT, VisionTransformer
+from recurnmt.vision.models import DVTCascade, RecursiveMixer, SReT, VisionTransformer
 
 NUM_CLASSES = 7
 
@@ -25,6 +25,10 @@ def small_kwargs(name: str) -> dict:
         return dict(dims=(16, 32, 64), heads=(1, 2, 4), img_size=32, stem_dims=(8, 16))
     if "mixer" in name:
         return dict(embed_dim=32, token_dim=16, channel_dim=64, img_size=32, patch_size=8)
+    if name.startswith("dvt"):  # a DVT cascade of three such ViTs on 2x2 / 3x3 / 4x4 tokens
+        return dict(
+            embed_dim=32, ffn_dim=64, num_heads=2, img_size=32, patch_size=8, grids=(2, 3, 4)
+        )
     return dict(embed_dim=32, ffn_dim=64, num_heads=2, img_size=32, patch_size=8)
 
 
@@ -38,6 +42,8 @@ def stacks_of(model: nn.Module) -> list:
         return [model.stack]
     if isinstance(model, SReT):
         return list(model.stages)
+    if isinstance(model, DVTCascade):
+        return [stage.stack for stage in model.stages]
     return [model]
 
 
@@ -82,6 +88,8 @@ def test_forward_shape_finite_and_every_parameter_gets_a_gradient(name):
     out = model(x)
     assert out.shape == (4, NUM_CLASSES)
     assert torch.isfinite(out).all()
+    if isinstance(model, DVTCascade):  # the earlier exits' heads feed only their own logits
+        out = torch.cat(model.forward_exits(x))
     (out * torch.randn_like(out)).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
     assert not missing, f"no gradient for {missing}"

@@ -150,7 +150,7 @@ class TransformerBlock(nn.Module):
         cross_weights: dict[str, Tensor] | None = None,
         attn_bias: Tensor | None = None,
         attn_logits: list[Tensor] | None = None,
-        ffn_hidden_delta: Tensor | None = None,
+        ffn_context: Callable[[Tensor, nn.Module], tuple[Tensor, Tensor]] | None = None,
     ) -> Tensor:
         """Runs the block at one level, followed by the level's NLL if it has one.
 
@@ -171,8 +171,10 @@ class TransformerBlock(nn.Module):
                 over heads under ``"attn"`` (B x T x S).
             attn_bias: added to the self-attention logits, B x H x T x T (DVT eq. 9).
             attn_logits: if given, receives this level's self-attention logits.
-            ffn_hidden_delta: added to the FFN's hidden pre-activation, B x T x FF (DVT
-                eq. 5's context embedding through the extra columns of the first layer).
+            ffn_context: DVT eq. 5, ``MLP(LN(Concat(x, E)))``: called as
+                ``ffn_context(x, norm)`` in place of ``norm(x)`` before the FFN, it returns
+                the normalised input (B x T x C) and a term added to the FFN's hidden
+                pre-activation (B x T x FF, the context's columns of the first layer).
         """
         norms = parts.norms if parts.norms is not None else self.norms
         reuse = {}
@@ -214,23 +216,27 @@ class TransformerBlock(nn.Module):
                 drop_path,
             )
             index += 1
-        if self.ffn is not None:
+        if self.ffn is not None and ffn_context is None:
             x = self._sublayer(
-                x,
-                index,
-                norms[index],
-                lambda h: self.ffn(h, **_with_hidden_delta(parts.ffn_kwargs(h), ffn_hidden_delta)),
-                drop_path,
+                x, index, norms[index], lambda h: self.ffn(h, **parts.ffn_kwargs(h)), drop_path
             )
+        elif self.ffn is not None:
+            if not self.normalize_before:
+                raise ValueError("ffn_context needs a pre-LN block")
+            norm = norms[index]
+
+            def ffn(h: Tensor) -> Tensor:
+                h, delta = ffn_context(h, norm)
+                return self.ffn(h, **_with_hidden_delta(parts.ffn_kwargs(h), delta))
+
+            x = self._sublayer(x, index, nn.Identity(), ffn, drop_path)
         if parts.nll is not None:
             x = parts.nll(x)
         return x
 
 
-def _with_hidden_delta(kwargs: dict[str, Tensor], delta: Tensor | None) -> dict[str, Tensor]:
+def _with_hidden_delta(kwargs: dict[str, Tensor], delta: Tensor) -> dict[str, Tensor]:
     """FFN keyword arguments with ``delta`` added to the hidden pre-activation."""
-    if delta is None:
-        return kwargs
     if "hidden_delta" in kwargs:
         delta = kwargs["hidden_delta"] + delta
     return {**kwargs, "hidden_delta": delta}

@@ -147,8 +147,8 @@ class RecurrentStack(nn.Module):
                 heads (B x T x S), into ``aux["attn"]`` (fairseq's alignment output).
             level_kwargs: called with a level index before that level runs; returns extra
                 keyword arguments for its block (``attn_bias``, ``attn_logits``,
-                ``ffn_hidden_delta``: DVT's relationship and feature reuse), computed lazily
-                so that only one level's extras are alive at a time.
+                ``ffn_context``: DVT's relationship and feature reuse), computed lazily so
+                that only one level's extras are alive at a time.
             after_level: called as ``x = after_level(i, x)`` after level i's block, for
                 per-level parts that read across levels (MRLA layer attention,
                 :class:`~recurnmt.modules.layer_attention.LayerAttention`).

@@ -1,0 +1,623 @@
+"""Dynamic Vision Transformer: a cascade of ViTs over growing token grids (Wang et al. 2021).
+
+DVT ("Not All Images are Worth 16x16 Words", NeurIPS 2021) runs K transformers on the same
+image cut into more and more tokens (7x7 -> 10x10 -> 14x14 at 224 in the paper) and stops at
+the first exit whose softmax confidence reaches that exit's threshold (sec. 3.3). All exits
+are trained together, the loss summed over them (eq. 1). Two mechanisms let a downstream
+model reuse its upstream model's computation (sec. 3.2):
+
+* feature reuse (eq. 4-5): the upstream model's final tokens go through a per-layer LN-MLP
+  ``f_l`` (D -> 128 -> 48), are upsampled to the downstream grid, and enter every downstream
+  FFN as extra input columns: ``z_l = MLP(LN(Concat(z'_l, E_l))) + z'_l``;
+* relationship reuse (eq. 8-9): the attention logits of every upstream level, concatenated
+  over heads and levels, go through one MLP (``N^H L -> 3 N^H L -> N^H L``, shared hidden
+  layer, sec. 4 "Implementation details"), are upsampled row- and column-wise (Fig. 5) and
+  added to the downstream logits of each level: ``Softmax(A_l + r_l(A^up)) V_l``.
+
+The backbones are this package's :class:`~recurnmt.vision.models.vit.VisionTransformer`, so a
+cascade can be built from DeiT or from the weight-shared models (RingFormer-ViT, UiT,
+recursive DeiT): ``create_model("dvt_deit_small_patch16_224", backbone="uit_small_patch16_224")``.
+
+Choices where the paper is silent or where we depart from the authors' code (read, not
+copied):
+
+* Token grids: every backbone keeps its patch size and sees the image resized (bilinear,
+  antialiased) to ``grid * patch``; the authors' DeiT cascade changes the patch size instead
+  (32/23 with padding/16). Both give the paper's grids; resizing works for any grid.
+* Feature reuse is eq. 5 exactly, without touching the backbone's block: the LN over
+  ``Concat(z'_l, E_l)`` takes its first D scales from the block's own FFN norm and D' more
+  from a context LN; the first FFN layer's D' extra columns add their product to the hidden
+  pre-activation. Both belong to the block, so a recurrent backbone shares them as it shares
+  the block (per level where it has per-level norms, one set for a One Wide FFN); ``f_l`` is
+  per level (eq. 4). The class token's context is zero (paper).
+* ``f_l`` reads the upstream tokens after the final LN (the authors' code takes them before;
+  ``f_l`` starts with its own LN either way).
+* Upsampling is bilinear (``upsample_mode``); the authors use nearest upsampling to about 2x
+  followed by adaptive average pooling. The class-token row and column of the reused logits
+  are carried over as they are (authors' code).
+* The reused logits of an upstream model that itself reuses relations include its added
+  term (authors' code). A model reuses only its immediate upstream model.
+* Relationship reuse keeps SDPA: the reused logits are its additive float mask. Only stages
+  with a downstream model that reuses relations compute their logits explicitly.
+
+Shape legend: B batch, K exits, T = 1 + N tokens with an N = h x w grid, D width, H heads,
+L levels, D' context width, F FFN width, C classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from recurnmt.vision.layers import to_2tuple
+from recurnmt.vision.models.vit import VisionTransformer
+from recurnmt.vision.registry import create_model, register_model
+
+Grid = tuple[int, int]
+
+
+def upsample_tokens(x: Tensor, grid_in: Grid, grid_out: Grid, mode: str = "bilinear") -> Tensor:
+    """Patch tokens B x N_in x C on ``grid_in`` -> B x N_out x C on ``grid_out``."""
+    if tuple(grid_in) == tuple(grid_out):
+        return x
+    b, _, c = x.shape
+    x = x.transpose(1, 2).reshape(b, c, *grid_in)  # B x C x h x w
+    x = F.interpolate(x, size=grid_out, mode=mode, **_align(mode))
+    return x.flatten(2).transpose(1, 2)  # B x N_out x C
+
+
+def upsample_relations(
+    a: Tensor, grid_in: Grid, grid_out: Grid, prefix: int = 1, mode: str = "bilinear"
+) -> Tensor:
+    """Attention maps B x M x T_in x T_in -> B x M x T_out x T_out (DVT Fig. 5).
+
+    Rows (queries) and columns (keys) each index the token grid, so each is reshaped to the
+    grid, resized and flattened; a plain 2-D resize of the T x T map would mix tokens that are
+    not neighbours. The ``prefix`` (class-token) rows and columns are kept as they are.
+    """
+    if tuple(grid_in) == tuple(grid_out):
+        return a
+
+    def keys(m: Tensor) -> Tensor:
+        # B x M x R x T_in -> B x M x R x T_out, resizing the grid of the last axis
+        b, h, r, _ = m.shape
+        patches = m[..., prefix:].reshape(b, h * r, *grid_in)  # B x MR x h x w
+        patches = F.interpolate(patches, size=grid_out, mode=mode, **_align(mode))
+        return torch.cat([m[..., :prefix], patches.reshape(b, h, r, -1)], dim=-1)
+
+    a = keys(a)  # B x M x T_in x T_out
+    return keys(a.transpose(-1, -2)).transpose(-1, -2)  # B x M x T_out x T_out
+
+
+def _align(mode: str) -> dict:
+    return {"align_corners": False} if mode in ("bilinear", "bicubic") else {}
+
+
+class FeatureReuse(nn.Module):
+    """Context embeddings from the upstream model's tokens (DVT eq. 4-5).
+
+    ``E_l = f_l(z^up)`` with ``f_l = LN -> Linear(D_up, hidden) -> GELU -> Linear(hidden, D')``,
+    upsampled to the downstream grid. Level l of the downstream stack then runs its FFN on
+    ``LN(Concat(z'_l, E_l))`` (eq. 5): the context LN and the D' extra first-layer columns
+    ``W_E`` live here, the rest is the backbone's own norm and FFN.
+
+    Args:
+        upstream_dim: width of the upstream tokens D_up.
+        embed_dim: width of the downstream model (unused by the maths, kept for checks).
+        ffn_dim: FFN width F of the downstream model.
+        block_of_level: the downstream depth plan (level -> unique block).
+        norms_per_level: the downstream model owns norms per level (RingFormer), so the
+            context LN is per level too; else per unique block.
+        shared_ffn: the downstream blocks share one FFN (One Wide FFN): one set of columns.
+        hidden_dim: hidden width of ``f_l`` (128 in the paper).
+        context_dim: D' (48 in the paper).
+        norm_eps: LN epsilon.
+    """
+
+    def __init__(
+        self,
+        upstream_dim: int,
+        embed_dim: int,
+        ffn_dim: int,
+        block_of_level: Sequence[int],
+        *,
+        norms_per_level: bool = False,
+        shared_ffn: bool = False,
+        hidden_dim: int = 128,
+        context_dim: int = 48,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.block_of_level = tuple(block_of_level)
+        num_levels, num_blocks = len(self.block_of_level), max(self.block_of_level) + 1
+        self.embed_dim, self.context_dim = embed_dim, context_dim
+        self.f = nn.ModuleList(
+            nn.Sequential(
+                nn.LayerNorm(upstream_dim, eps=norm_eps),
+                nn.Linear(upstream_dim, hidden_dim),
+                nn.GELU(),
+                nn.Linear(hidden_dim, context_dim),
+            )
+            for _ in range(num_levels)
+        )
+        self.norm_of_level = tuple(range(num_levels)) if norms_per_level else self.block_of_level
+        self.proj_of_level = (0,) * num_levels if shared_ffn else self.block_of_level
+        self.norms = nn.ModuleList(
+            nn.LayerNorm(context_dim, eps=norm_eps) for _ in range(max(self.norm_of_level) + 1)
+        )
+        self.projs = nn.ModuleList(
+            nn.Linear(context_dim, ffn_dim, bias=False)
+            for _ in range(1 if shared_ffn else num_blocks)
+        )
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def contexts(
+        self, tokens: Tensor, grid_in: Grid, grid_out: Grid, prefix: int, mode: str
+    ) -> Tensor:
+        """Upstream tokens B x T_up x D_up -> contexts L x B x N x D' on the downstream grid."""
+        patches = tokens[:, prefix:]  # B x N_up x D_up
+        e = torch.stack([f(patches) for f in self.f])  # L x B x N_up x D'
+        num_levels, b, n, d = e.shape
+        e = e.transpose(0, 1).reshape(b, n, num_levels * d)  # B x N_up x LD'
+        e = upsample_tokens(e, grid_in, grid_out, mode)  # B x N x LD'
+        return e.unflatten(-1, (num_levels, d)).permute(2, 0, 1, 3)  # L x B x N x D'
+
+    def ffn_context(
+        self, contexts: Tensor, level: int, prefix: int
+    ) -> Callable[[Tensor, nn.Module], tuple[Tensor, Tensor]]:
+        """Level ``level``'s ``ffn_context`` hook (see
+        :class:`~recurnmt.modules.layers.TransformerBlock`): ``(z', norm)`` -> the D part of
+        ``LN(Concat(z', E_l))`` and ``W_E`` times its D' part (B x T x F)."""
+        e = F.pad(contexts[level], (0, 0, prefix, 0))  # B x T x D', zero at the class token
+        ctx_norm = self.norms[self.norm_of_level[level]]
+        proj = self.projs[self.proj_of_level[level]]
+
+        def joint(x: Tensor, norm: nn.Module) -> tuple[Tensor, Tensor]:
+            if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
+                raise ValueError("feature reuse needs affine LayerNorms before the FFN")
+            d = x.size(-1)
+            u = torch.cat([x, e.to(x.dtype)], dim=-1)  # B x T x (D + D')
+            weight = torch.cat([norm.weight, ctx_norm.weight])
+            bias = torch.cat([norm.bias, ctx_norm.bias])
+            u = F.layer_norm(u, (u.size(-1),), weight, bias, norm.eps)
+            h, c = u.split([d, u.size(-1) - d], dim=-1)
+            return h, proj(c)
+
+        return joint
+
+
+class RelationReuse(nn.Module):
+    """``r_l(A^up)`` for every downstream level at once (DVT eq. 8-9, Fig. 4).
+
+    A position-wise MLP over the stacked upstream logits (channels = upstream heads x levels)
+    with one hidden layer shared by all levels (``hidden_ratio`` x downstream heads x levels)
+    and each level's H output channels, then the row/column upsampling of Fig. 5.
+
+    Args:
+        upstream_maps: N^Att_up, the upstream heads x levels.
+        num_heads: downstream heads H.
+        num_levels: downstream levels L.
+        hidden_ratio: hidden width as a multiple of H L (3 in the paper).
+    """
+
+    def __init__(
+        self, upstream_maps: int, num_heads: int, num_levels: int, hidden_ratio: int = 3
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_levels = num_heads, num_levels
+        maps = num_heads * num_levels
+        self.fc1 = nn.Linear(upstream_maps, hidden_ratio * maps)
+        self.fc2 = nn.Linear(hidden_ratio * maps, maps)
+        for m in (self.fc1, self.fc2):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            nn.init.zeros_(m.bias)
+
+    def hidden(self, logits: Tensor) -> Tensor:
+        """Upstream logits B x M_up x T_up x T_up -> hidden B x T_up x T_up x 3HL."""
+        return F.gelu(self.fc1(logits.permute(0, 2, 3, 1)))
+
+    def bias(
+        self, hidden: Tensor, level: int, grid_in: Grid, grid_out: Grid, prefix: int, mode: str
+    ) -> Tensor:
+        """Level ``level``'s additive logits B x H x T x T on the downstream grid."""
+        rows = slice(level * self.num_heads, (level + 1) * self.num_heads)
+        a = F.linear(hidden, self.fc2.weight[rows], self.fc2.bias[rows])  # B x T_up x T_up x H
+        return upsample_relations(a.permute(0, 3, 1, 2), grid_in, grid_out, prefix, mode)
+
+
+@dataclass
+class Upstream:
+    """What a stage hands to the next one: its final tokens and its attention logits."""
+
+    tokens: Tensor | None  # B x T x D
+    logits: Tensor | None  # B x HL x T x T
+    grid: Grid
+
+    def select(self, index: Tensor) -> Upstream:
+        """The state of the samples at ``index`` (early exit keeps only the active ones)."""
+        pick = lambda t: None if t is None else t[index]  # noqa: E731
+        return Upstream(pick(self.tokens), pick(self.logits), self.grid)
+
+
+class DVTCascade(nn.Module):
+    """K vision transformers on increasing token grids with early exits (DVT sec. 3).
+
+    ``forward`` returns the last exit's logits (the full cascade); :meth:`forward_exits`
+    returns every exit's (training, eq. 1); :meth:`early_exit` runs the cascade adaptively
+    (sec. 3.3).
+
+    Args:
+        stages: the K backbones, from the coarsest grid to the finest; each classifies.
+        grids: the token grid (rows, cols) of each stage; stage k sees the image resized to
+            ``grid * patch_size``.
+        feature_reuse: add :class:`FeatureReuse` to every stage after the first.
+        relation_reuse: add :class:`RelationReuse` to every stage after the first.
+        context_dim: D' of feature reuse (48 in the paper).
+        context_hidden_dim: hidden width of ``f_l`` (128 in the paper).
+        relation_hidden_ratio: hidden width of ``r`` in units of H L (3 in the paper).
+        upsample_mode: ``F.interpolate`` mode of both reuse mechanisms.
+        img_size: the nominal input resolution (what data pipelines should produce).
+
+    Raises:
+        ValueError: fewer than two stages, grids that do not grow, a stage that is not a
+            class-token ViT, or feature reuse on a backbone without FFN.
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[VisionTransformer],
+        grids: Sequence[int | Grid],
+        *,
+        feature_reuse: bool = True,
+        relation_reuse: bool = True,
+        context_dim: int = 48,
+        context_hidden_dim: int = 128,
+        relation_hidden_ratio: int = 3,
+        upsample_mode: str = "bilinear",
+        img_size: int | Grid = 224,
+    ) -> None:
+        super().__init__()
+        grids = tuple(to_2tuple(g) for g in grids)
+        check_grids(grids)
+        if len(stages) != len(grids):
+            raise ValueError(f"grids={grids} gives {len(grids)} grids for {len(stages)} stages")
+        for k, s in enumerate(stages):
+            if not isinstance(s, VisionTransformer):
+                raise ValueError(f"stage {k} is a {type(s).__name__}; DVT needs ViT backbones")
+        classes = {s.num_classes for s in stages}
+        if len(classes) != 1:
+            raise ValueError(f"the stages have different numbers of classes: {sorted(classes)}")
+        self.stages = nn.ModuleList(stages)
+        self.grids = grids
+        self.upsample_mode = upsample_mode
+        self.img_size = to_2tuple(img_size)
+        self.num_classes = stages[-1].num_classes
+        self.num_features = self.embed_dim = stages[-1].num_features
+        self.in_chans = stages[-1].in_chans
+        self.feature_reuse = nn.ModuleList()
+        self.relation_reuse = nn.ModuleList()
+        for up, down in zip(stages[:-1], stages[1:], strict=True):
+            cfg, plan = down.stack.cfg, down.stack.plan
+            if feature_reuse:
+                if cfg.ffn_sharing == "none":
+                    raise ValueError("feature_reuse=True needs backbones with an FFN")
+                self.feature_reuse.append(
+                    FeatureReuse(
+                        up.num_features,
+                        down.num_features,
+                        cfg.ffn_dim,
+                        plan.block_of_level,
+                        norms_per_level=cfg.norms_per_level,
+                        shared_ffn=cfg.ffn_sharing == "shared",
+                        hidden_dim=context_hidden_dim,
+                        context_dim=context_dim,
+                        norm_eps=cfg.norm_eps,
+                    )
+                )
+            else:
+                self.feature_reuse.append(nn.Identity())
+            if relation_reuse:
+                up_maps = up.stack.cfg.num_heads * up.stack.cfg.num_levels
+                self.relation_reuse.append(
+                    RelationReuse(up_maps, cfg.num_heads, cfg.num_levels, relation_hidden_ratio)
+                )
+            else:
+                self.relation_reuse.append(nn.Identity())
+
+    @property
+    def num_exits(self) -> int:
+        return len(self.stages)
+
+    def no_weight_decay(self) -> set[str]:
+        """The backbones' exemptions, prefixed with their stage."""
+        return {
+            f"stages.{k}.{name}" for k, s in enumerate(self.stages) for name in s.no_weight_decay()
+        }
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Fresh heads of ``num_classes`` outputs at every exit."""
+        for s in self.stages:
+            s.reset_classifier(num_classes)
+        self.num_classes = num_classes
+
+    def set_img_size(self, img_size: int | Grid) -> None:
+        """A new nominal input size; the stages keep their token grids."""
+        self.img_size = to_2tuple(img_size)
+
+    def stage_input(self, k: int, images: Tensor) -> Tensor:
+        """Images B x C x H x W resized to stage k's ``grid * patch`` (no-op when equal)."""
+        p = self.stages[k].patch_embed.patch_size
+        size = (self.grids[k][0] * p[0], self.grids[k][1] * p[1])
+        if tuple(images.shape[-2:]) == size:
+            return images
+        return F.interpolate(
+            images, size=size, mode="bilinear", align_corners=False, antialias=True
+        )
+
+    def _level_kwargs(
+        self, k: int, up: Upstream | None, want_logits: list[Tensor] | None
+    ) -> Callable[[int], dict] | None:
+        """Stage k's per-level block arguments: reuse terms from ``up``, logit capture."""
+        fr = self.feature_reuse[k - 1] if k > 0 and up is not None else None
+        rr = self.relation_reuse[k - 1] if k > 0 and up is not None else None
+        fr = fr if isinstance(fr, FeatureReuse) else None
+        rr = rr if isinstance(rr, RelationReuse) else None
+        if fr is None and rr is None and want_logits is None:
+            return None
+        prefix = self.stages[k].num_prefix_tokens
+        grid_in, grid_out, mode = up.grid if up else None, self.grids[k], self.upsample_mode
+        contexts = fr.contexts(up.tokens, grid_in, grid_out, prefix, mode) if fr else None
+        hidden = rr.hidden(up.logits) if rr else None
+
+        def kwargs(level: int) -> dict:
+            out = {}
+            if contexts is not None:
+                out["ffn_context"] = fr.ffn_context(contexts, level, prefix)
+            if hidden is not None:
+                out["attn_bias"] = rr.bias(hidden, level, grid_in, grid_out, prefix, mode)
+            if want_logits is not None:
+                out["attn_logits"] = want_logits
+            return out
+
+        return kwargs
+
+    def run_stage(
+        self, k: int, images: Tensor, up: Upstream | None, keep: bool
+    ) -> tuple[Tensor, Upstream | None]:
+        """Stage k on ``images`` with reuse from ``up``; returns its logits (B x C) and,
+        when ``keep``, what the next stage reuses."""
+        stage = self.stages[k]
+        needs_logits = keep and isinstance(self.relation_reuse[k], RelationReuse)
+        needs_tokens = keep and isinstance(self.feature_reuse[k], FeatureReuse)
+        logits: list[Tensor] | None = [] if needs_logits else None
+        level_kwargs = self._level_kwargs(k, up, logits)
+        extra = {} if level_kwargs is None else {"level_kwargs": level_kwargs}
+        tokens = stage.forward_features(self.stage_input(k, images), **extra)  # B x T x D
+        out = stage.forward_head(tokens)
+        if not keep:
+            return out, None
+        maps = torch.cat(logits, dim=1) if needs_logits else None  # B x HL x T x T
+        return out, Upstream(tokens if needs_tokens else None, maps, self.grids[k])
+
+    def forward_exits(self, x: Tensor, num_exits: int | None = None) -> list[Tensor]:
+        """Logits of the first ``num_exits`` exits (all by default), each B x C (eq. 1)."""
+        n = self.num_exits if num_exits is None else num_exits
+        if not 1 <= n <= self.num_exits:
+            raise ValueError(f"num_exits={n}; the cascade has {self.num_exits} exits")
+        outs, up = [], None
+        for k in range(n):
+            out, up = self.run_stage(k, x, up, keep=k + 1 < n)
+            outs.append(out)
+        return outs
+
+    def forward_features(self, x: Tensor, shallow: bool = False) -> Tensor:
+        """Final tokens of the last stage, B x T x D, after running the whole cascade."""
+        _check_shallow(shallow)
+        up = None
+        for k in range(self.num_exits - 1):
+            _, up = self.run_stage(k, x, up, keep=True)
+        k = self.num_exits - 1
+        level_kwargs = self._level_kwargs(k, up, None)
+        extra = {} if level_kwargs is None else {"level_kwargs": level_kwargs}
+        return self.stages[k].forward_features(self.stage_input(k, x), **extra)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """The last exit's head on its tokens."""
+        return self.stages[-1].forward_head(x, pre_logits)
+
+    def forward(self, x: Tensor, shallow: bool = False) -> Tensor:
+        """The last exit's logits B x C (the full cascade)."""
+        _check_shallow(shallow)
+        return self.forward_exits(x)[-1]
+
+    @torch.no_grad()
+    def early_exit(self, x: Tensor, thresholds: Sequence[float] | Tensor) -> tuple[Tensor, Tensor]:
+        """Confidence-based adaptive inference (DVT sec. 3.3).
+
+        A sample leaves at the first exit k < K whose largest softmax probability reaches
+        ``thresholds[k]``; the last exit takes the rest (its threshold is 0). Each stage runs
+        only on the samples still active.
+
+        Args:
+            x: images B x C x H x W.
+            thresholds: K - 1 confidences eta_1 .. eta_{K-1}.
+
+        Returns:
+            Logits B x C (of each sample's exit) and the exit index of each sample (B,).
+        """
+        thresholds = check_thresholds(thresholds, self.num_exits)
+        b = x.size(0)
+        logits: Tensor | None = None
+        exit_at = torch.full((b,), self.num_exits - 1, dtype=torch.long, device=x.device)
+        active = torch.arange(b, device=x.device)
+        up = None
+        for k in range(self.num_exits):
+            last = k == self.num_exits - 1
+            out, up = self.run_stage(k, x[active], up, keep=not last)
+            if logits is None:
+                logits = out.new_zeros(b, out.size(1))
+            if last:
+                logits[active] = out
+                break
+            done = out.float().softmax(-1).amax(-1) >= thresholds[k]  # B_active
+            logits[active[done]] = out[done]
+            exit_at[active[done]] = k
+            stay = (~done).nonzero().squeeze(1)
+            active, up = active[stay], up.select(stay)
+            if active.numel() == 0:
+                break
+        return logits, exit_at
+
+
+class AllExits(nn.Module):
+    """Training view of a cascade: every exit's logits (a tuple) in training, whose losses
+    the criterion sums (DVT eq. 1); the last exit's logits in evaluation."""
+
+    def __init__(self, module: DVTCascade) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
+        if not self.training:
+            return self.module(x)
+        return tuple(self.module.forward_exits(x))
+
+
+def check_grids(grids: Sequence[Grid]) -> None:
+    """Raises ValueError unless there are >= 2 grids growing in tokens, never shrinking."""
+    if len(grids) < 2:
+        raise ValueError(f"grids={tuple(grids)}: a cascade needs at least two token grids")
+    for a, b in zip(grids[:-1], grids[1:], strict=True):
+        if b[0] < a[0] or b[1] < a[1] or b[0] * b[1] <= a[0] * a[1]:
+            raise ValueError(
+                f"grids={tuple(grids)} must grow from stage to stage ({a} -> {b} does not)"
+            )
+
+
+def check_thresholds(thresholds: Sequence[float] | Tensor, num_exits: int) -> Tensor:
+    """Thresholds as a float tensor of K - 1 values, or ValueError naming the count."""
+    t = torch.as_tensor(thresholds, dtype=torch.float32).flatten()
+    if t.numel() != num_exits - 1:
+        raise ValueError(
+            f"thresholds: {t.numel()} given, a cascade of {num_exits} exits needs "
+            f"{num_exits - 1} (the last exit takes every remaining sample)"
+        )
+    return t
+
+
+def _check_shallow(shallow: bool) -> None:
+    if shallow:
+        raise ValueError(
+            "shallow=True (SReT mixed depth) is not supported by DVT cascades, which train "
+            "every exit instead (DVT eq. 1)"
+        )
+
+
+_CASCADE_KEYS = (
+    "feature_reuse",
+    "relation_reuse",
+    "context_dim",
+    "context_hidden_dim",
+    "relation_hidden_ratio",
+    "upsample_mode",
+)
+
+
+def _create_dvt(defaults: dict, kwargs: dict) -> DVTCascade:
+    """Builds a cascade of ``backbone`` models; keys not of the cascade go to every backbone.
+
+    ``img_size`` is the cascade's nominal input size; each backbone is built at its own
+    ``grid * patch_size``.
+    """
+    args = {**defaults, **kwargs}
+    backbone = args.pop("backbone")
+    grids = tuple(to_2tuple(g) for g in args.pop("grids"))
+    check_grids(grids)
+    img_size = args.pop("img_size", 224)
+    cascade = {k: args.pop(k) for k in _CASCADE_KEYS if k in args}
+    try:
+        with torch.device("meta"):  # shapes only: read the backbone's patch size
+            probe = create_model(backbone, **args)
+    except KeyError as err:
+        raise ValueError(f"backbone={backbone!r} is not a registered vision model") from err
+    if not isinstance(probe, VisionTransformer):
+        raise ValueError(
+            f"backbone={backbone!r} builds a {type(probe).__name__}; DVT needs a "
+            "VisionTransformer family model (DeiT, recursive DeiT, RingFormer-ViT, UiT, OWF)"
+        )
+    if probe.num_prefix_tokens != 1:
+        raise ValueError(f"backbone={backbone!r} has no class token; DVT needs one")
+    p = probe.patch_embed.patch_size
+    stages = [
+        create_model(backbone, **{**args, "img_size": (g[0] * p[0], g[1] * p[1])}) for g in grids
+    ]
+    return DVTCascade(stages, grids, img_size=img_size, **cascade)
+
+
+# ---------------------------------------------------------------- entry points
+
+
+@register_model
+def dvt_deit_small_patch16_224(**kwargs) -> DVTCascade:
+    """DVT on DeiT-S (DVT sec. 4, Table 4, Fig. 7): 7x7 -> 10x10 -> 14x14 tokens.
+
+    Three DeiT-S (22.05M at 14x14; the coarser stages have smaller position tables) plus
+    feature reuse (2 x 12 x (f_l + LN + 48 x 1536 columns) = 3.12M) and relationship reuse
+    (2 x MLP 72 -> 216 -> 72 = 0.06M): 69.24M, 66.06M without reuse. ``backbone=`` swaps
+    the backbone, e.g. ``"deit_tiny_recursive_patch16_224"`` or ``"uit_small_patch16_224"``.
+    """
+    return _create_dvt(
+        dict(backbone="deit_small_patch16_224", grids=((7, 7), (10, 10), (14, 14))), kwargs
+    )
+
+
+@register_model
+def dvt_ringformer_vit_small_patch16_224(**kwargs) -> DVTCascade:
+    """DVT on RingFormer-ViT (RingFormer Table 2: one 512/2048 block over 6 levels, 8 heads).
+
+    Three weight-shared backbones on 7x7 / 10x10 / 14x14 tokens; the context columns of
+    feature reuse are shared as the block is, ``f_l`` and the context LNs are per level.
+    """
+    return _create_dvt(
+        dict(backbone="ringformer_vit_small_patch16_224", grids=((7, 7), (10, 10), (14, 14))),
+        kwargs,
+    )
+
+
+@register_model
+def dvt_vit_mini_patch2(**kwargs) -> DVTCascade:
+    """A CPU-sized DVT on the 64-wide mini ViT (depth 4): 4x4 -> 6x6 -> 8x8 tokens of 2 x 2
+    patches, i.e. 16 x 16 digits seen at 8, 12 and 16 pixels."""
+    return _create_dvt(
+        dict(
+            backbone="vit_mini_patch4",
+            patch_size=2,
+            depth=4,
+            grids=((4, 4), (6, 6), (8, 8)),
+            img_size=16,
+        ),
+        kwargs,
+    )
+
+
+@register_model
+def dvt_ringformer_vit_mini_patch2(**kwargs) -> DVTCascade:
+    """A CPU-sized DVT on the mini RingFormer-ViT (one 64-wide block, 6 levels):
+    4x4 -> 6x6 -> 8x8 tokens of 2 x 2 patches (16 x 16 digits at 8, 12, 16 pixels)."""
+    return _create_dvt(
+        dict(
+            backbone="ringformer_vit_mini_patch4",
+            patch_size=2,
+            grids=((4, 4), (6, 6), (8, 8)),
+            img_size=16,
+        ),
+        kwargs,
+    )
