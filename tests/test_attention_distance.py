@@ -1,0 +1,151 @@
+"""Recorded attention probabilities and mean attention distance (RingFormer Fig. 3, ViT D.7)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from recurnmt.analysis.attention_distance import (
+    main,
+    mean_attention_distance,
+    model_attention_distance,
+    patch_distances,
+)
+from recurnmt.analysis.attention_recorder import AttentionRecorder, attention_probs
+from recurnmt.modules.attention import SelfAttention, _merge_heads, _split_heads
+from recurnmt.vision.registry import create_model
+
+# ------------------------------------------------------------------ recorded probabilities
+
+
+def _outputs_from_probs(attn: SelfAttention, x: torch.Tensor, probs: torch.Tensor, **kw):
+    v = _split_heads(attn.project(x, kw.get("qkv_delta")).chunk(3, dim=-1)[2], attn.num_heads)
+    return attn.out_proj(_merge_heads(probs @ v))
+
+
+@pytest.mark.parametrize(
+    "case", ["plain", "padding", "causal", "causal_padding", "qkv_delta", "qkv_input_delta"]
+)
+def test_recorded_probabilities_reproduce_the_sdpa_output(case):
+    attn = SelfAttention(16, 4).eval()
+    x = torch.randn(3, 7, 16)
+    kw: dict = {}
+    if "padding" in case:
+        pad = torch.zeros(3, 7, dtype=torch.bool)
+        pad[1, :2] = True  # left padding
+        pad[2, 5:] = True
+        kw["key_padding_mask"] = pad
+    if "causal" in case:
+        kw["causal"] = True
+    if case == "qkv_delta":
+        kw["qkv_delta"] = torch.randn(3, 7, 48)
+    with AttentionRecorder(attn) as rec:
+        if case == "qkv_input_delta":
+            kw["qkv_input_delta"] = torch.randn(3, 7, 3, 16)
+        out = attn(x, **kw)
+    (probs,) = rec.probs
+    assert probs.shape == (3, 4, 7, 7)
+    assert torch.allclose(probs.sum(-1), torch.ones(3, 4, 7))
+    if case == "qkv_input_delta":
+        c = 16
+        w = attn.qkv_proj.weight.view(3, c, c)
+        delta = torch.einsum("btjc,jdc->btjd", kw["qkv_input_delta"], w).flatten(2)
+        recomputed = _outputs_from_probs(attn, x, probs, qkv_delta=delta)
+    else:
+        recomputed = _outputs_from_probs(attn, x, probs, **kw)
+    if "padding" in case:  # rows of padding queries are unused
+        keep = ~kw["key_padding_mask"]
+        out, recomputed = out[keep], recomputed[keep]
+    assert torch.allclose(out, recomputed, atol=1e-5)
+    if "causal" in case:
+        assert probs[0].triu(1).abs().max() == 0
+
+
+def test_recorder_sees_every_level_of_a_shared_stack_and_detaches():
+    model = create_model("ringformer_vit_mini_patch4", img_size=16, in_chans=1, num_levels=4)
+    for name, p in model.named_parameters():
+        if "signal" in name:
+            torch.nn.init.normal_(p, std=0.2)  # levels differ, as after training
+    model.eval()
+    seen = []
+    hook = model.stack.blocks[0].self_attn.register_forward_hook(
+        lambda m, args, kwargs, out: seen.append((args[0], kwargs, out)), with_kwargs=True
+    )
+    x = torch.randn(2, 1, 16, 16)
+    with AttentionRecorder(model) as rec:
+        model(x)
+    hook.remove()
+    assert rec.calls == 4 and len(rec.probs) == 4
+    for probs, (h, kwargs, out) in zip(rec.probs, seen, strict=True):
+        kw = {k: v for k, v in kwargs.items() if k == "qkv_delta"}
+        assert torch.allclose(
+            _outputs_from_probs(model.stack.blocks[0].self_attn, h, probs, **kw), out, atol=1e-5
+        )
+    assert not torch.allclose(rec.probs[0], rec.probs[3])
+    # closed: no hooks remain
+    model(x)
+    assert rec.calls == 4
+
+
+def test_recorder_refuses_what_it_cannot_recompute():
+    attn = SelfAttention(8, 2)
+    x = torch.randn(1, 4, 8)
+    with pytest.raises(ValueError, match="cache"):
+        attention_probs(attn, x, cache={})
+    with pytest.raises(ValueError, match="sliced"):
+        attention_probs(attn, x, groups=2)
+    with pytest.raises(ValueError, match="attn_bias"):
+        attention_probs(attn, x, attn_bias=torch.zeros(1))
+
+
+# ------------------------------------------------------------------- mean attention distance
+
+
+def test_uniform_attention_on_a_known_grid_has_the_analytic_distance():
+    # 2 x 2 patches of 4 pixels: from each patch, distances 0, 4, 4, 4 sqrt(2)
+    dist = patch_distances((2, 2), (4, 4))
+    probs = torch.full((1, 1, 5, 5), 0.2)  # class token + 4 patches, uniform
+    expected = (0 + 4 + 4 + 4 * math.sqrt(2)) / 4
+    assert mean_attention_distance(probs, dist).item() == pytest.approx(expected)
+    # without renormalising, the class token's fifth counts as distance 0
+    raw = mean_attention_distance(probs, dist, renormalize=False).item()
+    assert raw == pytest.approx(0.2 * 4 * expected)
+    # a 1 x 3 grid of 2 x 3 patches: column distances 0, 3, 6 pixels; mean over pairs 8/9 * 3
+    probs = torch.full((2, 3, 3, 3), 1 / 3)
+    mad = mean_attention_distance(probs, patch_distances((1, 3), (2, 3)), num_prefix_tokens=0)
+    assert torch.allclose(mad, torch.full((2, 3), 8 / 3, dtype=torch.float64))
+
+
+def test_attention_to_self_has_distance_zero():
+    probs = torch.eye(10)[1:, 1:][None, None].expand(2, 3, 9, 9)  # 3 x 3 patches, no cls here
+    mad = mean_attention_distance(probs, patch_distances((3, 3), (16, 16)), num_prefix_tokens=0)
+    assert mad.abs().max() == 0
+
+
+def test_model_distance_per_level_and_head():
+    model = create_model("vit_mini_patch4", img_size=16, in_chans=1, num_classes=10)
+    images = [torch.rand(3, 1, 16, 16), torch.rand(2, 1, 16, 16)]
+    mad = model_attention_distance(model, images, progress=False)
+    assert mad.shape == (6, 4)
+    diameter = patch_distances((4, 4), (4, 4)).max().item()
+    assert bool((mad > 0).all()) and bool((mad < diameter).all())
+
+
+def test_sret_is_refused_with_a_reason():
+    model = create_model("sret_mini", img_size=32, num_classes=10)
+    with pytest.raises(ValueError, match="SReT"):
+        model_attention_distance(model, [torch.rand(1, 3, 32, 32)], progress=False)
+
+
+@pytest.mark.e2e
+def test_cli_draws_figure_3_panels(tmp_path, capsys):
+    out = tmp_path / "mad.png"
+    report = main(
+        ["--model", "vit_mini_patch4", "ringformer_vit_mini_patch4", "--num-images", "8"]
+        + ["--no-progress", "-o", str(out), "--json", str(tmp_path / "mad.json")]
+    )
+    assert out.stat().st_size > 10_000 and (tmp_path / "mad.json").exists()
+    assert [len(v) for v in report.values()] == [6, 6]
+    assert "distance" in capsys.readouterr().out
