@@ -26,7 +26,8 @@ def _outputs_from_probs(attn: SelfAttention, x: torch.Tensor, probs: torch.Tenso
 
 
 @pytest.mark.parametrize(
-    "case", ["plain", "padding", "causal", "causal_padding", "qkv_delta", "qkv_input_delta"]
+    "case",
+    ["plain", "padding", "causal", "causal_padding", "qkv_delta", "qkv_input_delta", "bias"],
 )
 def test_recorded_probabilities_reproduce_the_sdpa_output(case):
     attn = SelfAttention(16, 4).eval()
@@ -39,6 +40,8 @@ def test_recorded_probabilities_reproduce_the_sdpa_output(case):
         kw["key_padding_mask"] = pad
     if "causal" in case:
         kw["causal"] = True
+    if case == "bias":
+        kw["attn_bias"] = torch.randn(3, 4, 7, 7)
     if case == "qkv_delta":
         kw["qkv_delta"] = torch.randn(3, 7, 48)
     with AttentionRecorder(attn) as rec:
@@ -96,8 +99,8 @@ def test_recorder_refuses_what_it_cannot_recompute():
         attention_probs(attn, x, cache={})
     with pytest.raises(ValueError, match="sliced"):
         attention_probs(attn, x, groups=2)
-    with pytest.raises(ValueError, match="attn_bias"):
-        attention_probs(attn, x, attn_bias=torch.zeros(1))
+    with pytest.raises(ValueError, match="attn_future"):
+        attention_probs(attn, x, attn_future=torch.zeros(1))
 
 
 # ------------------------------------------------------------------- mean attention distance

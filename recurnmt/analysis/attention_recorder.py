@@ -42,6 +42,8 @@ _KNOWN = {
     "cache_key",
     "groups",
     "permute",
+    "attn_bias",
+    "logits_out",  # an output list; the recorder leaves it to the real call
 }
 
 
@@ -70,6 +72,8 @@ def attention_probs(module: SelfAttention, x: Tensor, **kwargs: Any) -> Tensor:
     causal = bool(kwargs.get("causal", False))
     mask = attention_mask(kwargs.get("key_padding_mask"), causal and t > 1, t, s, x.device)
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))  # B x H x T x S
+    if kwargs.get("attn_bias") is not None:  # additive logits (DVT relationship reuse)
+        scores = scores + kwargs["attn_bias"].to(scores.dtype)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return scores.softmax(dim=-1)
