@@ -1,0 +1,284 @@
+"""Speed and memory of recurnmt's image models against PyTorch's own Transformer encoder.
+
+The reference, ``torch_vit``, is a ViT assembled from ``torch.nn.TransformerEncoder`` (pre-LN,
+GELU, batch first): the same patch embedding, class token, position table and head as ours,
+but PyTorch's attention and layer code, so it measures our blocks against an independent
+implementation. Every model has the same width, FFN width, heads and number of levels (SReT-
+style naive recursion runs levels/2 blocks twice; One Wide FFN shares one FFN), sees the same
+real images (scikit-learn's handwritten digits, upsampled) and runs in a fresh process so that
+peak memory is its own. The table reports absolute figures and ratios to ``torch_vit``:
+
+* training images per second (forward + backward + AdamW step);
+* inference images per second (``torch.no_grad``, eval mode);
+* memory: on CUDA the peak ``max_memory_allocated`` of training; on CPU, where no allocator
+  keeps a peak, the activations one training forward saves for backward (unique storages,
+  counted with ``torch.autograd.graph.saved_tensors_hooks``), which is deterministic and is
+  what weight sharing and recursion change;
+* parameters.
+
+    python scripts/benchmark_vision.py                     # CPU-sized default
+    python scripts/benchmark_vision.py --device cuda --embed-dim 384 --heads 6 --levels 12 \\
+        --img-size 224 --patch-size 16 --batch-size 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+BASELINE = "torch_vit"
+# name -> (registered model, overrides beyond the shared widths; "L" stands for --levels)
+MODELS = {
+    "deit (ours)": ("deit_tiny_patch16_224", {"depth": "L"}),
+    "recursive deit": ("deit_tiny_recursive_patch16_224", {"depth": "L/2", "loops": 2}),
+    "ringformer_vit": ("ringformer_vit_base_patch16_224", {"num_levels": "L"}),
+    "uit": ("uit_base_patch16_224", {"num_levels": "L"}),
+    "owf_vit": ("owf_vit_base_patch16_224", {"depth": "L"}),
+    "deit + mrla": ("deit_tiny_mrla_patch16_224", {"depth": "L"}),
+}
+
+
+class TorchViT:
+    """Builds the reference ViT from ``torch.nn.TransformerEncoder`` (imported lazily)."""
+
+    @staticmethod
+    def build(opts: argparse.Namespace, num_classes: int):
+        import torch
+        from torch import nn
+
+        class Model(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                d, p = opts.embed_dim, opts.patch_size
+                self.patch = nn.Conv2d(3, d, p, stride=p)
+                tokens = (opts.img_size // p) ** 2 + 1
+                self.cls = nn.Parameter(torch.zeros(1, 1, d))
+                self.pos = nn.Parameter(torch.zeros(1, tokens, d))
+                layer = nn.TransformerEncoderLayer(
+                    d,
+                    opts.heads,
+                    opts.ffn_dim,
+                    dropout=0.0,
+                    activation="gelu",
+                    batch_first=True,
+                    norm_first=True,
+                    layer_norm_eps=1e-6,
+                )
+                self.encoder = nn.TransformerEncoder(layer, opts.levels, enable_nested_tensor=False)
+                self.norm = nn.LayerNorm(d, eps=1e-6)
+                self.head = nn.Linear(d, num_classes)
+
+            def forward(self, x):
+                x = self.patch(x).flatten(2).transpose(1, 2)  # B x N x D
+                x = torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1) + self.pos
+                return self.head(self.norm(self.encoder(x)[:, 0]))
+
+        return Model()
+
+
+def resolve(overrides: dict, levels: int) -> dict:
+    values = {"L": levels, "L/2": max(1, levels // 2)}
+    return {k: values.get(v, v) if isinstance(v, str) else v for k, v in overrides.items()}
+
+
+def build(name: str, opts: argparse.Namespace, num_classes: int):
+    if name == BASELINE:
+        return TorchViT.build(opts, num_classes)
+    from recurnmt.vision import create_model
+
+    registered, overrides = MODELS[name]
+    return create_model(
+        registered,
+        embed_dim=opts.embed_dim,
+        ffn_dim=opts.ffn_dim,
+        num_heads=opts.heads,
+        img_size=opts.img_size,
+        patch_size=opts.patch_size,
+        num_classes=num_classes,
+        drop_path_rate=0.0,
+        **resolve(overrides, opts.levels),
+    )
+
+
+def real_images(count: int, size: int):
+    """``count`` digits as count x 3 x size x size (repeated when count > 1,797) and labels."""
+    import torch
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    idx = torch.arange(count) % len(digits.target)
+    x = torch.tensor(digits.images, dtype=torch.float32)[idx, None] / 16.0  # B x 1 x 8 x 8
+    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    return (x.expand(-1, 3, -1, -1) - 0.5) / 0.5, torch.tensor(digits.target)[idx]
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def saved_activation_mb(model, x, y) -> float:
+    """MB of the distinct tensor storages one forward saves for backward."""
+    import torch
+    import torch.nn.functional as F
+
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(storages.values()) / 2**20
+
+
+def worker(opts: argparse.Namespace) -> dict:
+    """Benchmarks one model in this process; returns its figures."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(opts.seed)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    device = torch.device(opts.device)
+    model = build(opts.model, opts, num_classes=10).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    batches = opts.warmup + opts.steps
+    images, labels = real_images(batches * opts.batch_size, opts.img_size)
+    images, labels = images.split(opts.batch_size), labels.split(opts.batch_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(x, y) -> None:
+        loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    model.train()
+    for x, y in zip(images[: opts.warmup], labels[: opts.warmup], strict=True):
+        step(x, y)
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for x, y in zip(images[opts.warmup :], labels[opts.warmup :], strict=True):
+        step(x, y)
+    _sync(device)
+    train_time = time.perf_counter() - start
+    if device.type == "cuda":
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak_mb = saved_activation_mb(model, images[0].to(device), labels[0].to(device))
+    model.eval()
+    with torch.no_grad():
+        model(images[0].to(device))
+        _sync(device)
+        start = time.perf_counter()
+        for x in images[opts.warmup :]:
+            model(x.to(device))
+        _sync(device)
+    infer_time = time.perf_counter() - start
+    seen = opts.steps * opts.batch_size
+    return {
+        "model": opts.model,
+        "train_images_per_s": seen / train_time,
+        "infer_images_per_s": seen / infer_time,
+        "peak_mem_mb": peak_mb,
+        "params": params,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--embed-dim", type=int, default=192)
+    parser.add_argument("--ffn-dim", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=3)
+    parser.add_argument("--levels", type=int, default=6)
+    parser.add_argument("--img-size", type=int, default=64)
+    parser.add_argument("--patch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed updates")
+    parser.add_argument("--steps", type=int, default=10, help="timed updates (and batches)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json-out", type=Path, help="also write the results as JSON")
+    parser.add_argument("--model", help=argparse.SUPPRESS)  # worker mode
+    opts = parser.parse_args()
+
+    if opts.model:
+        print("RESULT " + json.dumps(worker(opts)), flush=True)
+        return
+    shared = [
+        f"--{k.replace('_', '-')}={getattr(opts, k)}"
+        for k in (
+            "device",
+            "embed_dim",
+            "ffn_dim",
+            "heads",
+            "levels",
+            "img_size",
+            "patch_size",
+            "batch_size",
+            "warmup",
+            "steps",
+            "threads",
+            "seed",
+        )
+    ]
+    results = []
+    for name in [BASELINE, *opts.models]:
+        print(f"benchmarking {name} ...", flush=True)
+        argv = [sys.executable, __file__, "--model", name, *shared]
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            sys.exit(f"{name} failed:\n{proc.stderr[-2000:]}")
+        results.append(json.loads(lines[-1][len("RESULT ") :]))
+    print_table(results, opts)
+    if opts.json_out:
+        opts.json_out.write_text(json.dumps(results, indent=2))
+
+
+def print_table(results: list[dict], opts: argparse.Namespace) -> None:
+    base = results[0]
+    print(
+        f"\nD={opts.embed_dim} FF={opts.ffn_dim} heads={opts.heads} levels={opts.levels} "
+        f"{opts.img_size}px/{opts.patch_size} batch={opts.batch_size} device={opts.device}; "
+        f"ratios are to `{BASELINE}` (torch.nn.TransformerEncoder)\n"
+    )
+    header = (
+        f"{'model':<18}{'train img/s':>12}{'ratio':>7}{'infer img/s':>12}{'ratio':>7}"
+        f"{'mem MB':>9}{'ratio':>7}{'params':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(
+            f"{r['model']:<18}{r['train_images_per_s']:>12.1f}"
+            f"{r['train_images_per_s'] / base['train_images_per_s']:>7.2f}"
+            f"{r['infer_images_per_s']:>12.1f}"
+            f"{r['infer_images_per_s'] / base['infer_images_per_s']:>7.2f}"
+            f"{r['peak_mem_mb']:>9.0f}{r['peak_mem_mb'] / max(base['peak_mem_mb'], 1e-9):>7.2f}"
+            f"{r['params'] / 1e6:>9.2f}M"
+        )
+
+
+if __name__ == "__main__":
+    main()

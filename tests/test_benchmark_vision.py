@@ -1,0 +1,47 @@
+"""scripts/benchmark_vision.py compares like with like (no timings are asserted here)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_vision.py"
+spec = importlib.util.spec_from_file_location("benchmark_vision", SCRIPT)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+OPTS = argparse.Namespace(
+    embed_dim=32, ffn_dim=64, heads=2, levels=6, img_size=16, patch_size=4, device="cpu"
+)
+
+
+def count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_reference_has_exactly_our_deit_parameters():
+    reference = bench.build(bench.BASELINE, OPTS, num_classes=10)
+    ours = bench.build("deit (ours)", OPTS, num_classes=10)
+    assert count(reference) == count(ours)
+
+
+@pytest.mark.parametrize("name", list(bench.MODELS))
+def test_every_model_runs_the_same_number_of_levels(name):
+    model = bench.build(name, OPTS, num_classes=10)
+    assert model.stack.cfg.num_levels == OPTS.levels
+    assert model.stack.cfg.embed_dim == OPTS.embed_dim
+    x, y = bench.real_images(3, OPTS.img_size)
+    assert x.shape == (3, 3, 16, 16) and y.tolist() == [0, 1, 2]
+    assert model(x).shape == (3, 10)
+
+
+def test_saved_activation_memory_is_deterministic_and_grows_with_batch():
+    model = bench.build("deit (ours)", OPTS, num_classes=10)
+    x, y = bench.real_images(8, OPTS.img_size)
+    small = bench.saved_activation_mb(model, x[:4], y[:4])
+    assert small == bench.saved_activation_mb(model, x[:4], y[:4])
+    assert bench.saved_activation_mb(model, x, y) > 1.5 * small
