@@ -8,8 +8,9 @@ figures and ratios to fairseq's ``transformer``:
 
 * training target tokens per second (forward + backward + Adam step);
 * generation sentences per second (beam search with the incremental decoder);
-* peak memory: CUDA ``max_memory_allocated``, or on CPU the growth of the process's peak
-  resident set during training;
+* memory: on CUDA the peak ``max_memory_allocated`` of training; on CPU, where no allocator
+  keeps a peak, the activations one training forward saves for backward
+  (:mod:`recurnmt.analysis.memory`), which is deterministic;
 * parameters (all) and P* (without embeddings and output projection).
 
     python scripts/benchmark_nmt.py                      # CPU-sized default
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -149,7 +149,6 @@ def worker(opts: argparse.Namespace) -> dict:
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     tokens, start = 0, time.perf_counter()
     for sample in train_batches[opts.warmup :]:
         tokens += step(sample)
@@ -158,7 +157,12 @@ def worker(opts: argparse.Namespace) -> dict:
     if device.type == "cuda":
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
     else:
-        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+        from recurnmt.analysis.memory import saved_for_backward_bytes
+
+        loss, saved = saved_for_backward_bytes(lambda: criterion(model, train_batches[-1])[0])
+        loss.backward()
+        optimizer.zero_grad(set_to_none=True)
+        peak_mb = saved / 2**20
 
     model.eval()
     sample = test_batches[0]
@@ -286,7 +290,7 @@ def print_table(results: list[dict], opts: argparse.Namespace) -> None:
     )
     header = (
         f"{'arch':<26}{'train tok/s':>12}{'ratio':>7}{'gen sent/s':>12}{'ratio':>7}"
-        f"{'peak MB':>9}{'ratio':>7}{'params':>10}{'P*':>10}{'ratio':>7}"
+        f"{'mem MB':>9}{'ratio':>7}{'params':>10}{'P*':>10}{'ratio':>7}"
     )
     print(header)
     print("-" * len(header))

@@ -129,22 +129,15 @@ def _sync(device) -> None:
 
 
 def saved_activation_mb(model, x, y) -> float:
-    """MB of the distinct tensor storages one forward saves for backward."""
-    import torch
+    """MB of the distinct tensor storages one training forward saves for backward."""
     import torch.nn.functional as F
 
-    storages: dict[int, int] = {}
+    from recurnmt.analysis.memory import saved_for_backward_bytes
 
-    def pack(t):
-        storage = t.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = F.cross_entropy(model(x), y)
+    loss, saved = saved_for_backward_bytes(lambda: F.cross_entropy(model(x), y))
     loss.backward()
     model.zero_grad(set_to_none=True)
-    return sum(storages.values()) / 2**20
+    return saved / 2**20
 
 
 def worker(opts: argparse.Namespace) -> dict:
