@@ -180,6 +180,7 @@ def plot(results: dict[str, Tensor], out: Path, title: str = "") -> Path:
         ax.set_xlabel("level (network depth)")
         ax.set_xticks(range(1, levels + 1))
         ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
     axes[0][0].set_ylabel("mean attention distance (pixels)")
     if max(m.shape[1] for m in results.values()) <= 16:
         axes[0][-1].legend(fontsize=6, loc="lower right")

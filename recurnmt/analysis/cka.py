@@ -336,7 +336,11 @@ def plot(
 
     cols = len(names)
     fig, axes = plt.subplots(
-        len(rows), cols, figsize=(3.6 * cols + 0.8, 3.4 * len(rows)), squeeze=False
+        len(rows),
+        cols,
+        figsize=(3.4 * cols + 1.0, 3.2 * len(rows) + 0.4),
+        squeeze=False,
+        constrained_layout=True,
     )
     image = None
     for r, (side, mats) in enumerate(rows.items()):
@@ -350,13 +354,13 @@ def plot(
                     ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color=colour)
             ax.set_xticks(range(m.shape[1]), [str(i + 1) for i in range(m.shape[1])])
             ax.set_yticks(range(m.shape[0]), [str(i + 1) for i in range(m.shape[0])])
-            ax.set_xlabel(f"{reference} layer")
-            ax.set_ylabel(f"{name} level")
-            ax.set_title(f"{side}: {name} vs {reference}", fontsize=9)
-    fig.suptitle(title or "Linear CKA between levels (RingFormer Fig. 2)")
-    fig.tight_layout()
+            ax.set_xlabel(f"{reference} layer", fontsize=8)
+            ax.set_ylabel(f"{side}: {name} level", fontsize=8)
+            if r == 0:
+                ax.set_title(f"{name} vs {reference}", fontsize=9)
     if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
+        fig.colorbar(image, ax=axes, shrink=0.8, label="linear CKA")
+    fig.suptitle(title or "Linear CKA between levels (RingFormer Fig. 2)")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
