@@ -161,8 +161,18 @@ def model_attention_distance(
 # -------------------------------------------------------------------------------- the figure
 
 
-def plot(results: dict[str, Tensor], out: Path, title: str = "") -> Path:
-    """RingFormer Fig. 3 layout: one panel per model, every head a point at its level."""
+def plot(
+    results: dict[str, Tensor],
+    out: Path,
+    title: str = "",
+    uniform: dict[str, float] | None = None,
+) -> Path:
+    """RingFormer Fig. 3 layout: one panel per model, every head a point at its level.
+
+    Args:
+        results: N_levels x H distances per model name.
+        uniform: per model, the distance of uniform attention over its grid, drawn dashed.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,6 +189,8 @@ def plot(results: dict[str, Tensor], out: Path, title: str = "") -> Path:
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("level (network depth)")
         ax.set_xticks(range(1, levels + 1))
+        if uniform and name in uniform:
+            ax.axhline(uniform[name], ls="--", lw=0.8, color="grey", label="uniform attention")
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     axes[0][0].set_ylabel("mean attention distance (pixels)")
@@ -269,6 +281,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[list[float]]]:
     spec = data_spec(args.data, args.data_root)
     size = (args.img_size, args.img_size) if args.img_size else spec.img_size
     results: dict[str, Tensor] = {}
+    uniform: dict[str, float] = {}
     for k, (s, is_ckpt) in enumerate(specs):
         name, model = _load(s, is_ckpt, spec.num_classes, size, spec.in_chans)
         label = args.labels[k] if args.labels else name
@@ -287,13 +300,16 @@ def main(argv: list[str] | None = None) -> dict[str, list[list[float]]]:
             model, images, not args.no_renormalize, not args.no_progress, total=len(loader)
         )
         results[label] = mad
+        grid = model.patch_embed.grid_size(tuple(model.img_size))
+        uniform[label] = patch_distances(grid, model.patch_embed.patch_size).mean().item()
         print(
             f"{label}: {len(pick)} images, {mad.shape[0]} levels x {mad.shape[1]} heads; "
-            f"distance {mad.min():.2f}-{mad.max():.2f} px"
+            f"distance {mad.min():.2f}-{mad.max():.2f} px "
+            f"(uniform attention over the {grid[0]}x{grid[1]} grid: {uniform[label]:.2f} px)"
         )
         for level, row in enumerate(mad.tolist(), start=1):
             print(f"  level {level:>2}: " + " ".join(f"{v:6.2f}" for v in row))
-    plot(results, args.out, args.title)
+    plot(results, args.out, args.title, uniform)
     print(args.out)
     report = {name: mad.tolist() for name, mad in results.items()}
     if args.json:
