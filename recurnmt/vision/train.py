@@ -48,6 +48,7 @@ from recurnmt.vision.engine import Precision, evaluate, train_one_epoch
 from recurnmt.vision.flops import count_parameters
 from recurnmt.vision.losses import ClassificationLoss
 from recurnmt.vision.mixed_depth import MixedDepth
+from recurnmt.vision.models.dvt import AllExits, DVTCascade
 from recurnmt.vision.optim import build_optimizer
 from recurnmt.vision.options import parse_args
 from recurnmt.vision.registry import create_model
@@ -223,6 +224,13 @@ def run(args: Namespace, info: DistInfo) -> dict:
         f"{info.world_size} process(es) on {info.device.type}; {steps} steps/epoch"
     )
     net = MixedDepth(model) if args.mixed_depth else model
+    if isinstance(model, DVTCascade):  # DVT eq. 1: the loss is summed over every exit
+        if args.mixed_depth:
+            raise SystemExit(
+                "--mixed-depth (SReT's shallow branch) does not apply to DVT cascades, "
+                "which train every exit instead"
+            )
+        net = AllExits(model)
     if info.distributed:
         # Grouped convolutions (SReT's conv pooling) have C x 1 x 3 x 3 kernels whose gradients
         # come with other, equivalent strides along the size-1 axis; DDP warns, harmlessly.
@@ -271,6 +279,10 @@ def run(args: Namespace, info: DistInfo) -> dict:
         if (epoch + 1) % args.eval_every == 0 or last:
             ev = evaluate(net, eval_loader, info, precision)
             record.update(top1=ev.top1, top5=ev.top5, eval_loss=ev.loss)
+            if isinstance(model, DVTCascade):
+                from recurnmt.vision.budget import evaluate_exits
+
+                record["exit_top1"] = evaluate_exits(model, eval_loader, info, precision)
             if writer is not None:
                 writer.add_scalar("eval/top1", ev.top1, epoch + 1)
                 writer.add_scalar("eval/top5", ev.top5, epoch + 1)
@@ -305,6 +317,8 @@ def run(args: Namespace, info: DistInfo) -> dict:
             acc = (
                 f" top1 {record['top1']:.2f} top5 {record['top5']:.2f}" if "top1" in record else ""
             )
+            if "exit_top1" in record:
+                acc += " exits " + "/".join(f"{a:.2f}" for a in record["exit_top1"])
             log(
                 f"epoch {epoch + 1}/{args.epochs} loss {result.loss:.4f}{acc} "
                 f"({record['seconds']:.1f}s)"

@@ -214,23 +214,24 @@ class RelationReuse(nn.Module):
         super().__init__()
         self.num_heads, self.num_levels = num_heads, num_levels
         maps = num_heads * num_levels
-        self.fc1 = nn.Linear(upstream_maps, hidden_ratio * maps)
-        self.fc2 = nn.Linear(hidden_ratio * maps, maps)
+        # 1 x 1 convolutions: a position-wise MLP on the channels-first maps (no transposes)
+        self.fc1 = nn.Conv2d(upstream_maps, hidden_ratio * maps, 1)
+        self.fc2 = nn.Conv2d(hidden_ratio * maps, maps, 1)
         for m in (self.fc1, self.fc2):
             nn.init.trunc_normal_(m.weight, std=0.02)
             nn.init.zeros_(m.bias)
 
     def hidden(self, logits: Tensor) -> Tensor:
-        """Upstream logits B x M_up x T_up x T_up -> hidden B x T_up x T_up x 3HL."""
-        return F.gelu(self.fc1(logits.permute(0, 2, 3, 1)))
+        """Upstream logits B x M_up x T_up x T_up -> hidden B x 3HL x T_up x T_up."""
+        return F.gelu(self.fc1(logits))
 
     def bias(
         self, hidden: Tensor, level: int, grid_in: Grid, grid_out: Grid, prefix: int, mode: str
     ) -> Tensor:
         """Level ``level``'s additive logits B x H x T x T on the downstream grid."""
         rows = slice(level * self.num_heads, (level + 1) * self.num_heads)
-        a = F.linear(hidden, self.fc2.weight[rows], self.fc2.bias[rows])  # B x T_up x T_up x H
-        return upsample_relations(a.permute(0, 3, 1, 2), grid_in, grid_out, prefix, mode)
+        a = F.conv2d(hidden, self.fc2.weight[rows], self.fc2.bias[rows])  # B x H x T_up x T_up
+        return upsample_relations(a, grid_in, grid_out, prefix, mode)
 
 
 @dataclass
@@ -548,6 +549,11 @@ def _create_dvt(defaults: dict, kwargs: dict) -> DVTCascade:
             probe = create_model(backbone, **args)
     except KeyError as err:
         raise ValueError(f"backbone={backbone!r} is not a registered vision model") from err
+    except TypeError as err:  # another family's builder refusing the ViT settings
+        raise ValueError(
+            f"backbone={backbone!r} cannot be built with {sorted(args)} ({err}); DVT needs a "
+            "VisionTransformer family model (DeiT, recursive DeiT, RingFormer-ViT, UiT, OWF)"
+        ) from err
     if not isinstance(probe, VisionTransformer):
         raise ValueError(
             f"backbone={backbone!r} builds a {type(probe).__name__}; DVT needs a "
