@@ -101,18 +101,20 @@ class CKAAccumulator:
             raise ValueError(f"{sides[0].size(1)} vs {sides[1].size(1)} examples")
         if sides[0].size(1) == 0:
             return
-        if not self._shift:
+        first = not self._shift
+        if first:
             self._shift = [s.mean(dim=1, keepdim=True).detach() for s in sides]
+        # products in one precision, at least float32 (half-precision models); sums in float64
+        dtype = torch.promote_types(torch.promote_types(*(s.dtype for s in sides)), torch.float32)
         centred = []
         for i, s in enumerate(sides):
-            s = s.detach() - self._shift[i]  # L x n x p
-            # products in the input precision, sums in float64
-            gram = (s.transpose(1, 2) @ s).double()  # L x p x p
-            if len(self._sum) < 2:
-                self._sum.append(s.sum(dim=1).double())
+            s = s.detach().to(dtype) - self._shift[i].to(dtype)  # L x n x p
+            total, gram = s.sum(dim=1).double(), (s.transpose(1, 2) @ s).double()  # L x p x p
+            if first:
+                self._sum.append(total)
                 self._gram.append(gram)
             else:
-                self._sum[i] += s.sum(dim=1).double()
+                self._sum[i] += total
                 self._gram[i] += gram
             centred.append(s)
         x, y = centred  # La x n x p, Lb x n x q
