@@ -19,13 +19,8 @@ from recurnmt.vision.budget import (
     solve_thresholds,
 )
 from recurnmt.vision.flops import count_parameters
-from recurnmt.vision.models.dvt import (
-    AllExits,
-    DVTCascade,
-    FeatureReuse,
-    RelationReuse,
-    upsample_relations,
-)
+from recurnmt.vision.layers.reuse import FeatureReuse, RelationReuse, upsample_relations
+from recurnmt.vision.models.dvt import AllExits, DVTCascade
 
 SMALL = dict(embed_dim=32, ffn_dim=64, num_heads=2, img_size=32, patch_size=8, num_classes=5)
 

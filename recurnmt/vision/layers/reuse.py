@@ -1,0 +1,200 @@
+"""DVT's reuse mechanisms (Wang et al. 2021, sec. 3.2): feature and relationship reuse.
+
+A downstream model of a DVT cascade reuses its upstream model's computation:
+
+* :class:`FeatureReuse` (eq. 4-5): context embeddings ``E_l = f_l(z^up)`` upsampled to the
+  downstream grid and concatenated to the FFN input of every downstream level;
+* :class:`RelationReuse` (eq. 8-9): an MLP over the upstream attention logits of all levels,
+  upsampled row- and column-wise (Fig. 5) and added to each downstream level's logits.
+
+Both hand each level of a :class:`~recurnmt.modules.RecurrentStack` its terms through the
+block hooks ``ffn_context`` and ``attn_bias``; the cascade is :mod:`recurnmt.vision.models.dvt`,
+which also lists the choices made where the paper is silent.
+
+Shape legend: B batch, T = 1 + N tokens with an N = h x w grid, D width, H heads, L levels,
+D' context width, F FFN width, M attention maps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+Grid = tuple[int, int]
+
+
+def upsample_tokens(x: Tensor, grid_in: Grid, grid_out: Grid, mode: str = "bilinear") -> Tensor:
+    """Patch tokens B x N_in x C on ``grid_in`` -> B x N_out x C on ``grid_out``."""
+    if tuple(grid_in) == tuple(grid_out):
+        return x
+    b, _, c = x.shape
+    x = x.transpose(1, 2).reshape(b, c, *grid_in)  # B x C x h x w
+    x = F.interpolate(x, size=grid_out, mode=mode, **_align(mode))
+    return x.flatten(2).transpose(1, 2)  # B x N_out x C
+
+
+def upsample_relations(
+    a: Tensor, grid_in: Grid, grid_out: Grid, prefix: int = 1, mode: str = "bilinear"
+) -> Tensor:
+    """Attention maps B x M x T_in x T_in -> B x M x T_out x T_out (DVT Fig. 5).
+
+    Rows (queries) and columns (keys) each index the token grid, so each is reshaped to the
+    grid, resized and flattened; a plain 2-D resize of the T x T map would mix tokens that are
+    not neighbours. The ``prefix`` (class-token) rows and columns are kept as they are.
+    """
+    if tuple(grid_in) == tuple(grid_out):
+        return a
+
+    def keys(m: Tensor) -> Tensor:
+        # B x M x R x T_in -> B x M x R x T_out, resizing the grid of the last axis
+        b, h, r, _ = m.shape
+        patches = m[..., prefix:].reshape(b, h * r, *grid_in)  # B x MR x h x w
+        patches = F.interpolate(patches, size=grid_out, mode=mode, **_align(mode))
+        return torch.cat([m[..., :prefix], patches.reshape(b, h, r, -1)], dim=-1)
+
+    a = keys(a)  # B x M x T_in x T_out
+    return keys(a.transpose(-1, -2)).transpose(-1, -2)  # B x M x T_out x T_out
+
+
+def _align(mode: str) -> dict:
+    return {"align_corners": False} if mode in ("bilinear", "bicubic") else {}
+
+
+class FeatureReuse(nn.Module):
+    """Context embeddings from the upstream model's tokens (DVT eq. 4-5).
+
+    ``E_l = f_l(z^up)`` with ``f_l = LN -> Linear(D_up, hidden) -> GELU -> Linear(hidden, D')``,
+    upsampled to the downstream grid. Level l of the downstream stack then runs its FFN on
+    ``LN(Concat(z'_l, E_l))`` (eq. 5): the context LN and the D' extra first-layer columns
+    ``W_E`` live here, the rest is the backbone's own norm and FFN.
+
+    Args:
+        upstream_dim: width of the upstream tokens D_up.
+        embed_dim: width of the downstream model (unused by the maths, kept for checks).
+        ffn_dim: FFN width F of the downstream model.
+        block_of_level: the downstream depth plan (level -> unique block).
+        norms_per_level: the downstream model owns norms per level (RingFormer), so the
+            context LN is per level too; else per unique block.
+        shared_ffn: the downstream blocks share one FFN (One Wide FFN): one set of columns.
+        hidden_dim: hidden width of ``f_l`` (128 in the paper).
+        context_dim: D' (48 in the paper).
+        norm_eps: LN epsilon.
+    """
+
+    def __init__(
+        self,
+        upstream_dim: int,
+        embed_dim: int,
+        ffn_dim: int,
+        block_of_level: Sequence[int],
+        *,
+        norms_per_level: bool = False,
+        shared_ffn: bool = False,
+        hidden_dim: int = 128,
+        context_dim: int = 48,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.block_of_level = tuple(block_of_level)
+        num_levels, num_blocks = len(self.block_of_level), max(self.block_of_level) + 1
+        self.embed_dim, self.context_dim = embed_dim, context_dim
+        self.f = nn.ModuleList(
+            nn.Sequential(
+                nn.LayerNorm(upstream_dim, eps=norm_eps),
+                nn.Linear(upstream_dim, hidden_dim),
+                nn.GELU(),
+                nn.Linear(hidden_dim, context_dim),
+            )
+            for _ in range(num_levels)
+        )
+        self.norm_of_level = tuple(range(num_levels)) if norms_per_level else self.block_of_level
+        self.proj_of_level = (0,) * num_levels if shared_ffn else self.block_of_level
+        self.norms = nn.ModuleList(
+            nn.LayerNorm(context_dim, eps=norm_eps) for _ in range(max(self.norm_of_level) + 1)
+        )
+        self.projs = nn.ModuleList(
+            nn.Linear(context_dim, ffn_dim, bias=False)
+            for _ in range(1 if shared_ffn else num_blocks)
+        )
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def contexts(
+        self, tokens: Tensor, grid_in: Grid, grid_out: Grid, prefix: int, mode: str
+    ) -> Tensor:
+        """Upstream tokens B x T_up x D_up -> contexts L x B x N x D' on the downstream grid."""
+        patches = tokens[:, prefix:]  # B x N_up x D_up
+        e = torch.stack([f(patches) for f in self.f])  # L x B x N_up x D'
+        num_levels, b, n, d = e.shape
+        e = e.transpose(0, 1).reshape(b, n, num_levels * d)  # B x N_up x LD'
+        e = upsample_tokens(e, grid_in, grid_out, mode)  # B x N x LD'
+        return e.unflatten(-1, (num_levels, d)).permute(2, 0, 1, 3)  # L x B x N x D'
+
+    def ffn_context(
+        self, contexts: Tensor, level: int, prefix: int
+    ) -> Callable[[Tensor, nn.Module], tuple[Tensor, Tensor]]:
+        """Level ``level``'s ``ffn_context`` hook (see
+        :class:`~recurnmt.modules.layers.TransformerBlock`): ``(z', norm)`` -> the D part of
+        ``LN(Concat(z', E_l))`` and ``W_E`` times its D' part (B x T x F)."""
+        e = F.pad(contexts[level], (0, 0, prefix, 0))  # B x T x D', zero at the class token
+        ctx_norm = self.norms[self.norm_of_level[level]]
+        proj = self.projs[self.proj_of_level[level]]
+
+        def joint(x: Tensor, norm: nn.Module) -> tuple[Tensor, Tensor]:
+            if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
+                raise ValueError("feature reuse needs affine LayerNorms before the FFN")
+            d = x.size(-1)
+            u = torch.cat([x, e.to(x.dtype)], dim=-1)  # B x T x (D + D')
+            weight = torch.cat([norm.weight, ctx_norm.weight])
+            bias = torch.cat([norm.bias, ctx_norm.bias])
+            u = F.layer_norm(u, (u.size(-1),), weight, bias, norm.eps)
+            h, c = u.split([d, u.size(-1) - d], dim=-1)
+            return h, proj(c)
+
+        return joint
+
+
+class RelationReuse(nn.Module):
+    """``r_l(A^up)`` for every downstream level at once (DVT eq. 8-9, Fig. 4).
+
+    A position-wise MLP over the stacked upstream logits (channels = upstream heads x levels)
+    with one hidden layer shared by all levels (``hidden_ratio`` x downstream heads x levels)
+    and each level's H output channels, then the row/column upsampling of Fig. 5.
+
+    Args:
+        upstream_maps: N^Att_up, the upstream heads x levels.
+        num_heads: downstream heads H.
+        num_levels: downstream levels L.
+        hidden_ratio: hidden width as a multiple of H L (3 in the paper).
+    """
+
+    def __init__(
+        self, upstream_maps: int, num_heads: int, num_levels: int, hidden_ratio: int = 3
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_levels = num_heads, num_levels
+        maps = num_heads * num_levels
+        # 1 x 1 convolutions: a position-wise MLP on the channels-first maps (no transposes)
+        self.fc1 = nn.Conv2d(upstream_maps, hidden_ratio * maps, 1)
+        self.fc2 = nn.Conv2d(hidden_ratio * maps, maps, 1)
+        for m in (self.fc1, self.fc2):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            nn.init.zeros_(m.bias)
+
+    def hidden(self, logits: Tensor) -> Tensor:
+        """Upstream logits B x M_up x T_up x T_up -> hidden B x 3HL x T_up x T_up."""
+        return F.gelu(self.fc1(logits))
+
+    def bias(
+        self, hidden: Tensor, level: int, grid_in: Grid, grid_out: Grid, prefix: int, mode: str
+    ) -> Tensor:
+        """Level ``level``'s additive logits B x H x T x T on the downstream grid."""
+        rows = slice(level * self.num_heads, (level + 1) * self.num_heads)
+        a = F.conv2d(hidden, self.fc2.weight[rows], self.fc2.bias[rows])  # B x H x T_up x T_up
+        return upsample_relations(a, grid_in, grid_out, prefix, mode)
