@@ -255,6 +255,10 @@ def test_train_and_budget_cli(tmp_path, capsys):
     assert "exits" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--mixed-depth"):
         train_cli.main([*flags, "--mixed-depth", "--output", str(tmp_path / "md")])
+    # distillation: the teacher's logits are the target of every exit
+    teacher = str(out / "checkpoint.pt")
+    train_cli.main([*flags, "--teacher", teacher, "--output", str(tmp_path / "kd")])
+    assert (tmp_path / "kd" / "checkpoint.pt").exists()
     report = budget_cli.main(
         [str(out / "checkpoint.pt"), "--num-budgets", "3", "--plot", str(tmp_path / "b.png")]
     )
