@@ -192,7 +192,8 @@ def plot(
         if uniform and name in uniform:
             ax.axhline(uniform[name], ls="--", lw=0.8, color="grey", label="uniform attention")
         ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)
+    top = max([float(m.max()) for m in results.values()] + list((uniform or {}).values()))
+    axes[0][0].set_ylim(0, 1.08 * top)  # shared by all panels
     axes[0][0].set_ylabel("mean attention distance (pixels)")
     if max(m.shape[1] for m in results.values()) <= 16:
         axes[0][-1].legend(fontsize=6, loc="lower right")
