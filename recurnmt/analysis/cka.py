@@ -37,7 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -220,19 +220,19 @@ def load_nmt_models(paths: Sequence[str | Path], data: str | Path, device: torch
 
 def translation_batches(
     task, subset: str, max_sentences: int, batch_size: int
-) -> Iterator[dict[str, Any]]:
+) -> list[dict[str, Any]]:
     """The first ``max_sentences`` sentence pairs of ``subset``, batched by similar length."""
     task.load_dataset(subset)
     ds = task.dataset(subset)
     ids = [int(i) for i in ds.ordered_indices() if i < max_sentences]
-    for start in range(0, len(ids), batch_size):
-        yield ds.collater([ds[i] for i in ids[start : start + batch_size]])
+    chunks = [ids[start : start + batch_size] for start in range(0, len(ids), batch_size)]
+    return [ds.collater([ds[i] for i in chunk]) for chunk in chunks]
 
 
 def nmt_cka(
     reference: nn.Module,
     models: Sequence[nn.Module],
-    batches: Iterator[dict[str, Any]],
+    batches: Sequence[dict[str, Any]],
     pad: int,
     device: torch.device,
     progress: bool = True,
@@ -330,6 +330,9 @@ def plot(
         names: the compared models' names (one per column).
         reference: the reference model's name (x axis).
     """
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq may log at DEBUG
     import matplotlib
 
     matplotlib.use("Agg")
