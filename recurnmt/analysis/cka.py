@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         names, mats = vision_cka(
             args.reference, args.data, args.data_root, args.max_images, args.batch_size, device
         )
-        rows = {"levels": mats}
+        rows = {"image tokens": mats}
     else:
         models, names, task = load_nmt_models(args.reference, args.data, device)
         batches = translation_batches(task, args.subset, args.max_sentences, args.batch_size)
