@@ -227,9 +227,10 @@ def budget_table(
 
 
 def default_budgets(costs: Sequence[float], count: int = 8) -> list[float]:
-    """``count`` budgets from exit 1's cost to the last exit's."""
+    """``count`` budgets from exit 1's cost to the last exit's, evenly spaced in log scale
+    (the interesting part of the curve is near the cheap end)."""
     lo, hi = float(costs[0]), float(costs[-1])
-    return [lo + (hi - lo) * i / (count - 1) for i in range(count)]
+    return [lo * (hi / lo) ** (i / (count - 1)) for i in range(count)]
 
 
 def _unit(costs: Sequence[float]) -> tuple[float, str]:
@@ -329,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the table as JSON to this file")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
     return p
 
 
@@ -339,6 +341,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     args = build_parser().parse_args(argv)
     device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
     ckpt = load_checkpoint(args.checkpoint)
     model = model_from_checkpoint(ckpt).to(device).eval()
     if not isinstance(model, DVTCascade):
