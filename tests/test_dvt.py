@@ -215,16 +215,17 @@ def test_thresholds_respect_the_budget_and_beat_the_first_exit():
         logits[e, right, targets[right]] += 3 + torch.rand(int(right.sum())) * 3
     val = ExitLogits(logits, targets)
     costs = [1.0, 3.0, 7.0]
+    grid = candidate_thresholds(val.confidence, steps=20)
     for budget in (1.0, 2.0, 3.5, 5.0, 7.0):
-        thr, acc, cost = solve_thresholds(val, costs, budget)
+        thr, acc, cost = solve_thresholds(val, costs, budget, grid)
         assert thr.shape == (2,) and cost <= budget + 1e-9
         sim_acc, sim_cost, share = simulate(val.confidence, val.correct, costs, thr[None])
         assert sim_acc.item() == pytest.approx(acc) and sim_cost.item() == pytest.approx(cost)
         assert share.sum().item() == pytest.approx(1.0)
-    assert solve_thresholds(val, costs, 7.0)[1] >= val.accuracy()[2] - 1e-9
-    assert solve_thresholds(val, costs, 1.0)[1] == pytest.approx(val.accuracy()[0])
+    assert solve_thresholds(val, costs, 7.0, grid)[1] >= val.accuracy()[2] - 1e-9
+    assert solve_thresholds(val, costs, 1.0, grid)[1] == pytest.approx(val.accuracy()[0])
     # below the first exit's cost everyone leaves there
-    thr, _, cost = solve_thresholds(val, costs, 0.5)
+    thr, _, cost = solve_thresholds(val, costs, 0.5, grid)
     assert cost == 1.0 and thr.tolist() == [0.0, 0.0]
     rows = budget_table(val, val, costs, [2.0, 4.0])
     assert rows[0].macs <= 2.0 + 1e-9 and rows[1].top1 >= rows[0].top1
