@@ -1,0 +1,28 @@
+"""Every console script that setup.cfg declares is installed and answers --help."""
+
+from __future__ import annotations
+
+import configparser
+import importlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SETUP = Path(__file__).resolve().parents[1] / "setup.cfg"
+parser = configparser.ConfigParser()
+parser.read(SETUP)
+SCRIPTS = dict(
+    line.split(" = ")
+    for line in parser["options.entry_points"]["console_scripts"].strip().splitlines()
+)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_console_script_resolves_and_is_installed(name):
+    module, func = SCRIPTS[name].split(":")
+    assert callable(getattr(importlib.import_module(module), func))
+    installed = shutil.which(name) or str(Path(__file__).resolve().parents[1] / ".venv/bin" / name)
+    result = subprocess.run([installed, "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "usage" in result.stdout.lower()
