@@ -10,6 +10,8 @@ node than visible GPUs, or ranks that disagree on the world size.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -140,7 +142,30 @@ def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
     return t.tolist()
 
 
-def cleanup(info: DistInfo) -> None:
-    """Leaves the process group."""
+def cleanup(info: DistInfo, *, synchronize: bool = True) -> None:
+    """Leaves the process group.
+
+    Args:
+        synchronize: wait for every process first (after a run that ended normally), so that
+            no process tears down its connections while another is still saving or
+            communicating; gloo can abort a process whose peer left early ("terminate called
+            without an active exception"). After an error the others may never arrive, so an
+            error skips the wait.
+    """
     if info.distributed and dist.is_initialized():
+        if synchronize:
+            dist.barrier()
         dist.destroy_process_group()
+
+
+@contextmanager
+def process_group(device: str = "auto") -> Iterator[DistInfo]:
+    """Joins the run (:func:`init_distributed`) and leaves it at the end (:func:`cleanup`),
+    waiting for the others only when the block ended without an error."""
+    info = init_distributed(device)
+    try:
+        yield info
+    except BaseException:
+        cleanup(info, synchronize=False)
+        raise
+    cleanup(info)

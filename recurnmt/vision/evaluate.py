@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Subset
 
 from recurnmt.vision.checkpoint import load_checkpoint
 from recurnmt.vision.data import build_dataset
-from recurnmt.vision.distributed import cleanup, init_distributed
+from recurnmt.vision.distributed import process_group
 from recurnmt.vision.engine import Precision, evaluate
 from recurnmt.vision.flops import count_macs, count_parameters, throughput
 from recurnmt.vision.options import parse_size
@@ -39,8 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
-    info = init_distributed(args.device)
-    try:
+    with process_group(args.device) as info:
         ckpt = load_checkpoint(args.checkpoint)
         model = model_from_checkpoint(ckpt).to(info.device).eval()
         img_size = parse_size(args.img_size) or tuple(model.img_size)
@@ -76,8 +75,6 @@ def main(argv: list[str] | None = None) -> dict:
                     f"(batch {args.batch_size}, {info.device.type})"
                 )
         return report
-    finally:
-        cleanup(info)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from recurnmt.vision.checkpoint import (
     unwrap,
 )
 from recurnmt.vision.data import DataSpec, Mixup, build_dataset, data_spec
-from recurnmt.vision.distributed import DistInfo, check_batch_size, cleanup, init_distributed
+from recurnmt.vision.distributed import DistInfo, check_batch_size, process_group
 from recurnmt.vision.engine import Precision, evaluate, train_one_epoch
 from recurnmt.vision.flops import count_parameters
 from recurnmt.vision.losses import ClassificationLoss
@@ -332,11 +332,8 @@ def run(args: Namespace, info: DistInfo) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    info = init_distributed(args.device)
-    try:
+    with process_group(args.device) as info:
         run(args, info)
-    finally:
-        cleanup(info)
 
 
 if __name__ == "__main__":
