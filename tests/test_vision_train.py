@@ -93,12 +93,15 @@ def test_inconsistent_launches_are_refused(monkeypatch):
     assert init_distributed("cpu").world_size == 1
 
 
-def test_resume_continues_the_same_run(tmp_path):
+@pytest.mark.parametrize(
+    "model", ["sret_mini", "dvt_vit_mini_patch2", "ringformer_vit_mini_mrla_patch4"]
+)
+def test_resume_continues_the_same_run(tmp_path, model):
     """Losses after resuming equal those of a run that never stopped (augmentation, mixup,
-    dropout and sliced-attention permutations included)."""
+    dropout and sliced-attention permutations included; a DVT cascade and an MRLA model too)."""
     flags = [
         "--model",
-        "sret_mini",
+        model,
         "--epochs",
         "3",
         "--limit-train",
