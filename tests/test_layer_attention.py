@@ -319,3 +319,31 @@ def test_recursive_mrla_runs_the_shallow_branch_and_other_grids():
     x = torch.randn(1, 3, 32, 32)
     assert model(x, shallow=True).shape == (1, 5)
     assert torch.isfinite(model(torch.randn(1, 3, 64, 48))).all()
+
+
+# ---------------------------------------------------------------- SReT (a pyramid)
+
+SRET_SMALL = dict(dims=(16, 32, 64), heads=(1, 2, 4), img_size=32, stem_dims=(8, 16), num_classes=5)
+
+
+def test_sret_mrla_has_one_stage_per_pyramid_stage_and_zero_values_give_sret():
+    model = create_model("sret_t_mrla", **SRET_SMALL).eval()
+    assert [la.stage_lengths for la in model.layer_attn] == [(4,), (10,), (6,)]
+    # average pooling reads every token: the last level keeps its MRLA
+    assert [len(la.levels) for la in model.layer_attn] == [4, 10, 6]
+    with torch.no_grad():
+        for la in model.layer_attn:
+            for level in la.levels:
+                level.proj.value.weight.zero_()
+    base = create_model("sret_t", **SRET_SMALL).eval()
+    missing, unexpected = base.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and all(k.startswith("layer_attn.") for k in unexpected)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model(x), base(x))
+    assert model(x, shallow=True).shape == (2, 5)  # mixed depth: the first loop only
+
+
+def test_sret_mrla_head_dim_must_divide_every_width():
+    with pytest.raises(ValueError, match="head_dim=16"):
+        create_model("sret_s", mrla="light")  # SReT-S's 126 channels
+    assert create_model("sret_s", mrla="light", mrla_head_dim=14, groups=None) is not None

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from recurnmt.modules import DepthPlan, RecurrentStack, StackConfig
+from recurnmt.modules import DepthPlan, LayerAttention, RecurrentStack, StackConfig
 from recurnmt.vision.layers import PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.conv import ConvPooling, ConvStem
 from recurnmt.vision.registry import register_model
@@ -133,6 +133,10 @@ class SReT(nn.Module):
         attn_permute: ``always``, ``reference`` or one bool per loop: which loops permute the
             tokens before slicing them (see the module docstring).
         stem_dims: widths of the first two stem convolutions (default C1 / 2 and C1).
+        mrla: ``light`` or ``base`` adds MRLA layer attention after every level, one stage of
+            it per SReT stage, as MRLA does for pyramid transformers (MRLA App. B.1.1,
+            PVTv2: "layer attention within each stage"); None (default) adds none.
+        mrla_head_dim: channels per MRLA head d_k (16 as for ViTs); must divide every width.
     """
 
     def __init__(
@@ -155,6 +159,8 @@ class SReT(nn.Module):
         drop_path_schedule: str = "reference",
         attn_permute: str | Sequence[bool] = "always",
         stem_dims: tuple[int, int] | None = None,
+        mrla: str | None = None,
+        mrla_head_dim: int = 16,
     ) -> None:
         super().__init__()
         if not len(dims) == len(depths) == len(heads):
@@ -195,6 +201,24 @@ class SReT(nn.Module):
             )
             stack = RecurrentStack(cfg, DepthPlan.build(cfg.num_levels, depth, "sequence"))
             self.stages.append(stack)
+        # MRLA after every level, reset at each stage; the average-pooling head reads every
+        # token of the last level, so no level is left out (unlike a class-token ViT)
+        self.layer_attn = (
+            nn.ModuleList(
+                LayerAttention(
+                    stage.cfg.embed_dim,
+                    stage.cfg.num_levels,
+                    variant=mrla,
+                    head_dim=mrla_head_dim,
+                    stages=1,
+                    drop_path=[stage.cfg.drop_path_rate(i) for i in range(stage.cfg.num_levels)],
+                    norm_eps=1e-6,
+                )
+                for stage in self.stages
+            )
+            if mrla is not None
+            else None
+        )
         self.pools = nn.ModuleList(
             ConvPooling(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True)
         )
@@ -235,7 +259,8 @@ class SReT(nn.Module):
             if s == 0:
                 x = self.pos_drop(self.pos_embed(x, (h, w)))
             levels = stage.plan.first_loop_levels() if shallow else None
-            x, _ = stage(x, levels=levels)
+            hook = self.layer_attn[s].start((h, w), 0) if self.layer_attn is not None else None
+            x, _ = stage(x, levels=levels, after_level=hook)
             if s + 1 < len(self.stages):
                 x = x.transpose(1, 2).reshape(x.size(0), -1, h, w)  # B x C x h x w
         return x
@@ -311,6 +336,13 @@ def sret_b_printed(**kwargs) -> SReT:
     See :func:`sret_b` for why this is not the table's stated 71.2M.
     """
     return _create(_BASE, kwargs)
+
+
+@register_model
+def sret_t_mrla(**kwargs) -> SReT:
+    """SReT-T with MRLA-light after every level, one MRLA stage per SReT stage (ours: MRLA
+    reports no SReT model; its per-stage layer attention for pyramids is App. B.1.1)."""
+    return _create({**_TINY, "mlp_ratio": 3.6, "drop_path_rate": 0.1, "mrla": "light"}, kwargs)
 
 
 @register_model
