@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from recurnmt.analysis.attention_recorder import AttentionRecorder
+from recurnmt.cli import entry_point, run_cli
 
 
 def patch_distances(
@@ -318,5 +319,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[list[float]]]:
     return report
 
 
+cli = entry_point(main, "recurnmt-attention-distance")  # the console script
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(run_cli(main, "python -m recurnmt.analysis.attention_distance"))

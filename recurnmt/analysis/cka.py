@@ -44,8 +44,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-SIDES = ("encoder", "decoder")
+from recurnmt.cli import entry_point, run_cli
 
+SIDES = ("encoder", "decoder")
 
 # ---------------------------------------------------------------------------------- linear CKA
 
@@ -452,5 +453,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+cli = entry_point(main, "recurnmt-cka")  # the console script
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(run_cli(main, "python -m recurnmt.analysis.cka"))

@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
+
+from recurnmt.cli import entry_point, run_cli
 
 Series = dict[str, list[tuple[int, float]]]
 
@@ -123,5 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     print(plot(read_series(args.source), args.out, args.title))
 
 
+cli = entry_point(main, "recurnmt-plot-lrc")  # the console script
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main, "recurnmt-plot-lrc"))

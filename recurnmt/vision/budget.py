@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
+from recurnmt.cli import run_cli
 from recurnmt.vision.distributed import DistInfo, all_reduce_sum
 from recurnmt.vision.engine import Precision
 from recurnmt.vision.flops import count_macs
@@ -392,4 +393,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(run_cli(main, "python -m recurnmt.vision.budget"))

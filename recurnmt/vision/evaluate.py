@@ -14,6 +14,7 @@ import sys
 
 from torch.utils.data import DataLoader, Subset
 
+from recurnmt.cli import run_cli
 from recurnmt.vision.checkpoint import load_checkpoint
 from recurnmt.vision.data import build_dataset
 from recurnmt.vision.distributed import process_group
@@ -78,4 +79,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(run_cli(main, "python -m recurnmt.vision.evaluate"))

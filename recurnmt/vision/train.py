@@ -35,6 +35,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from recurnmt.cli import run_cli
 from recurnmt.vision.checkpoint import (
     load_checkpoint,
     rng_state,
@@ -337,4 +338,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(run_cli(main, "python -m recurnmt.vision.train"))
