@@ -30,9 +30,34 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from recurnmt.analysis.benchmark import (  # noqa: E402
+    Column,
+    emit,
+    forward_flags,
+    ratio_table,
+    run_workers,
+    sync,
+)
 from recurnmt.nmt.results import FAMILY_ORDER  # noqa: E402
 
 BASELINE = "transformer"
+WORKER_OPTIONS = (
+    "data",
+    "device",
+    "embed_dim",
+    "ffn_dim",
+    "heads",
+    "levels",
+    "max_tokens",
+    "warmup",
+    "steps",
+    "sentences",
+    "gen_batch",
+    "beam",
+    "decode_len",
+    "threads",
+    "seed",
+)
 DEFAULT_ARCHS = list(FAMILY_ORDER)  # fairseq's transformer, then recurnmt's families
 
 
@@ -105,13 +130,6 @@ def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int)
     return task, batches
 
 
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def worker(opts: argparse.Namespace) -> dict:
     """Benchmarks one architecture in this process; returns its figures."""
     import torch
@@ -146,13 +164,13 @@ def worker(opts: argparse.Namespace) -> dict:
     model.train()
     for sample in train_batches[: opts.warmup]:
         step(sample)
-    _sync(device)
+    sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     tokens, start = 0, time.perf_counter()
     for sample in train_batches[opts.warmup :]:
         tokens += step(sample)
-    _sync(device)
+    sync(device)
     train_time = time.perf_counter() - start
     if device.type == "cuda":
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
@@ -180,7 +198,7 @@ def worker(opts: argparse.Namespace) -> dict:
         generator.generate(
             [model], {"net_input": {"src_tokens": src[:2], "src_lengths": lengths[:2]}}
         )
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         for i in range(0, src.size(0), opts.gen_batch):
             batch = {
@@ -188,7 +206,7 @@ def worker(opts: argparse.Namespace) -> dict:
                 "src_lengths": lengths[i : i + opts.gen_batch],
             }
             generator.generate([model], {"net_input": batch})
-        _sync(device)
+        sync(device)
     gen_time = time.perf_counter() - start
     return {
         "arch": opts.arch,
@@ -223,7 +241,7 @@ def main() -> None:
     opts = parser.parse_args()
 
     if opts.arch:
-        print("RESULT " + json.dumps(worker(opts)), flush=True)
+        emit(worker(opts))
         return
     if not (opts.data / "dict.en.txt").exists():
         subprocess.run(
@@ -233,77 +251,26 @@ def main() -> None:
         )
     if BASELINE not in opts.archs:
         opts.archs.insert(0, BASELINE)
-    results = []
-    for arch in opts.archs:
-        argv = [
-            sys.executable,
-            __file__,
-            "--arch",
-            arch,
-            "--data",
-            str(opts.data),
-            "--device",
-            opts.device,
-            "--embed-dim",
-            str(opts.embed_dim),
-            "--ffn-dim",
-            str(opts.ffn_dim),
-            "--heads",
-            str(opts.heads),
-            "--levels",
-            str(opts.levels),
-            "--max-tokens",
-            str(opts.max_tokens),
-            "--warmup",
-            str(opts.warmup),
-            "--steps",
-            str(opts.steps),
-            "--sentences",
-            str(opts.sentences),
-            "--gen-batch",
-            str(opts.gen_batch),
-            "--beam",
-            str(opts.beam),
-            "--decode-len",
-            str(opts.decode_len),
-            "--threads",
-            str(opts.threads),
-            "--seed",
-            str(opts.seed),
-        ]
-        print(f"benchmarking {arch} ...", flush=True)
-        proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode or not lines:
-            sys.exit(f"{arch} failed:\n{proc.stderr[-2000:]}")
-        results.append(json.loads(lines[-1][len("RESULT ") :]))
+    shared = forward_flags(opts, WORKER_OPTIONS)
+    results = run_workers(Path(__file__), "--arch", opts.archs, shared, ROOT)
     print_table(results, opts)
     if opts.json_out:
         opts.json_out.write_text(json.dumps(results, indent=2))
 
 
 def print_table(results: list[dict], opts: argparse.Namespace) -> None:
-    base = next(r for r in results if r["arch"] == BASELINE)
     print(
         f"\nH={opts.embed_dim} FF={opts.ffn_dim} heads={opts.heads} levels={opts.levels} "
         f"device={opts.device}; ratios are to fairseq's `{BASELINE}`\n"
     )
-    header = (
-        f"{'arch':<26}{'train tok/s':>12}{'ratio':>7}{'gen sent/s':>12}{'ratio':>7}"
-        f"{'mem MB':>9}{'ratio':>7}{'params':>10}{'P*':>10}{'ratio':>7}"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        print(
-            f"{r['arch']:<26}{r['train_tokens_per_s']:>12.0f}"
-            f"{r['train_tokens_per_s'] / base['train_tokens_per_s']:>7.2f}"
-            f"{r['gen_sentences_per_s']:>12.1f}"
-            f"{r['gen_sentences_per_s'] / base['gen_sentences_per_s']:>7.2f}"
-            f"{r['peak_mem_mb']:>9.0f}{r['peak_mem_mb'] / max(base['peak_mem_mb'], 1e-9):>7.2f}"
-            f"{r['params'] / 1e6:>9.2f}M{r['p_star'] / 1e6:>9.2f}M"
-            f"{r['p_star'] / base['p_star']:>7.2f}"
-        )
+    columns = [
+        Column("train tok/s", "train_tokens_per_s", ".0f"),
+        Column("gen sent/s", "gen_sentences_per_s", ".1f"),
+        Column("mem MB", "peak_mem_mb", ".0f"),
+        Column("params", "params", ".2f", ratio=False, scale=1e6, suffix="M"),
+        Column("P*", "p_star", ".2f", scale=1e6, suffix="M"),
+    ]
+    print(ratio_table(results, "arch", columns))
 
 
 if __name__ == "__main__":

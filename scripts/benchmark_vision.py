@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,30 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from recurnmt.analysis.benchmark import (  # noqa: E402
+    Column,
+    emit,
+    forward_flags,
+    ratio_table,
+    run_workers,
+    sync,
+)
+
 BASELINE = "torch_vit"
+WORKER_OPTIONS = (
+    "device",
+    "embed_dim",
+    "ffn_dim",
+    "heads",
+    "levels",
+    "img_size",
+    "patch_size",
+    "batch_size",
+    "warmup",
+    "steps",
+    "threads",
+    "seed",
+)
 # name -> (registered model, overrides beyond the shared widths; "L" stands for --levels)
 MODELS = {
     "deit (ours)": ("deit_tiny_patch16_224", {"depth": "L"}),
@@ -121,13 +143,6 @@ def real_images(count: int, size: int):
     return (x.expand(-1, 3, -1, -1) - 0.5) / 0.5, torch.tensor(digits.target)[idx]
 
 
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def saved_activation_mb(model, x, y) -> float:
     """MB of the distinct tensor storages one training forward saves for backward."""
     import torch.nn.functional as F
@@ -165,13 +180,13 @@ def worker(opts: argparse.Namespace) -> dict:
     model.train()
     for x, y in zip(images[: opts.warmup], labels[: opts.warmup], strict=True):
         step(x, y)
-    _sync(device)
+    sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     for x, y in zip(images[opts.warmup :], labels[opts.warmup :], strict=True):
         step(x, y)
-    _sync(device)
+    sync(device)
     train_time = time.perf_counter() - start
     if device.type == "cuda":
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
@@ -180,11 +195,11 @@ def worker(opts: argparse.Namespace) -> dict:
     model.eval()
     with torch.no_grad():
         model(images[0].to(device))
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         for x in images[opts.warmup :]:
             model(x.to(device))
-        _sync(device)
+        sync(device)
     infer_time = time.perf_counter() - start
     seen = opts.steps * opts.batch_size
     return {
@@ -216,61 +231,28 @@ def main() -> None:
     opts = parser.parse_args()
 
     if opts.model:
-        print("RESULT " + json.dumps(worker(opts)), flush=True)
+        emit(worker(opts))
         return
-    shared = [
-        f"--{k.replace('_', '-')}={getattr(opts, k)}"
-        for k in (
-            "device",
-            "embed_dim",
-            "ffn_dim",
-            "heads",
-            "levels",
-            "img_size",
-            "patch_size",
-            "batch_size",
-            "warmup",
-            "steps",
-            "threads",
-            "seed",
-        )
-    ]
-    results = []
-    for name in [BASELINE, *opts.models]:
-        print(f"benchmarking {name} ...", flush=True)
-        argv = [sys.executable, __file__, "--model", name, *shared]
-        proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode or not lines:
-            sys.exit(f"{name} failed:\n{proc.stderr[-2000:]}")
-        results.append(json.loads(lines[-1][len("RESULT ") :]))
+    shared = forward_flags(opts, WORKER_OPTIONS)
+    results = run_workers(Path(__file__), "--model", [BASELINE, *opts.models], shared, ROOT)
     print_table(results, opts)
     if opts.json_out:
         opts.json_out.write_text(json.dumps(results, indent=2))
 
 
 def print_table(results: list[dict], opts: argparse.Namespace) -> None:
-    base = results[0]
     print(
         f"\nD={opts.embed_dim} FF={opts.ffn_dim} heads={opts.heads} levels={opts.levels} "
         f"{opts.img_size}px/{opts.patch_size} batch={opts.batch_size} device={opts.device}; "
         f"ratios are to `{BASELINE}` (torch.nn.TransformerEncoder)\n"
     )
-    header = (
-        f"{'model':<18}{'train img/s':>12}{'ratio':>7}{'infer img/s':>12}{'ratio':>7}"
-        f"{'mem MB':>9}{'ratio':>7}{'params':>10}"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        print(
-            f"{r['model']:<18}{r['train_images_per_s']:>12.1f}"
-            f"{r['train_images_per_s'] / base['train_images_per_s']:>7.2f}"
-            f"{r['infer_images_per_s']:>12.1f}"
-            f"{r['infer_images_per_s'] / base['infer_images_per_s']:>7.2f}"
-            f"{r['peak_mem_mb']:>9.0f}{r['peak_mem_mb'] / max(base['peak_mem_mb'], 1e-9):>7.2f}"
-            f"{r['params'] / 1e6:>9.2f}M"
-        )
+    columns = [
+        Column("train img/s", "train_images_per_s", ".1f"),
+        Column("infer img/s", "infer_images_per_s", ".1f"),
+        Column("mem MB", "peak_mem_mb", ".0f"),
+        Column("params", "params", ".2f", ratio=False, scale=1e6, suffix="M"),
+    ]
+    print(ratio_table(results, "model", columns))
 
 
 if __name__ == "__main__":

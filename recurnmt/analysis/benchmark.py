@@ -1,0 +1,89 @@
+"""Plumbing shared by the benchmark scripts (``scripts/benchmark_{nmt,vision}.py``).
+
+Each model is measured in a fresh process (so that memory figures are its own): the script
+re-runs itself in worker mode, the worker prints one ``RESULT {json}`` line, and the parent
+collects the lines and prints a table of absolute figures and ratios to the first (reference)
+row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+RESULT = "RESULT "
+
+
+def sync(device: torch.device) -> None:
+    """Waits for queued CUDA work, so that wall-clock timings cover it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def emit(result: dict) -> None:
+    """Prints a worker's figures for :func:`run_workers`."""
+    print(RESULT + json.dumps(result), flush=True)
+
+
+def forward_flags(opts: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    """``--name=value`` flags that hand ``opts.<name>`` on to a worker."""
+    return [f"--{n.replace('_', '-')}={getattr(opts, n)}" for n in names]
+
+
+def run_workers(
+    script: Path, worker_flag: str, names: Sequence[str], flags: Sequence[str], cwd: Path
+) -> list[dict]:
+    """Runs ``script worker_flag NAME *flags`` for every name, one process each.
+
+    Raises:
+        SystemExit: a worker failed; its stderr's end is shown.
+    """
+    results = []
+    for name in names:
+        print(f"benchmarking {name} ...", flush=True)
+        argv = [sys.executable, str(script), worker_flag, name, *flags]
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+        if proc.returncode or not lines:
+            sys.exit(f"{name} failed:\n{proc.stderr[-2000:]}")
+        results.append(json.loads(lines[-1][len(RESULT) :]))
+    return results
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: ``key`` of each result, printed with ``fmt``; ``ratio`` adds a column
+    with the value divided by the reference row's."""
+
+    title: str
+    key: str
+    fmt: str
+    ratio: bool = True
+    scale: float = 1.0
+    suffix: str = ""
+
+
+def ratio_table(results: Sequence[dict], name_key: str, columns: Sequence[Column]) -> str:
+    """A fixed-width table of ``results`` with ratios to ``results[0]``."""
+    base = results[0]
+    width = max(len(name_key), *(len(str(r[name_key])) for r in results)) + 2
+    header = f"{name_key:<{width}}"
+    for c in columns:
+        header += f"{c.title:>{max(len(c.title), 9) + 2}}" + (f"{'ratio':>7}" if c.ratio else "")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        line = f"{r[name_key]:<{width}}"
+        for c in columns:
+            cell = format(r[c.key] / c.scale, c.fmt) + c.suffix
+            line += f"{cell:>{max(len(c.title), 9) + 2}}"
+            if c.ratio:
+                line += f"{r[c.key] / max(base[c.key], 1e-12):>7.2f}"
+        lines.append(line)
+    return "\n".join(lines)
