@@ -17,6 +17,14 @@ ImageNet cannot be downloaded anonymously: get the three official files from ima
 
 which is what ``recurnmt.vision`` reads with ``--data imagenet --data-root OUT``.
 
+``hub`` builds the same layout from the Hugging Face copy ``ILSVRC/imagenet-1k`` (gated:
+accept its terms on the hub and log in with ``hf auth login`` or set ``HF_TOKEN``), through
+the ``datasets`` cache, so an interrupted download resumes. The hub copy has label indices
+and class words but no WordNet ids, so its class folders are the zero-padded indices
+(``0000`` ... ``0999``, in the same order as the sorted WordNet ids) and ``synsets.txt``
+maps them to the words. ``--from-local DIR`` reads a copy in the hub's layout
+(``DIR/data/{train,validation}-*.parquet``).
+
 ``subset`` draws ImageNet-small from such a folder (RingFormer sec. 4.2 and appendix A.3: 100
 random classes, 1,000 training images each from the training set, 50 test images each from the
 validation set) as hard links (``--copy`` to copy), and records the drawn files in
@@ -46,12 +54,20 @@ from tqdm import tqdm
 from data_prep.atomic import atomic_output_dir
 from data_prep.cli import run_cli
 from data_prep.errors import IntegrityError, PrepError
+from data_prep.hub import HubSource, load_splits
 
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
 DEVKIT = "ILSVRC2012_devkit_t12.tar.gz"
 FULL_COUNTS = {"classes": 1000, "train": 1_281_167, "val": 50_000}
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+HUB = HubSource(
+    dataset="ILSVRC/imagenet-1k",
+    revision="main",
+    data_files={"train": "data/train-*.parquet", "validation": "data/validation-*.parquet"},
+    expected_rows={"train": FULL_COUNTS["train"], "validation": FULL_COUNTS["val"]},
+    column="image",
+)
 # RingFormer appendix A.3: 100 classes, 1,000 train and 50 test images per class
 SMALL = dict(classes=100, train_per_class=1000, val_per_class=50)
 
@@ -245,6 +261,76 @@ def prepare_folder(
     return summary
 
 
+def _write_hub_split(
+    dataset, out: Path, split: str, *, verify: bool, progress: bool
+) -> dict[str, int]:
+    """Writes a hub split's encoded images, undecoded, into ``out/NNNN/``."""
+    import datasets
+
+    rows = dataset.cast_column("image", datasets.Image(decode=False))
+    counts: dict[str, int] = {}
+    index = 0
+    with tqdm(total=len(rows), desc=f"{split} images", disable=not progress) as bar:
+        for batch in rows.iter(batch_size=1000):
+            for image, label in zip(batch["image"], batch["label"], strict=True):
+                index += 1
+                if label is None or label < 0:
+                    raise IntegrityError(f"{HUB.dataset} {split} row {index} has no label")
+                data = image["bytes"]
+                name = Path(image.get("path") or "").name or f"{split}_{index:08d}.JPEG"
+                if verify:
+                    _verify_image(data, f"{HUB.dataset} {split} row {index} ({name})")
+                folder = f"{label:04d}"
+                (out / folder).mkdir(parents=True, exist_ok=True)
+                (out / folder / name).write_bytes(data)
+                counts[folder] = counts.get(folder, 0) + 1
+            bar.update(len(batch["label"]))
+    return counts
+
+
+def prepare_from_hub(
+    out: Path,
+    *,
+    from_local: Path | None = None,
+    cache_dir: Path | None = None,
+    force: bool = False,
+    verify: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Builds the folder layout from the hub's ``ILSVRC/imagenet-1k`` (see the docstring).
+
+    Raises:
+        DownloadError: the hub could not be reached or the download failed (rerun to resume).
+        IntegrityError: a split has the wrong row count, an unlabeled row or a bad image.
+    """
+    splits = load_splits(HUB, from_local, cache_dir)
+    feature = splits["train"].features.get("label")
+    words = list(getattr(feature, "names", None) or [])
+    with atomic_output_dir(out, replace=force) as tmp:
+        train = _write_hub_split(
+            splits["train"], tmp / "train", "train", verify=verify, progress=progress
+        )
+        val = _write_hub_split(
+            splits["validation"], tmp / "val", "validation", verify=verify, progress=progress
+        )
+        missing = sorted(set(val) - set(train))
+        if missing:
+            raise IntegrityError(f"{HUB.dataset}: no training images for classes {missing[:5]}")
+        lines = [
+            f"{c} {words[int(c)] if int(c) < len(words) else ''}".rstrip() for c in sorted(train)
+        ]
+        (tmp / "synsets.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        summary = {
+            "inputs": {"hub": f"{HUB.dataset}@{HUB.revision}", "from_local": str(from_local)},
+            "classes": len(train),
+            "train": sum(train.values()),
+            "val": sum(val.values()),
+            "full_imagenet": dict(FULL_COUNTS),
+        }
+        (tmp / "prepare.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
 def _list_images(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.lower().endswith(IMAGE_SUFFIXES))
 
@@ -324,6 +410,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     folder.add_argument("--val-tar", type=Path)
     folder.add_argument("--devkit", type=Path)
     folder.add_argument("--verify", action="store_true", help="decode every image on the way")
+    hub = sub.add_parser("hub", help="the hub's ILSVRC/imagenet-1k -> class folders")
+    hub.add_argument("--from-local", type=Path, help="a local copy in the hub's layout")
+    hub.add_argument("--cache-dir", type=Path, help="datasets cache directory")
+    hub.add_argument("--verify", action="store_true", help="decode every image on the way")
     subset = sub.add_parser("subset", help="ImageNet-small: a random class subset (RingFormer A.3)")
     subset.add_argument("root", type=Path, help="an ImageNet folder made by 'folder'")
     subset.add_argument("--classes", type=int, default=SMALL["classes"])
@@ -332,7 +422,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     subset.add_argument("--seed", type=int, default=0)
     subset.add_argument("--list", type=Path, help="rebuild this subset.json instead of drawing")
     subset.add_argument("--copy", action="store_true", help="copy instead of hard-linking")
-    for p in (folder, subset):
+    for p in (folder, hub, subset):
         p.add_argument("-o", "--out", type=Path, required=True)
         p.add_argument("--force", action="store_true", help="replace an existing output")
         p.add_argument("--no-progress", action="store_true")
@@ -348,16 +438,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.command == "folder":
-        summary = prepare_folder(
-            args.train_tar,
-            args.val_tar,
-            args.devkit,
-            args.out,
-            force=args.force,
-            verify=args.verify,
-            progress=not args.no_progress,
-        )
+    if args.command in ("folder", "hub"):
+        if args.command == "folder":
+            summary = prepare_folder(
+                args.train_tar,
+                args.val_tar,
+                args.devkit,
+                args.out,
+                force=args.force,
+                verify=args.verify,
+                progress=not args.no_progress,
+            )
+        else:
+            summary = prepare_from_hub(
+                args.out,
+                from_local=args.from_local,
+                cache_dir=args.cache_dir,
+                force=args.force,
+                verify=args.verify,
+                progress=not args.no_progress,
+            )
         print(
             f"{args.out}: {summary['classes']} classes, {summary['train']:,} train / "
             f"{summary['val']:,} val images"

@@ -198,3 +198,64 @@ def test_vision_training_reads_the_prepared_folder(tmp_path):
     )
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["epoch"] == 1 and 0 <= metrics[-1]["top1"] <= 100
+
+
+def write_hub_copy(root: Path, val_labels: list[int] | None = None) -> Path:
+    """The hub's ILSVRC/imagenet-1k layout: data/{train,validation}-*.parquet with an encoded
+    image column and a ClassLabel, plus rows.json with this copy's row counts."""
+    import datasets
+
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=WORDS)}
+    )
+    val_labels = [v - 1 for v in VAL_TRUTH] if val_labels is None else val_labels
+    splits = {
+        "train": [
+            (jpeg(c, k), c, f"{WNIDS[c]}_{100 + k}.JPEG") for c in range(3) for k in range(2)
+        ],
+        "validation": [
+            (jpeg(max(c, 0), 10 + i), c, f"ILSVRC2012_val_{i:08d}.JPEG")
+            for i, c in enumerate(val_labels, 1)
+        ],
+    }
+    (root / "data").mkdir(parents=True)
+    for split, rows in splits.items():
+        ds = datasets.Dataset.from_dict(
+            {
+                "image": [{"bytes": b, "path": name} for b, _, name in rows],
+                "label": [c for _, c, _ in rows],
+            },
+            features=features,
+        )
+        ds.to_parquet(str(root / "data" / f"{split}-00000-of-00001.parquet"))
+    rows_json = {split: len(rows) for split, rows in splits.items()}
+    (root / "rows.json").write_text(json.dumps(rows_json))
+    return root
+
+
+def test_hub_copy_gives_the_folder_layout(tmp_path):
+    out = tmp_path / "imagenet"
+    summary = imagenet.prepare_from_hub(
+        out,
+        from_local=write_hub_copy(tmp_path / "hub"),
+        cache_dir=tmp_path / "cache",
+        verify=True,
+        progress=False,
+    )
+    assert (summary["classes"], summary["train"], summary["val"]) == (3, 6, 6)
+    assert sorted(p.name for p in (out / "train").iterdir()) == ["0000", "0001", "0002"]
+    assert (out / "train" / "0001" / f"{WNIDS[1]}_100.JPEG").read_bytes() == jpeg(1, 0)
+    for i, label in enumerate(VAL_TRUTH, 1):
+        assert (out / "val" / f"{label - 1:04d}" / f"ILSVRC2012_val_{i:08d}.JPEG").is_file()
+    assert (out / "synsets.txt").read_text().splitlines()[0] == f"0000 {WORDS[0]}"
+    train, classes = scan_folder(out / "train")
+    assert len(train) == 6 and len(scan_folder(out / "val", classes)[0]) == 6
+
+
+def test_hub_rows_without_labels_are_refused(tmp_path):
+    hub = write_hub_copy(tmp_path / "hub", val_labels=[0, 1, -1])
+    with pytest.raises(IntegrityError, match="validation row 3 has no label"):
+        imagenet.prepare_from_hub(
+            tmp_path / "out", from_local=hub, cache_dir=tmp_path / "cache", progress=False
+        )
+    assert not (tmp_path / "out").exists()
