@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from recurnmt.modules import CrossAttention, SelfAttention
+from recurnmt.modules import AttentionTerms, CrossAttention, CrossAttentionWeights, SelfAttention
 
 
 def naive_attention(q, k, v, allowed):
@@ -40,7 +40,8 @@ def test_self_attention_matches_reference(causal):
     pad = torch.zeros(3, 7, dtype=torch.bool)
     pad[1, 5:] = True
     pad[2, 3:] = True
-    out = attn(x, key_padding_mask=pad, causal=causal)
+    attn.causal = causal
+    out = attn(x, key_padding_mask=pad)
     ref = reference_self_attention(attn, x, pad, causal)
     real = ~pad
     torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-5)
@@ -49,7 +50,8 @@ def test_self_attention_matches_reference(causal):
 def test_causal_fast_path_matches_masked_path():
     attn = SelfAttention(16, 2).eval()
     x = torch.randn(2, 6, 16)
-    fast = attn(x, causal=True)
+    attn.causal = True
+    fast = attn(x)
     ref = reference_self_attention(attn, x, causal=True)
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
 
@@ -68,9 +70,10 @@ def test_padding_content_does_not_leak():
 def test_incremental_cache_equals_full_causal_pass():
     attn = SelfAttention(16, 4).eval()
     x = torch.randn(2, 6, 16)
-    full = attn(x, causal=True)
+    attn.causal = True
+    full = attn(x)
     cache: dict = {}
-    steps = [attn(x[:, t : t + 1], causal=True, cache=cache) for t in range(6)]
+    steps = [attn(x[:, t : t + 1], cache=cache) for t in range(6)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-6, rtol=1e-5)
     assert cache["k"].shape == (2, 4, 6, 4)
 
@@ -79,7 +82,8 @@ def test_left_padded_causal_rows_stay_finite():
     attn = SelfAttention(8, 2).eval()
     x = torch.randn(1, 4, 8)
     pad = torch.tensor([[1, 1, 0, 0]], dtype=torch.bool)
-    out = attn(x, key_padding_mask=pad, causal=True)
+    attn.causal = True
+    out = attn(x, key_padding_mask=pad)
     assert torch.isfinite(out).all()
     ref = reference_self_attention(attn, x, pad, causal=True)
     torch.testing.assert_close(out[0, 2:], ref[0, 2:], atol=1e-5, rtol=1e-5)
@@ -89,7 +93,9 @@ def test_qkv_delta_is_added_after_projection():
     attn = SelfAttention(8, 2)
     x = torch.randn(1, 3, 8)
     delta = torch.randn(1, 3, 24)
-    torch.testing.assert_close(attn.project(x, qkv_delta=delta), attn.qkv_proj(x) + delta)
+    torch.testing.assert_close(
+        attn.project(x, AttentionTerms(qkv_delta=delta)), attn.qkv_proj(x) + delta
+    )
 
 
 def test_qkv_input_delta_goes_through_each_projection():
@@ -99,14 +105,14 @@ def test_qkv_input_delta_goes_through_each_projection():
     w = attn.qkv_proj.weight.view(3, 8, 8)
     b = attn.qkv_proj.bias.view(3, 8)
     expected = torch.cat([(x + d[:, :, j]) @ w[j].t() + b[j] for j in range(3)], -1)
-    torch.testing.assert_close(attn.project(x, qkv_input_delta=d), expected)
+    torch.testing.assert_close(attn.project(x, AttentionTerms(qkv_input_delta=d)), expected)
 
 
 def test_cross_attention_matches_reference():
     attn = CrossAttention(16, 4).eval()
     x, mem = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
     pad = torch.tensor([[0, 0, 0, 0, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
-    out = attn(x, attn.project_memory(mem), memory_padding_mask=pad)
+    out = attn(x, attn.project_memory(mem, pad))
     q = split(attn.q_proj(x), 4)
     k, v = (split(t, 4) for t in attn.kv_proj(mem).chunk(2, -1))
     ref = naive_attention(q, k, v, ~pad[:, None, None, :])
@@ -123,10 +129,11 @@ def test_cross_attention_weights_are_returned_on_request():
     attn = CrossAttention(16, 4).eval()
     x, mem = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
     pad = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
-    kv = attn.project_memory(mem)
-    out: dict = {}
-    y = attn(x, kv, memory_padding_mask=pad, weights_out=out)
-    torch.testing.assert_close(y, attn(x, kv, memory_padding_mask=pad), atol=1e-6, rtol=1e-5)
-    assert out["attn"].shape == (2, 3, 5)
-    torch.testing.assert_close(out["attn"].sum(-1), torch.ones(2, 3))
-    assert torch.all(out["attn"][0, :, 3:] == 0)
+    kv = attn.project_memory(mem, pad)
+    hook = CrossAttentionWeights(level=0)
+    y = attn(x, kv, terms=hook.cross_attention(0))
+    torch.testing.assert_close(y, attn(x, kv), atol=1e-6, rtol=1e-5)
+    assert hook.weights.shape == (2, 3, 5)
+    torch.testing.assert_close(hook.weights.sum(-1), torch.ones(2, 3))
+    assert torch.all(hook.weights[0, :, 3:] == 0)
+    assert hook.cross_attention(1) is None  # other levels: the fused path

@@ -5,14 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recurnmt.modules import ConfigError, RecurrentStack, SignalConfig, StackConfig
+from recurnmt.modules import (
+    AddAtEveryLevel,
+    ConfigError,
+    Memory,
+    SignalConfig,
+    StackCache,
+    StackConfig,
+    build_stack,
+)
 from recurnmt.modules.halting import HaltingAccumulator
+from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 
 BASE = StackConfig(embed_dim=16, ffn_dim=32, num_heads=2, num_levels=4, dropout=0.0)
 
 
 def test_one_wide_ffn_is_one_object_with_unshared_attention():
-    stack = RecurrentStack(BASE.replace(ffn_sharing="shared", ffn_dim=64))
+    stack = build_stack(BASE.replace(ffn_sharing="shared", ffn_dim=64))
     ffns = [b.ffn for b in stack.blocks]
     assert all(f is ffns[0] for f in ffns) and ffns[0].up.out_features == 64
     attn = [b.self_attn.qkv_proj.weight for b in stack.blocks]
@@ -20,11 +29,11 @@ def test_one_wide_ffn_is_one_object_with_unshared_attention():
 
 
 def test_ffn_can_be_removed():
-    stack = RecurrentStack(BASE.replace(ffn_sharing="none", cross_attention=True))
+    stack = build_stack(BASE.replace(ffn_sharing="none", cross_attention=True, causal=True))
     assert all(b.ffn is None for b in stack.blocks)
     assert len(stack.blocks[0].norms) == 2  # self- and cross-attention only
-    mem = torch.randn(1, 3, 16)
-    assert stack(torch.randn(1, 2, 16), memory=mem, causal=True)[0].shape == (1, 2, 16)
+    mem = Memory(torch.randn(1, 3, 16))
+    assert stack(torch.randn(1, 2, 16), memory=mem).output.shape == (1, 2, 16)
 
 
 def test_removed_ffn_cannot_carry_a_signal():
@@ -34,14 +43,13 @@ def test_removed_ffn_cannot_carry_a_signal():
 
 def test_positions_are_added_at_every_level():
     cfg = BASE.replace(num_unique=1, signal=SignalConfig(kind="static"), positions_every_level=True)
-    stack = RecurrentStack(cfg).eval()
+    stack = build_stack(cfg).eval()
     x, pos = torch.randn(1, 3, 16), torch.randn(1, 3, 16)
-    with pytest.raises(ValueError, match="positions"):
-        stack(x)
-    out, _ = stack(x, positions=pos)
+    out = stack(x, hooks=[AddAtEveryLevel(pos)]).output
     manual = x
     for i in range(4):
-        manual = stack.blocks[0](manual + stack.level_embedding[i] + pos, stack.levels[i])
+        level_embedding = sinusoidal_level_embedding(4, 16)[i]
+        manual = stack.blocks[0](manual + level_embedding + pos, stack.levels[i])
     torch.testing.assert_close(out, manual)
 
 
@@ -60,25 +68,26 @@ def test_act_weights_sum_to_one_and_ponder_counts_levels():
 
 def test_act_stack_reports_ponder_and_gets_gradients():
     cfg = BASE.replace(num_unique=1, act=True, signal=SignalConfig(kind="static"))
-    stack = RecurrentStack(cfg)
-    aux: dict = {}
-    out, _ = stack(torch.randn(2, 5, 16), aux=aux)
-    assert aux["ponder"].shape == (2, 5) and (aux["ponder"] >= 1).all()
-    (out.sum() + aux["ponder"].sum()).backward()
+    stack = build_stack(cfg)
+    result = stack(torch.randn(2, 5, 16))
+    assert result.ponder.shape == (2, 5) and (result.ponder >= 1).all()
+    (result.output.sum() + result.ponder.sum()).backward()
     assert stack.halting.proj.weight.grad.abs().sum() > 0
     assert stack.halting.proj.bias.item() == pytest.approx(1.0, abs=0.1)
 
 
 def test_act_decoder_stops_early_only_without_cache(monkeypatch):
-    cfg = BASE.replace(num_unique=1, act=True, act_bias_init=10.0, cross_attention=True)
-    stack = RecurrentStack(cfg).eval()
+    cfg = BASE.replace(
+        num_unique=1, act=True, act_bias_init=10.0, cross_attention=True, causal=True
+    )
+    stack = build_stack(cfg).eval()
     calls = []
     block = stack.blocks[0]
     original = block.forward
     monkeypatch.setattr(block, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
-    mem = torch.randn(1, 3, 16)
-    stack(torch.randn(1, 2, 16), memory=mem, causal=True)
+    mem = Memory(torch.randn(1, 3, 16))
+    stack(torch.randn(1, 2, 16), memory=mem)
     assert len(calls) == 1  # p ~ 1 at the first level: everyone halts
     calls.clear()
-    stack(torch.randn(1, 1, 16), memory=mem, causal=True, cache={})
+    stack(torch.randn(1, 1, 16), memory=mem, cache=StackCache())
     assert len(calls) == 4  # incremental decoding fills every level's cache

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from recurnmt.modules.layer_attention import eca_kernel_size
 
 from recurnmt.modules import LayerAttention, MRLABase, MRLALight
-from recurnmt.modules.layer_attention import eca_kernel_size
 from recurnmt.vision import create_model
 
 GRID = (3, 4)  # a non-square token grid: N = 12 patch tokens

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recurnmt.modules import ConfigError, RecurrentStack, SelfAttention, StackConfig
+from recurnmt.modules import (
+    AttentionTerms,
+    ConfigError,
+    LevelOutputs,
+    SelfAttention,
+    SlicedGroups,
+    StackConfig,
+    build_stack,
+)
 from recurnmt.modules.nll import NonLinearProjection
 from recurnmt.modules.residual import ResidualCoefficients
 from recurnmt.modules.sliced_attention import group_permutation, sliced_group_attention
@@ -47,11 +55,11 @@ def test_lrc_weights_each_branch():
 @pytest.mark.parametrize("pre", [True, False])
 def test_lrc_off_is_exactly_the_plain_residual(pre):
     cfg = SRET.replace(lrc="none", nll_ratio=0.0, attn_groups=(), normalize_before=pre)
-    with_lrc = RecurrentStack(cfg.replace(lrc="both")).eval()
-    plain = RecurrentStack(cfg).eval()
+    with_lrc = build_stack(cfg.replace(lrc="both")).eval()
+    plain = build_stack(cfg).eval()
     plain.load_state_dict(with_lrc.state_dict(), strict=False)
     x = torch.randn(2, 5, 32)
-    assert torch.equal(with_lrc(x)[0], plain(x)[0])  # coefficients at 1 change nothing
+    assert torch.equal(with_lrc(x).output, plain(x).output)  # coefficients at 1 change nothing
     assert not any("lrc" in n for n, _ in plain.named_parameters())
 
 
@@ -63,7 +71,7 @@ def test_nll_is_mlp_of_layernorm_plus_identity():
 
 
 def test_blocks_shared_across_loops_and_nlls_are_not():
-    stack = RecurrentStack(SRET)
+    stack = build_stack(SRET)
     assert stack.plan.block_of_level == (0, 0, 1, 1)  # internal loop, R = 2
     assert stack.block_of_level(0) is stack.block_of_level(1)
     assert stack.block_of_level(0) is not stack.block_of_level(2)
@@ -71,11 +79,11 @@ def test_blocks_shared_across_loops_and_nlls_are_not():
     assert all(n is not None for n in nlls)
     ids = {id(p) for n in nlls for p in n.parameters()}
     assert len(ids) == sum(1 for n in nlls for _ in n.parameters())  # four separate NLLs
-    assert stack.level_groups == (3, 1, 3, 1)
+    assert [p.slicing for p in stack.levels] == [SlicedGroups(3), None] * 2
 
 
 def test_external_loop_cycles_all_blocks():
-    stack = RecurrentStack(SRET.replace(sharing="cycle"))
+    stack = build_stack(SRET.replace(sharing="cycle"))
     assert stack.plan.block_of_level == (0, 1, 0, 1)
 
 
@@ -88,7 +96,8 @@ def test_one_group_equals_ordinary_attention_exactly():
     x = torch.randn(2, 9, 16)
     pad = torch.zeros(2, 9, dtype=torch.bool)
     pad[0, 6:] = True
-    assert torch.equal(attn(x, key_padding_mask=pad, groups=1), attn(x, key_padding_mask=pad))
+    one = AttentionTerms(slicing=SlicedGroups(1))
+    assert torch.equal(attn(x, key_padding_mask=pad, terms=one), attn(x, key_padding_mask=pad))
 
 
 @pytest.mark.parametrize("t", [7, 8, 2])  # not divisible by 3, divisible... and shorter than G
@@ -109,62 +118,71 @@ def test_padding_never_leaks_into_real_tokens():
     x = torch.randn(2, 10, 16)
     pad = torch.zeros(2, 10, dtype=torch.bool)
     pad[0, :4] = True  # left padding, as fairseq pads sources
-    y1 = attn(x, key_padding_mask=pad, groups=4)
+    y1 = attn(x, key_padding_mask=pad, terms=AttentionTerms(slicing=SlicedGroups(4)))
     x2 = x.clone()
     x2[0, :4] = 1e3 * torch.randn(4, 16)
-    y2 = attn(x2, key_padding_mask=pad, groups=4)
+    y2 = attn(x2, key_padding_mask=pad, terms=AttentionTerms(slicing=SlicedGroups(4)))
     torch.testing.assert_close(y1[0, 4:], y2[0, 4:])
     assert torch.isfinite(y2).all()
 
 
 def test_evaluation_is_deterministic_and_training_is_not():
-    stack = RecurrentStack(SRET).eval()
+    stack = build_stack(SRET).eval()
     x = torch.randn(2, 11, 32)
-    assert torch.equal(stack(x)[0], stack(x)[0])
+    assert torch.equal(stack(x).output, stack(x).output)
     assert torch.equal(
         group_permutation(11, False, x.device), group_permutation(11, False, x.device)
     )
     stack.train()
     torch.manual_seed(1)
-    first = stack(x)[0]
-    assert not torch.equal(first, stack(x)[0])
+    first = stack(x).output
+    assert not torch.equal(first, stack(x).output)
 
 
 def test_sliced_attention_is_refused_for_causal_decoders():
     with pytest.raises(ConfigError, match="encoder self-attention only"):
         SRET.replace(cross_attention=True)
-    with pytest.raises(ValueError, match="causal"):
-        SelfAttention(8, 2)(torch.randn(1, 4, 8), causal=True, groups=2)
+    with pytest.raises(ConfigError, match="encoder self-attention only"):
+        SRET.replace(causal=True)
+    with pytest.raises(ValueError, match="non-causal"):
+        SelfAttention(8, 2, causal=True)(
+            torch.randn(1, 4, 8), terms=AttentionTerms(slicing=SlicedGroups(2))
+        )
 
 
 def test_too_few_group_entries_for_the_loops():
     with pytest.raises(ConfigError, match="attn_groups"):
-        RecurrentStack(SRET.replace(attn_groups=(2,)))
+        build_stack(SRET.replace(attn_groups=(2,)))
 
 
 def test_untied_copy_keeps_groups_and_function():
-    stack = RecurrentStack(SRET).eval()
+    stack = build_stack(SRET).eval()
     untied = stack.untied().eval()
-    assert untied.level_groups == stack.level_groups
+    assert [p.slicing for p in untied.levels] == [p.slicing for p in stack.levels]
+    assert stack.levels[0].slicing == SlicedGroups(3) and stack.levels[1].slicing is None
     x = torch.randn(2, 7, 32)
-    torch.testing.assert_close(stack(x)[0], untied(x)[0])
+    torch.testing.assert_close(stack(x).output, untied(x).output)
 
 
 def test_shallow_branch_runs_each_block_once():
-    stack = RecurrentStack(SRET).eval()
+    stack = build_stack(SRET).eval()
     assert stack.plan.first_loop_levels() == [0, 2]
-    _, states = stack(torch.randn(1, 3, 32), levels=[0, 2], return_states=True)
-    assert len(states) == 2
+    states = LevelOutputs()
+    stack(torch.randn(1, 3, 32), levels=[0, 2], hooks=[states])
+    assert len(states.outputs) == 2
 
 
 def test_unpermuted_slices_are_contiguous_runs():
     attn = SelfAttention(16, 4).eval()
     x = torch.randn(1, 6, 16)
-    out = attn(x, groups=2, permute=False)
+    out = attn(x, terms=AttentionTerms(slicing=SlicedGroups(2, permute=False)))
     halves = torch.cat([attn(x[:, :3]), attn(x[:, 3:])], dim=1)
     torch.testing.assert_close(out, halves, atol=1e-6, rtol=1e-5)
 
 
 def test_permutation_per_loop():
-    stack = RecurrentStack(SRET.replace(attn_permute=(False, True)))
-    assert stack.level_permute == (False, True, False, True)
+    stack = build_stack(SRET.replace(attn_groups=(3, 2), attn_permute=(False, True)))
+    assert [p.slicing for p in stack.levels] == [
+        SlicedGroups(3, permute=False),
+        SlicedGroups(2, permute=True),
+    ] * 2

@@ -97,7 +97,7 @@ def _check_supported(model: nn.Module) -> None:
         )
     if not isinstance(model, VisionTransformer):
         raise ValueError(f"{name}: mean attention distance supports ViT-family models only")
-    if any(g > 1 for g in getattr(model.stack, "level_groups", ())):
+    if any(parts.slicing is not None for parts in model.stack.levels):
         raise ValueError("this model uses sliced group attention; MAD is not supported for it")
 
 
@@ -126,7 +126,7 @@ def model_attention_distance(
 
     _check_supported(model)
     model.eval()
-    levels = model.stack.cfg.num_levels
+    levels = model.stack.num_levels
     sums: Tensor | None = None
     count = 0
     cache: dict[tuple[int, int], Tensor] = {}

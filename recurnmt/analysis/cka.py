@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from recurnmt.cli import entry_point, run_cli
+from recurnmt.modules.hooks import LevelOutputs
 
 SIDES = ("encoder", "decoder")
 
@@ -145,7 +146,7 @@ class CKAAccumulator:
 def _num_levels(model: nn.Module, side: str) -> int:
     part = getattr(model, side)
     if hasattr(part, "stack"):  # ours: RecurrentEncoder / RecurrentDecoder
-        return part.stack.cfg.num_levels
+        return part.stack.num_levels
     return len(part.layers)  # fairseq's TransformerEncoderBase / TransformerDecoderBase
 
 
@@ -271,12 +272,9 @@ def vision_level_states(model: nn.Module, images: Tensor) -> list[Tensor]:
     """
     if not (hasattr(model, "embed") and hasattr(model, "stack")):
         raise ValueError(f"{type(model).__name__}: CKA supports the ViT-family models only")
-    x, grid = model.embed(images)
-    kwargs: dict[str, Any] = {"return_states": True}
-    if model.positions_every_level:
-        kwargs["positions"] = model.pos_embed.table(grid, x)
-    _, states = model.stack(x, **kwargs)
-    return [s.flatten(0, 1) for s in _levels_only(states, model.stack.cfg.num_levels)]
+    states = LevelOutputs()
+    model.forward_features(images, hooks=[states])
+    return [s.flatten(0, 1) for s in _levels_only(states.outputs, model.stack.num_levels)]
 
 
 def vision_cka(

@@ -1,34 +1,64 @@
 """Pure-PyTorch building blocks shared by the translation and vision front ends.
 
-Nothing in this package imports fairseq.
+Nothing in this package imports fairseq, and nothing here belongs to one front end only.
+The layers, bottom up (see ARCHITECTURE.md at the repository root):
+
+* one equation a file: attention (:mod:`~recurnmt.modules.attention`), sliced group
+  attention, FFN, level signals, level embeddings, NLL, residual coefficients, halting;
+* :class:`TransformerBlock` (built sub-modules) and :class:`LevelParts` (what a level owns);
+* :class:`DepthPlan` (level -> block) and :class:`RecurrentStack` (the one level loop),
+  extended per call by :class:`LevelHook` objects;
+* :class:`StackConfig` and :func:`build_stack`, which turn a configuration into a stack.
 """
 
-from recurnmt.modules.attention import CrossAttention, SelfAttention
+from recurnmt.modules.attention import (
+    AttentionTerms,
+    CrossAttention,
+    MemoryKV,
+    SelfAttention,
+    attention_logits,
+)
+from recurnmt.modules.block import TransformerBlock
+from recurnmt.modules.builders import build_block, build_level_parts, build_plan, build_stack
+from recurnmt.modules.cache import StackCache
 from recurnmt.modules.config import ConfigError, SignalConfig, StackConfig
 from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.feedforward import FeedForward
-from recurnmt.modules.layer_attention import LayerAttention, MRLABase, MRLALight
-from recurnmt.modules.layers import LevelParts, TransformerBlock
+from recurnmt.modules.hooks import AddAtEveryLevel, CrossAttentionWeights, LevelHook, LevelOutputs
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
+from recurnmt.modules.level_parts import LevelParts
 from recurnmt.modules.level_signals import FullRankSignal, LowRankSignal, build_signal
-from recurnmt.modules.stack import RecurrentStack
+from recurnmt.modules.sliced_attention import SlicedGroups
+from recurnmt.modules.stack import Memory, RecurrentStack, StackOutput
 
 __all__ = [
+    "AddAtEveryLevel",
+    "AttentionTerms",
     "ConfigError",
     "CrossAttention",
+    "CrossAttentionWeights",
     "DepthPlan",
     "FeedForward",
     "FullRankSignal",
-    "LayerAttention",
+    "LevelHook",
+    "LevelOutputs",
     "LevelParts",
     "LowRankSignal",
-    "MRLABase",
-    "MRLALight",
+    "Memory",
+    "MemoryKV",
     "RecurrentStack",
     "SelfAttention",
     "SignalConfig",
+    "SlicedGroups",
+    "StackCache",
     "StackConfig",
+    "StackOutput",
     "TransformerBlock",
+    "attention_logits",
+    "build_block",
+    "build_level_parts",
+    "build_plan",
+    "build_stack",
     "build_signal",
     "sinusoidal_level_embedding",
 ]

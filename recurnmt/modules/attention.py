@@ -4,10 +4,20 @@ Shape legend: B batch, T query length, S key length, C width, H heads, D = C / H
 Tensors are batch-first (B x T x C); keys and values are kept split by head (B x H x S x D),
 which is also the layout of the incremental decoding cache.
 
-Self-attention computes Q, K and V with one fused projection. RingFormer's level signals
-(RingFormer eq. 6) are additive terms on Q, K and V: the caller passes them as ``qkv_delta``
-(added after the projection) or ``qkv_input_delta`` (added to the input of each projection,
-Table 4 "before attn"), so this module knows nothing of levels.
+Self-attention computes Q, K and V with one fused projection. Everything a level or an
+extension adds to one attention call arrives as one :class:`AttentionTerms` object, so this
+module knows nothing of levels or papers:
+
+* RingFormer's level signals (RingFormer eq. 6) are additive terms on Q, K and V, after the
+  projection (``qkv_delta``) or on the input of each projection (``qkv_input_delta``, Table 4
+  "before attn");
+* an additive term on the logits (``bias``; DVT eq. 9, relationship reuse);
+* probes, which receive the attention logits (DVT's relationship reuse reads them, fairseq's
+  alignment output and the analysis recorder turn them into probabilities);
+* sliced group attention (``slicing``; SReT sec. 4).
+
+Attention logits and probabilities are computed in one place, :func:`attention_logits`; the
+fast path (no probe) never materialises them and lets SDPA pick a fused kernel.
 
 Cross-attention splits the work in two: :meth:`CrossAttention.project_memory` turns the encoder
 output into keys and values once, and :meth:`CrossAttention.forward` consumes them. A decoder
@@ -17,14 +27,85 @@ whose cross-attention is shared across levels therefore projects the memory once
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from recurnmt.modules.sliced_attention import group_permutation, sliced_group_attention
+from recurnmt.modules.sliced_attention import SlicedGroups
 
 KVCache = dict[str, Tensor]
+Probe = Callable[[Tensor], None]
+
+
+class MemoryKV(NamedTuple):
+    """The projected encoder memory one cross-attention reads.
+
+    Attributes:
+        k: keys, B x H x S x D.
+        v: values, B x H x S x D.
+        padding_mask: B x S, True at memory padding (None: no padding).
+    """
+
+    k: Tensor
+    v: Tensor
+    padding_mask: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class AttentionTerms:
+    """What a level and its extensions add to one attention call; ``a + b`` combines two.
+
+    Attributes:
+        qkv_delta: added after the Q/K/V projections, B x T x 3C (RingFormer eq. 6).
+        qkv_input_delta: added to the input of each projection, B x T x 3 x C (RingFormer
+            Table 4 "before attn"): Q = W_Q (x + g_Q(x)) and so on.
+        bias: float, broadcastable to B x H x T x S, added to the logits (DVT eq. 9).
+        probes: called with the logits (B x H x T x S, ``QK^T / sqrt(D)`` plus ``bias``,
+            ``-inf`` where masked); their presence makes the call compute attention
+            explicitly instead of through SDPA.
+        slicing: sliced group self-attention (SReT sec. 4); None is global attention.
+    """
+
+    qkv_delta: Tensor | None = None
+    qkv_input_delta: Tensor | None = None
+    bias: Tensor | None = None
+    probes: tuple[Probe, ...] = ()
+    slicing: SlicedGroups | None = None
+
+    def __add__(self, other: AttentionTerms | None) -> AttentionTerms:
+        if other is None:
+            return self
+        if self.slicing is not None and other.slicing is not None:
+            raise ValueError("two sliced group settings for one attention call")
+        return AttentionTerms(
+            qkv_delta=_add(self.qkv_delta, other.qkv_delta),
+            qkv_input_delta=_add(self.qkv_input_delta, other.qkv_input_delta),
+            bias=_add(self.bias, other.bias),
+            probes=self.probes + other.probes,
+            slicing=self.slicing if self.slicing is not None else other.slicing,
+        )
+
+
+NO_TERMS = AttentionTerms()
+
+
+def combine_terms(*terms: AttentionTerms | None) -> AttentionTerms | None:
+    """The sum of the given terms, None when none is given."""
+    out = None
+    for t in terms:
+        if t is not None:
+            out = t if out is None else out + t
+    return out
+
+
+def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 def _split_heads(x: Tensor, num_heads: int) -> Tensor:
@@ -67,6 +148,31 @@ def attention_mask(
     return mask
 
 
+def attention_logits(
+    q: Tensor, k: Tensor, mask: Tensor | None = None, bias: Tensor | None = None
+) -> Tensor:
+    """``Q K^T / sqrt(D) + bias``, ``-inf`` where ``mask`` forbids (Vaswani et al. eq. 1).
+
+    The one place where recurnmt materialises attention logits; their softmax over the last
+    axis is the attention probability.
+
+    Args:
+        q: B x H x T x D.
+        k: B x H x S x D.
+        mask: boolean, True = may attend, broadcastable to B x H x T x S.
+        bias: float, broadcastable to B x H x T x S.
+
+    Returns:
+        B x H x T x S.
+    """
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))  # B x H x T x S
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores
+
+
 class _Attention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float, bias: bool) -> None:
         super().__init__()
@@ -76,21 +182,59 @@ class _Attention(nn.Module):
         self.num_heads = num_heads
         self.dropout = dropout
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        # analysis probes, called with the logits of every call (see AttentionRecorder)
+        self.probes: list[Probe] = []
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    def _attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        terms: AttentionTerms,
+        is_causal: bool = False,
+    ) -> Tensor:
         # q: B x H x T x D, k/v: B x H x S x D -> B x T x C
         p = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        return self.out_proj(_merge_heads(out))
+        probes = terms.probes + tuple(self.probes)
+        if not probes:
+            if terms.bias is not None:
+                bias = terms.bias.to(q.dtype)
+                mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal
+            )
+            return self.out_proj(_merge_heads(out))
+        if is_causal:
+            mask = attention_mask(None, True, q.size(2), k.size(2), q.device)
+        logits = attention_logits(q, k, mask, terms.bias)
+        for probe in probes:
+            probe(logits)
+        probs = F.dropout(logits.softmax(-1), p) if p > 0 else logits.softmax(-1)
+        return self.out_proj(_merge_heads(probs @ v))
 
 
 class SelfAttention(_Attention):
-    """Multi-head self-attention (Vaswani et al. 2017, eq. 1) with an optional KV cache."""
+    """Multi-head self-attention (Vaswani et al. 2017, eq. 1) with an optional KV cache.
+
+    Args:
+        embed_dim: width C.
+        num_heads: heads H; must divide C.
+        dropout: dropout on the attention probabilities.
+        bias: biases in the projections.
+        causal: each query attends only to itself and earlier positions (decoders).
+    """
 
     def __init__(
-        self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        causal: bool = False,
     ) -> None:
         super().__init__(embed_dim, num_heads, dropout, bias)
+        self.causal = causal
         self.qkv_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)
         self.reset_parameters()
 
@@ -103,24 +247,15 @@ class SelfAttention(_Attention):
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
 
-    def project(
-        self, x: Tensor, qkv_delta: Tensor | None = None, qkv_input_delta: Tensor | None = None
-    ) -> Tensor:
-        """Q, K, V as B x T x 3C, with optional additive level signals.
-
-        Args:
-            x: input, B x T x C.
-            qkv_delta: added after the projections, B x T x 3C (RingFormer eq. 6).
-            qkv_input_delta: added to the input of each projection, B x T x 3 x C
-                (RingFormer Table 4 "before attn"): Q = W_Q (x + g_Q(x)) and so on.
-        """
+    def project(self, x: Tensor, terms: AttentionTerms = NO_TERMS) -> Tensor:
+        """Q, K, V of ``x`` (B x T x C) as B x T x 3C, with the terms' level signals."""
         qkv = self.qkv_proj(x)
-        if qkv_delta is not None:
-            qkv = qkv + qkv_delta
-        if qkv_input_delta is not None:
+        if terms.qkv_delta is not None:
+            qkv = qkv + terms.qkv_delta
+        if terms.qkv_input_delta is not None:
             c = self.embed_dim
             w = self.qkv_proj.weight.view(3, c, c)
-            qkv = qkv + torch.einsum("btjc,jdc->btjd", qkv_input_delta, w).flatten(2)
+            qkv = qkv + torch.einsum("btjc,jdc->btjd", terms.qkv_input_delta, w).flatten(2)
         return qkv
 
     def forward(
@@ -128,79 +263,41 @@ class SelfAttention(_Attention):
         x: Tensor,
         *,
         key_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        qkv_delta: Tensor | None = None,
-        qkv_input_delta: Tensor | None = None,
+        terms: AttentionTerms | None = None,
         cache: KVCache | None = None,
-        cache_key: str = "",
-        groups: int = 1,
-        permute: bool = True,
-        attn_bias: Tensor | None = None,
-        logits_out: list[Tensor] | None = None,
     ) -> Tensor:
         """Self-attention over ``x`` (B x T x C), returns B x T x C.
 
         Args:
             key_padding_mask: B x S, True at padding keys.
-            causal: each query attends only to itself and earlier positions.
-            cache: incremental decoding state; keys and values of earlier steps are read from
-                and appended to ``cache[cache_key + "k"]`` / ``cache[cache_key + "v"]``.
-            groups: sliced group self-attention with this many groups (SReT sec. 4);
-                1 is ordinary attention. Not combinable with ``causal`` or ``cache``.
-            permute: sliced attention permutes the tokens first; otherwise the slices are
-                contiguous runs of tokens.
-            attn_bias: float B x H x T x S (or broadcastable) added to the attention logits
-                before the softmax, passed to SDPA as its additive mask (DVT eq. 9).
-            logits_out: if given, the attention is computed explicitly and its logits
-                (B x H x T x S, ``QK^T / sqrt(D)`` plus ``attn_bias``) are appended to it.
+            terms: what the level and its extensions add (:class:`AttentionTerms`).
+            cache: incremental decoding state of this level; keys and values of earlier steps
+                are read from and appended to ``cache["k"]`` / ``cache["v"]``.
         """
-        q, k, v = self.project(x, qkv_delta, qkv_input_delta).chunk(3, dim=-1)
+        terms = NO_TERMS if terms is None else terms
+        q, k, v = self.project(x, terms).chunk(3, dim=-1)
         q, k, v = (_split_heads(t, self.num_heads) for t in (q, k, v))
-        if (attn_bias is not None or logits_out is not None) and (groups > 1 or cache is not None):
-            raise ValueError("attn_bias/logits_out need full attention without a cache")
-        if groups > 1:
-            if causal or cache is not None:
-                raise ValueError("sliced group attention does not support causal attention")
-            t = x.size(1)
-            perm = (
-                group_permutation(t, self.training, x.device)
-                if permute
-                else torch.arange(t, device=x.device)
-            )
+        if terms.slicing is not None and terms.slicing.groups > 1:
+            if self.causal or cache is not None or terms.bias is not None or terms.probes:
+                raise ValueError(
+                    "sliced group attention works on full, non-causal attention without "
+                    "logit terms or probes"
+                )
             p = self.dropout if self.training else 0.0
-            out = sliced_group_attention(q, k, v, groups, perm, key_padding_mask, p)
+            out = terms.slicing(q, k, v, key_padding_mask, p, self.training)
             return self.out_proj(_merge_heads(out))
         if cache is not None:
-            if cache_key + "k" in cache:
-                k = torch.cat([cache[cache_key + "k"], k], dim=2)
-                v = torch.cat([cache[cache_key + "v"], v], dim=2)
-            cache[cache_key + "k"], cache[cache_key + "v"] = k, v
+            if "k" in cache:
+                k = torch.cat([cache["k"], k], dim=2)
+                v = torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
         t, s = q.size(2), k.size(2)
-        plain = attn_bias is None and logits_out is None
-        if causal and key_padding_mask is None and t == s and plain:
-            # the common training case: let SDPA pick its fused causal kernel
-            p = self.dropout if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-            return self.out_proj(_merge_heads(out))
-        mask = attention_mask(key_padding_mask, causal and t > 1, t, s, x.device)
-        if plain:
-            return self._attend(q, k, v, mask)
-        if attn_bias is not None:
-            attn_bias = attn_bias.to(q.dtype)
-            mask = attn_bias if mask is None else attn_bias.masked_fill(~mask, float("-inf"))
-        if logits_out is None:
-            return self._attend(q, k, v, mask)
-        # the logits are wanted downstream (DVT relationship reuse): compute them once here
-        scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))  # B x H x T x S
-        if mask is not None and mask.is_floating_point():
-            scores = scores + mask
-        elif mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        logits_out.append(scores)
-        probs = scores.softmax(-1)
-        if self.training and self.dropout > 0:
-            probs = F.dropout(probs, self.dropout)
-        return self.out_proj(_merge_heads(probs @ v))
+        causal = self.causal and t > 1
+        if causal and key_padding_mask is None and t == s and terms.bias is None:
+            # the common training case: SDPA's fused causal kernel, no mask tensor
+            return self._attend(q, k, v, None, terms, is_causal=True)
+        mask = attention_mask(key_padding_mask, causal, t, s, x.device)
+        return self._attend(q, k, v, mask, terms)
 
 
 class CrossAttention(_Attention):
@@ -228,36 +325,24 @@ class CrossAttention(_Attention):
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
 
-    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+    def project_memory(self, memory: Tensor, padding_mask: Tensor | None = None) -> MemoryKV:
         """Keys and values of the memory (B x S x C_mem), each B x H x S x D."""
         k, v = self.kv_proj(memory).chunk(2, dim=-1)
-        return _split_heads(k, self.num_heads), _split_heads(v, self.num_heads)
+        return MemoryKV(
+            _split_heads(k, self.num_heads), _split_heads(v, self.num_heads), padding_mask
+        )
 
     def forward(
-        self,
-        x: Tensor,
-        memory_kv: tuple[Tensor, Tensor],
-        *,
-        memory_padding_mask: Tensor | None = None,
-        weights_out: dict[str, Tensor] | None = None,
+        self, x: Tensor, memory: MemoryKV, *, terms: AttentionTerms | None = None
     ) -> Tensor:
         """Attends ``x`` (B x T x C) to keys/values from :meth:`project_memory`.
 
         Args:
-            weights_out: if given, receives ``"attn"``, the attention probabilities averaged
-                over heads (B x T x S), as fairseq's ``--print-alignment`` expects; the
-                attention is then computed explicitly instead of by SDPA.
+            terms: only ``bias`` and ``probes`` apply to cross-attention (a probe gives
+                fairseq's alignment output).
         """
+        terms = NO_TERMS if terms is None else terms
         q = _split_heads(self.q_proj(x), self.num_heads)
-        k, v = memory_kv
-        mask = None if memory_padding_mask is None else ~memory_padding_mask[:, None, None, :]
-        if weights_out is None:
-            return self._attend(q, k, v, mask)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))  # B x H x T x S
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        probs = scores.softmax(-1)
-        weights_out["attn"] = probs.mean(dim=1)
-        if self.training and self.dropout > 0:
-            probs = F.dropout(probs, self.dropout)
-        return self.out_proj(_merge_heads(probs @ v))
+        pad = memory.padding_mask
+        mask = None if pad is None else ~pad[:, None, None, :]
+        return self._attend(q, memory.k, memory.v, mask, terms)

@@ -67,6 +67,8 @@ class StackConfig:
         normalize_before: pre-LN (True) or post-LN (False) residual blocks.
         signal: the per-level level signals.
         cross_attention: decoder blocks attend to an encoder memory.
+        causal: causal self-attention (decoders): a position attends to itself and earlier
+            positions only.
         dropout: residual and embedding dropout.
         attention_dropout: dropout on attention probabilities.
         activation_dropout: dropout after the FFN non-linearity.
@@ -110,6 +112,7 @@ class StackConfig:
     normalize_before: bool = False
     signal: SignalConfig = field(default_factory=SignalConfig)
     cross_attention: bool = False
+    causal: bool = False
     dropout: float = 0.1
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
@@ -156,7 +159,7 @@ class StackConfig:
             raise ConfigError(f"nll_ratio={self.nll_ratio} must be >= 0")
         if any(not isinstance(g, int) or g <= 0 for g in self.attn_groups):
             raise ConfigError(f"attn_groups={self.attn_groups} must be positive integers")
-        if self.cross_attention and any(g > 1 for g in self.attn_groups):
+        if (self.cross_attention or self.causal) and any(g > 1 for g in self.attn_groups):
             raise ConfigError(
                 f"attn_groups={self.attn_groups}: sliced group attention is for encoder "
                 "self-attention only; in a causal decoder a token's group would depend on "
@@ -193,10 +196,6 @@ class StackConfig:
                 f"default signal rank embed_dim // 16 is 0 for embed_dim={self.embed_dim}; "
                 "set the rank explicitly"
             )
-
-    @property
-    def unique_blocks(self) -> int:
-        return self.num_levels if self.num_unique is None else self.num_unique
 
     @property
     def has_final_norm(self) -> bool:

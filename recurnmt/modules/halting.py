@@ -26,10 +26,14 @@ class HaltingUnit(nn.Module):
         embed_dim: width of the state s_t.
         bias_init: initial b; 1.0 as in the Universal Transformer, so positions start by
             pondering over a few levels.
+        threshold: 1 - eps, the halting threshold (0.99 as in the Universal Transformer).
     """
 
-    def __init__(self, embed_dim: int, bias_init: float = 1.0) -> None:
+    def __init__(self, embed_dim: int, bias_init: float = 1.0, threshold: float = 0.99) -> None:
         super().__init__()
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"act_threshold={threshold} must lie in (0, 1]")
+        self.threshold = threshold
         self.proj = nn.Linear(embed_dim, 1)
         nn.init.constant_(self.proj.bias, bias_init)
 

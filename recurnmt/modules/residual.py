@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-LRC_MODES = ("none", "both", "identity", "main")
+from recurnmt.modules.config import LRC_MODES
 
 
 class ResidualCoefficients(nn.Module):

@@ -101,3 +101,51 @@ def sliced_group_attention(
     out = out.view(b, groups, h, size, d).transpose(1, 2).reshape(b, h, groups * size, d)
     out = out[:, :, :t]
     return out.index_select(2, torch.argsort(perm))
+
+
+class SlicedGroups:
+    """One level's sliced group setting: ``groups`` slices, permuted first or not.
+
+    A level of a recursive block owns one (loop r of a block uses SReT's ``groups[r]``); it
+    is handed to :class:`~recurnmt.modules.attention.SelfAttention` through the level's
+    :class:`~recurnmt.modules.attention.AttentionTerms`. It holds no parameters.
+
+    Args:
+        groups: number of slices G (1 = global attention).
+        permute: permute the tokens before slicing (else contiguous slices).
+    """
+
+    def __init__(self, groups: int, permute: bool = True) -> None:
+        if not isinstance(groups, int) or groups <= 0:
+            raise ValueError(f"groups={groups!r} must be a positive integer")
+        self.groups, self.permute = groups, permute
+
+    def __repr__(self) -> str:
+        return f"SlicedGroups(groups={self.groups}, permute={self.permute})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SlicedGroups) and (self.groups, self.permute) == (
+            other.groups,
+            other.permute,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.groups, self.permute))
+
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Tensor | None,
+        dropout_p: float,
+        training: bool,
+    ) -> Tensor:
+        """Sliced attention of q, k, v (B x H x T x D) -> B x H x T x D, original order."""
+        t = q.size(2)
+        perm = (
+            group_permutation(t, training, q.device)
+            if self.permute
+            else torch.arange(t, device=q.device)
+        )
+        return sliced_group_attention(q, k, v, self.groups, perm, key_padding_mask, dropout_p)

@@ -1,245 +1,209 @@
-"""A stack of levels executing shared blocks according to a depth plan.
+"""The one level loop of recurnmt: N levels executing M shared blocks by a depth plan.
 
-``RecurrentStack`` is the one level loop of recurnmt. It owns M unique
-:class:`~recurnmt.modules.layers.TransformerBlock` objects, N per-level
-:class:`~recurnmt.modules.layers.LevelParts` and a :class:`~recurnmt.modules.depth_plan.DepthPlan`;
-level i runs ``blocks[plan[i]]`` with ``levels[i]``. The architectures differ only in the
-configuration:
+A :class:`RecurrentStack` receives everything built (torchtune style): its M unique blocks,
+its N :class:`~recurnmt.modules.level_parts.LevelParts` and the
+:class:`~recurnmt.modules.depth_plan.DepthPlan`, the only source of level -> block truth;
+optionally a halting unit (ACT) and a final norm. Level i runs ``blocks[plan[i]]`` with
+``levels[i]``. :func:`~recurnmt.modules.builders.build_stack` makes all of them from a
+:class:`~recurnmt.modules.config.StackConfig`, and the architectures differ only there:
 
 =================  ======  ==========================================================
 architecture       M       per-level parts / options
 =================  ======  ==========================================================
 vanilla            N       none (norms in each block)
-Universal (UT)     1       sinusoidal level + position embedding at every level,
-                           optional ACT halting
+Universal (UT)     1       sinusoidal level embedding (+ positions, a hook) at every
+                           level, optional ACT halting
 RingFormer         1       own layer norms, low-rank signals on Q/K/V and FFN input
 One Wide FFN       N       attention per block, one FFN shared by all blocks
-Takase & Kiyono    M < N   none; ``sharing`` orders the blocks
-SReT (internal)    M, R    ``sequence`` order over M * R levels, an NLL after every
+Takase & Kiyono    M < N   none; the plan orders the blocks
+SReT (internal)    M, R    ``sequence`` plan over M * R levels, an NLL after every
                            level, LRC on every residual, sliced groups per loop
 =================  ======  ==========================================================
 
+Extensions of one call (positions at every level, MRLA, DVT's reuse, alignment weights,
+recording level outputs) are :class:`~recurnmt.modules.hooks.LevelHook` objects passed to
+:meth:`RecurrentStack.forward`; they never widen its signature.
+
 For decoders, the encoder memory is projected to keys and values once per unique block
 (once per sentence for a fully shared decoder) and reused by every level that runs the block;
-in incremental decoding those projections live in the cache next to each level's
-self-attention keys and values, so levels never mix their states.
+in incremental decoding those projections live in the
+:class:`~recurnmt.modules.cache.StackCache` next to each level's self-attention keys and
+values, so levels never mix their states.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from torch import Tensor, nn
 
-from recurnmt.modules.attention import KVCache
-from recurnmt.modules.config import ConfigError, StackConfig
+from recurnmt.modules.attention import MemoryKV
+from recurnmt.modules.cache import StackCache
 from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.halting import HaltingAccumulator, HaltingUnit
-from recurnmt.modules.layers import LevelParts, TransformerBlock, build_ffn
-from recurnmt.modules.level_embedding import sinusoidal_level_embedding
+from recurnmt.modules.hooks import LevelHook
+from recurnmt.modules.level_parts import LevelParts
+
+
+class Memory(NamedTuple):
+    """The encoder output a decoder stack attends to.
+
+    Attributes:
+        states: B x S x C.
+        padding_mask: B x S, True at padding (None: no padding).
+    """
+
+    states: Tensor
+    padding_mask: Tensor | None = None
+
+
+@dataclass
+class StackOutput:
+    """What one pass of a stack returns.
+
+    Attributes:
+        output: B x T x C, after the final norm.
+        ponder: ACT's N + R per position (B x T); None without halting.
+    """
+
+    output: Tensor
+    ponder: Tensor | None = None
 
 
 class RecurrentStack(nn.Module):
-    """N levels over M unique Transformer blocks.
+    """N levels over M unique blocks.
 
     Args:
-        cfg: the stack configuration.
-        plan: the level -> block mapping; built from ``cfg`` when omitted.
+        blocks: the M unique blocks (each follows the level protocol of
+            :mod:`recurnmt.modules.block`).
+        levels: the N levels' own parts; ``levels[i].index == i``.
+        plan: which block each level runs.
+        halting: Adaptive Computation Time over the levels (Universal Transformer sec. 2.2).
+        final_norm: applied to the output (pre-LN stacks).
+
+    Raises:
+        ValueError: the blocks or levels do not match the plan.
     """
 
-    def __init__(self, cfg: StackConfig, plan: DepthPlan | None = None) -> None:
+    def __init__(
+        self,
+        blocks: Sequence[nn.Module],
+        levels: Sequence[LevelParts],
+        plan: DepthPlan,
+        *,
+        halting: HaltingUnit | None = None,
+        final_norm: nn.Module | None = None,
+    ) -> None:
         super().__init__()
-        self.cfg = cfg
-        self.plan = plan or DepthPlan.build(cfg.num_levels, cfg.num_unique, cfg.sharing)
-        if self.plan.num_levels != cfg.num_levels:
-            raise ValueError(
-                f"depth plan has {self.plan.num_levels} levels, config {cfg.num_levels}"
-            )
-        if cfg.attn_permute and len(cfg.attn_permute) < self.plan.num_loops:
-            raise ConfigError(
-                f"attn_permute={cfg.attn_permute} gives a setting for {len(cfg.attn_permute)} "
-                f"loop(s), but blocks run up to {self.plan.num_loops} times"
-            )
-        if cfg.attn_groups and len(cfg.attn_groups) < self.plan.num_loops:
-            raise ConfigError(
-                f"attn_groups={cfg.attn_groups} gives groups for {len(cfg.attn_groups)} "
-                f"loop(s), but blocks run up to {self.plan.num_loops} times"
-            )
-        # sliced attention groups of each level: loop r of a block uses attn_groups[r]
-        self.level_groups = tuple(
-            cfg.attn_groups[self.plan.loop_of_level(i)] if cfg.attn_groups else 1
-            for i in range(cfg.num_levels)
-        )
-        self.level_permute = tuple(
-            cfg.attn_permute[self.plan.loop_of_level(i)] if cfg.attn_permute else True
-            for i in range(cfg.num_levels)
-        )
-        shared_ffn = build_ffn(cfg) if cfg.ffn_sharing == "shared" else None
-        self.blocks = nn.ModuleList(
-            TransformerBlock(cfg, ffn=shared_ffn) for _ in range(self.plan.num_unique)
-        )
-        self.levels = nn.ModuleList(LevelParts(cfg) for _ in range(cfg.num_levels))
-        if cfg.signal.kind == "static" or cfg.positions_every_level:
-            emb = sinusoidal_level_embedding(cfg.num_levels, cfg.embed_dim)
-            self.register_buffer("level_embedding", emb, persistent=False)
-        else:
-            self.level_embedding = None
-        self.halting = HaltingUnit(cfg.embed_dim, cfg.act_bias_init) if cfg.act else None
-        self.final_norm = (
-            nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps) if cfg.has_final_norm else None
-        )
+        if len(blocks) != plan.num_unique:
+            raise ValueError(f"{len(blocks)} blocks for a plan of {plan.num_unique} unique blocks")
+        if len(levels) != plan.num_levels:
+            raise ValueError(f"{len(levels)} level parts for a plan of {plan.num_levels} levels")
+        if any(parts.index != i for i, parts in enumerate(levels)):
+            raise ValueError("levels[i] must be the parts of level i")
+        self.plan = plan
+        self.blocks = nn.ModuleList(blocks)
+        self.levels = nn.ModuleList(levels)
+        self.halting = halting
+        self.final_norm = final_norm
 
-    def memory_kv(
-        self, memory: Tensor, cache: KVCache | None = None
-    ) -> dict[int, tuple[Tensor, Tensor]]:
-        """Keys/values of ``memory`` (B x S x C) for every unique block, computed once.
+    @property
+    def num_levels(self) -> int:
+        return self.plan.num_levels
+
+    def block_of_level(self, level: int) -> nn.Module:
+        """The block object executed at ``level``."""
+        return self.blocks[self.plan.block_of_level[level]]
+
+    def memory_kv(self, memory: Memory, cache: StackCache | None = None) -> dict[int, MemoryKV]:
+        """Keys/values of the memory for every unique block, computed once.
 
         In incremental decoding they are computed at the first step and read back from
         ``cache`` afterwards.
         """
         kv = {}
         for b in sorted(set(self.plan.block_of_level)):
-            key = f"m{b}."
-            if cache is not None and key + "k" in cache:
-                kv[b] = cache[key + "k"], cache[key + "v"]
+            if cache is not None and b in cache.memory:
+                kv[b] = cache.memory[b]
                 continue
-            kv[b] = self.blocks[b].cross_attn.project_memory(memory)
+            kv[b] = self.blocks[b].project_memory(memory.states, memory.padding_mask)
             if cache is not None:
-                cache[key + "k"], cache[key + "v"] = kv[b]
+                cache.memory[b] = kv[b]
         return kv
 
     def forward(
         self,
         x: Tensor,
         *,
-        key_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        memory: Tensor | None = None,
-        memory_padding_mask: Tensor | None = None,
-        positions: Tensor | None = None,
-        cache: KVCache | None = None,
+        padding_mask: Tensor | None = None,
+        memory: Memory | None = None,
+        cache: StackCache | None = None,
         levels: Sequence[int] | None = None,
-        return_states: bool = False,
-        aux: dict[str, Tensor] | None = None,
-        need_attn: bool = False,
-        level_kwargs: Callable[[int], dict[str, Any]] | None = None,
-        after_level: Callable[[int, Tensor], Tensor] | None = None,
-    ) -> tuple[Tensor, list[Tensor]]:
+        hooks: Sequence[LevelHook] = (),
+    ) -> StackOutput:
         """Runs the levels.
 
         Args:
             x: B x T x C.
-            key_padding_mask: B x T, True at padding.
-            causal: causal self-attention (decoders).
-            memory: B x S x C encoder output (decoders).
-            memory_padding_mask: B x S, True at memory padding.
-            positions: B x T x C position embeddings, added at every level with the level
-                embedding when ``cfg.positions_every_level`` (Universal Transformer).
-            cache: incremental decoding state (a dict owned by the caller); ``x`` then holds
-                only the new positions.
+            padding_mask: B x T, True at padding.
+            memory: the encoder output (decoders).
+            cache: incremental decoding state (owned by the caller); ``x`` then holds only
+                the new positions.
             levels: run only these levels, in this order (e.g. SReT's shallow branch
                 ``plan.first_loop_levels()``); all levels by default.
-            return_states: also return the output of every level (before the final norm).
-            aux: if given, receives ``"ponder"`` (B x T, ACT's N + R per position) and, with
-                ``need_attn``, ``"attn"``.
-            need_attn: put the last level's cross-attention probabilities, averaged over
-                heads (B x T x S), into ``aux["attn"]`` (fairseq's alignment output).
-            level_kwargs: called with a level index before that level runs; returns extra
-                keyword arguments for its block (``attn_bias``, ``attn_logits``,
-                ``ffn_context``: DVT's relationship and feature reuse), computed lazily so
-                that only one level's extras are alive at a time.
-            after_level: called as ``x = after_level(i, x)`` after level i's block, for
-                per-level parts that read across levels (MRLA layer attention,
-                :class:`~recurnmt.modules.layer_attention.LayerAttention`).
+            hooks: extensions of this call, asked in list order at every level.
 
         Returns:
-            The output (B x T x C) and the list of per-level outputs (empty unless asked).
+            The output and, with ACT, the ponder cost.
         """
-        if self.cfg.positions_every_level and positions is None:
-            raise ValueError("this stack adds positions at every level: pass positions")
-        kv = self.memory_kv(memory, cache) if self.cfg.cross_attention else {}
-        order = range(self.cfg.num_levels) if levels is None else levels
-        halting = HaltingAccumulator(x, self.cfg.act_threshold) if self.halting else None
-        states: list[Tensor] = []
+        kv = self.memory_kv(memory, cache) if memory is not None else {}
+        order = range(self.num_levels) if levels is None else levels
+        halting = HaltingAccumulator(x, self.halting.threshold) if self.halting else None
         for step, i in enumerate(order):
-            if self.level_embedding is not None:
-                x = x + self.level_embedding[i]
-            if self.cfg.positions_every_level:
-                x = x + positions
-            last = step == len(order) - 1
+            parts = self.levels[i]
+            x = parts.enter(x)
+            for hook in hooks:
+                x = hook.before_level(i, x)
             if halting is not None:
-                weights = halting.weights(self.halting(x), last=last)
+                weights = halting.weights(self.halting(x), last=step == len(order) - 1)
             b = self.plan.block_of_level[i]
             x = self.blocks[b](
                 x,
-                self.levels[i],
-                key_padding_mask=key_padding_mask,
-                causal=causal,
-                memory_kv=kv.get(b),
-                memory_padding_mask=memory_padding_mask,
-                cache=cache,
-                cache_key=f"{i}.",
-                attn_groups=self.level_groups[i],
-                attn_permute=self.level_permute[i],
-                drop_path=self.cfg.drop_path_rate(i),
-                cross_weights=aux if need_attn and last and aux is not None else None,
-                **(level_kwargs(i) if level_kwargs is not None else {}),
+                parts,
+                padding_mask=padding_mask,
+                memory=kv.get(b),
+                cache=None if cache is None else cache.level(i),
+                hooks=hooks,
             )
-            if after_level is not None:
-                x = after_level(i, x)
+            for hook in hooks:
+                x = hook.after_level(i, x)
             if halting is not None:
                 halting.accumulate(x, weights)
-            if return_states:
-                states.append(x if halting is None else halting.output)
-            # with a cache every level must fill its keys/values for later steps
-            if halting is not None and cache is None and not need_attn and halting.all_halted():
-                break
+                # with a cache or hooks every level must run (later steps, per-level reads)
+                if cache is None and not hooks and halting.all_halted():
+                    break
+        ponder = None
         if halting is not None:
-            x = halting.output
-            if aux is not None:
-                aux["ponder"] = halting.ponder_cost
+            x, ponder = halting.output, halting.ponder_cost
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x, states
-
-    @staticmethod
-    def reorder_cache(cache: KVCache, new_order: Tensor) -> KVCache:
-        """The cache with its batch rows selected by ``new_order`` (beam search).
-
-        Self-attention keys/values are reordered. The projected memory is the same for all
-        beams of a sentence, so while the batch keeps its size (beams reshuffled within each
-        sentence) it is left as is, as fairseq does for encoder-decoder attention; it is
-        selected only when finished sentences leave the batch.
-        """
-        out = {}
-        for key, value in cache.items():
-            same_size = value.size(0) == new_order.numel()
-            out[key] = (
-                value if key.startswith("m") and same_size else value.index_select(0, new_order)
-            )
-        return out
+        return StackOutput(x, ponder)
 
     def untied(self) -> RecurrentStack:
         """A copy in which every level has its own block, holding the same weights.
 
         The copy computes the same function; it is the reference against which weight sharing
-        is checked, and a starting point for fine-tuning without sharing.
+        is checked, and a starting point for fine-tuning without sharing. A module shared by
+        several blocks (One Wide FFN) is copied into each.
         """
-        ffn_sharing = "block" if self.cfg.ffn_sharing == "shared" else self.cfg.ffn_sharing
-        cfg = self.cfg.replace(num_unique=None, ffn_sharing=ffn_sharing)
-        copy = RecurrentStack(cfg, DepthPlan.build(self.cfg.num_levels))
-        copy.level_groups = self.level_groups
-        copy.level_permute = self.level_permute
-        copy.to(next(self.parameters()).device)
-        for level in range(self.cfg.num_levels):
-            copy.blocks[level].load_state_dict(self.block_of_level(level).state_dict())
-        copy.levels.load_state_dict(self.levels.state_dict())
-        for name in ("halting", "final_norm"):
-            if getattr(self, name) is not None:
-                getattr(copy, name).load_state_dict(getattr(self, name).state_dict())
-        return copy
-
-    def block_of_level(self, level: int) -> TransformerBlock:
-        """The block object executed at ``level``."""
-        return self.blocks[self.plan.block_of_level[level]]
+        blocks = [copy.deepcopy(self.block_of_level(i)) for i in range(self.num_levels)]
+        return RecurrentStack(
+            blocks,
+            copy.deepcopy(list(self.levels)),
+            DepthPlan.build(self.num_levels),
+            halting=copy.deepcopy(self.halting),
+            final_norm=copy.deepcopy(self.final_norm),
+        )

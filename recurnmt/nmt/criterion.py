@@ -57,10 +57,10 @@ def lrc_coefficients(model, which: str = "first-block") -> "dict[str, float]":
         stack = getattr(getattr(model, side, None), "stack", None)
         if stack is None:
             continue
-        names = ["self_attn"] + (["cross_attn"] if stack.cfg.cross_attention else [])
-        names += ["ffn"] if stack.cfg.ffn_sharing != "none" else []
         blocks = stack.blocks if which == "all" else stack.blocks[:1]
         for b, block in enumerate(blocks):
+            names = ["self_attn"] + (["cross_attn"] if block.cross_attn is not None else [])
+            names += ["ffn"] if block.ffn is not None else []
             for branch in ("main", "skip"):
                 coef = getattr(block.lrc, branch)
                 if coef is not None:

@@ -2,9 +2,9 @@
 
 Incremental decoding state: fairseq keys incremental state by module instance, and one block
 object runs at every level, so the attention modules cannot own their state. Instead the
-decoder keeps one flat dict for the whole stack, in which level i's self-attention keys and
-values are ``"{i}.k"`` / ``"{i}.v"`` and the projected encoder memory of unique block b is
-``"m{b}.k"`` / ``"m{b}.v"`` (computed at the first step only). Beam search reorders every entry.
+decoder keeps one :class:`~recurnmt.modules.cache.StackCache` for the whole stack: every
+level's self-attention keys and values, and the projected encoder memory of every unique block
+(computed at the first step only). Beam search reorders every level's entries.
 """
 
 from __future__ import annotations
@@ -15,10 +15,18 @@ import torch.nn.functional as F
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
-from recurnmt.modules import RecurrentStack, StackConfig
+from recurnmt.modules import (
+    AddAtEveryLevel,
+    CrossAttentionWeights,
+    LevelOutputs,
+    Memory,
+    StackCache,
+    StackConfig,
+    build_stack,
+)
 from recurnmt.nmt.embedding import TokenEmbedding
 
-IncrementalState = dict[str, dict[str, Tensor | None]]
+IncrementalState = dict[str, StackCache]
 _CACHE = "levels"
 
 
@@ -38,7 +46,8 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             add_positions=not stack_cfg.positions_every_level,
         )
         self.padding_idx = self.embed.padding_idx
-        self.stack = RecurrentStack(stack_cfg)
+        self.positions_every_level = stack_cfg.positions_every_level
+        self.stack = build_stack(stack_cfg)
         self.share_input_output_embed = args.share_decoder_input_output_embed
         if self.share_input_output_embed:
             self.output_projection = None
@@ -99,34 +108,38 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         x, _, positions = self.embed(prev_output_tokens, incremental_state)  # B x T x C
         cache = None
         if incremental_state is not None:
-            cache = self.get_incremental_state(incremental_state, _CACHE)
-            if cache is None:
-                cache = {}
+            cache = self.get_incremental_state(incremental_state, _CACHE) or StackCache()
             self_padding_mask = None  # generated prefixes hold no padding
         else:
             self_padding_mask = _interior_padding(prev_output_tokens, self.padding_idx)
-        aux: dict[str, Tensor] = {}
-        x, states = self.stack(
+        hooks = [AddAtEveryLevel(positions)] if self.positions_every_level else []
+        # like fairseq's transformer: alignment weights of the last level in evaluation
+        levels = self.stack.plan.first_loop_levels() if shallow else None
+        alignment = None
+        if not self.training:
+            alignment = CrossAttentionWeights(levels[-1] if levels else self.stack.num_levels - 1)
+            hooks.append(alignment)
+        states = LevelOutputs()
+        if return_all_hiddens:
+            hooks.append(states)
+        out = self.stack(
             x,
-            key_padding_mask=self_padding_mask,
-            causal=True,
-            memory=memory,
-            memory_padding_mask=memory_padding_mask,
-            positions=positions,
+            padding_mask=self_padding_mask,
+            memory=Memory(memory, memory_padding_mask),
             cache=cache,
-            levels=self.stack.plan.first_loop_levels() if shallow else None,
-            return_states=return_all_hiddens,
-            aux=aux,
-            # like fairseq's transformer: alignment weights of the last level in evaluation
-            need_attn=not self.training,
+            levels=levels,
+            hooks=hooks,
         )
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, _CACHE, cache)
-        inner = [s.transpose(0, 1) for s in states]  # List[T x B x C]
-        extra: dict[str, Any] = {"attn": [aux.get("attn")], "inner_states": inner}
-        if "ponder" in aux:
-            extra["ponder"] = aux["ponder"]  # B x T, ACT only
-        return x, extra
+        inner = [s.transpose(0, 1) for s in states.outputs]  # List[T x B x C]
+        extra: dict[str, Any] = {
+            "attn": [alignment.weights if alignment is not None else None],
+            "inner_states": inner,
+        }
+        if out.ponder is not None:
+            extra["ponder"] = out.ponder  # B x T, ACT only
+        return out.output, extra
 
     def output_layer(self, features: Tensor) -> Tensor:
         """Projects features to vocabulary logits."""
@@ -144,9 +157,7 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         cache = self.get_incremental_state(incremental_state, _CACHE)
         if cache is None:
             return
-        self.set_incremental_state(
-            incremental_state, _CACHE, RecurrentStack.reorder_cache(cache, new_order)
-        )
+        self.set_incremental_state(incremental_state, _CACHE, cache.reorder(new_order))
 
 
 def _interior_padding(tokens: Tensor, padding_idx: int) -> Tensor | None:

@@ -7,7 +7,7 @@ from typing import Any
 from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
-from recurnmt.modules import RecurrentStack, StackConfig
+from recurnmt.modules import AddAtEveryLevel, LevelOutputs, StackConfig, build_stack
 from recurnmt.nmt.embedding import TokenEmbedding
 
 EncoderOut = dict[str, list[Tensor]]
@@ -33,7 +33,8 @@ class RecurrentEncoder(FairseqEncoder):
             add_positions=not stack_cfg.positions_every_level,
         )
         self.padding_idx = self.embed.padding_idx
-        self.stack = RecurrentStack(stack_cfg)
+        self.positions_every_level = stack_cfg.positions_every_level
+        self.stack = build_stack(stack_cfg)
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -59,26 +60,27 @@ class RecurrentEncoder(FairseqEncoder):
         x, embedded, positions = self.embed(src_tokens)  # B x T x C
         if has_pads:
             x = x * (~padding_mask).unsqueeze(-1).type_as(x)
-        aux: dict[str, Tensor] = {}
-        x, states = self.stack(
+        hooks = [AddAtEveryLevel(positions)] if self.positions_every_level else []
+        states = LevelOutputs()
+        if return_all_hiddens:
+            hooks.append(states)
+        out = self.stack(
             x,
-            key_padding_mask=padding_mask if has_pads else None,
-            positions=positions,
+            padding_mask=padding_mask if has_pads else None,
             levels=self.stack.plan.first_loop_levels() if shallow else None,
-            return_states=return_all_hiddens,
-            aux=aux,
+            hooks=hooks,
         )
         if src_lengths is None:
             src_lengths = (~padding_mask).sum(dim=1, dtype=src_tokens.dtype)
         return {
-            "encoder_out": [x.transpose(0, 1)],  # T x B x C
+            "encoder_out": [out.output.transpose(0, 1)],  # T x B x C
             "encoder_padding_mask": [padding_mask],  # B x T
             "encoder_embedding": [embedded],  # B x T x C
-            "encoder_states": [s.transpose(0, 1) for s in states],  # List[T x B x C]
+            "encoder_states": [s.transpose(0, 1) for s in states.outputs],  # List[T x B x C]
             "fc_results": [],
             "src_tokens": [],
             "src_lengths": [src_lengths.view(-1, 1)],
-            "ponder": [aux["ponder"]] if "ponder" in aux else [],  # B x T, ACT only
+            "ponder": [out.ponder] if out.ponder is not None else [],  # B x T, ACT only
         }
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:

@@ -214,7 +214,7 @@ def stack_configs(args: Any) -> tuple[StackConfig, StackConfig]:
     encoder = _side_config(
         args, "encoder", common, attn_groups=tuple(args.encoder_attn_groups or ())
     )
-    decoder = _side_config(args, "decoder", common, cross_attention=True)
+    decoder = _side_config(args, "decoder", common, cross_attention=True, causal=True)
     return encoder, decoder
 
 

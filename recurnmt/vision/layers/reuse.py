@@ -7,9 +7,11 @@ A downstream model of a DVT cascade reuses its upstream model's computation:
 * :class:`RelationReuse` (eq. 8-9): an MLP over the upstream attention logits of all levels,
   upsampled row- and column-wise (Fig. 5) and added to each downstream level's logits.
 
-Both hand each level of a :class:`~recurnmt.modules.RecurrentStack` its terms through the
-block hooks ``ffn_context`` and ``attn_bias``; the cascade is :mod:`recurnmt.vision.models.dvt`,
-which also lists the choices made where the paper is silent.
+Both reach each level of a downstream :class:`~recurnmt.modules.RecurrentStack` through one
+:class:`ReuseHook` per forward pass (a :class:`~recurnmt.modules.hooks.LevelHook`: the
+relation term is the self-attention's logit bias, the feature term replaces the pre-FFN
+norm); the same hook captures a stage's logits for its downstream model. The cascade is
+:mod:`recurnmt.vision.models.dvt`, which also lists the choices made where the paper is silent.
 
 Shape legend: B batch, T = 1 + N tokens with an N = h x w grid, D width, H heads, L levels,
 D' context width, F FFN width, M attention maps.
@@ -17,11 +19,14 @@ D' context width, F FFN width, M attention maps.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from recurnmt.modules.attention import AttentionTerms
+from recurnmt.modules.hooks import LevelHook
 
 Grid = tuple[int, int]
 
@@ -136,28 +141,22 @@ class FeatureReuse(nn.Module):
         e = upsample_tokens(e, grid_in, grid_out, mode)  # B x N x LD'
         return e.unflatten(-1, (num_levels, d)).permute(2, 0, 1, 3)  # L x B x N x D'
 
-    def ffn_context(
-        self, contexts: Tensor, level: int, prefix: int
-    ) -> Callable[[Tensor, nn.Module], tuple[Tensor, Tensor]]:
-        """Level ``level``'s ``ffn_context`` hook (see
-        :class:`~recurnmt.modules.layers.TransformerBlock`): ``(z', norm)`` -> the D part of
-        ``LN(Concat(z', E_l))`` and ``W_E`` times its D' part (B x T x F)."""
+    def ffn_input(
+        self, contexts: Tensor, level: int, prefix: int, x: Tensor, norm: nn.Module
+    ) -> tuple[Tensor, Tensor]:
+        """Level ``level``'s FFN input from ``LN(Concat(z', E_l))`` (eq. 5): the D part of
+        the joint norm (B x T x D) and ``W_E`` times its D' part (B x T x F)."""
+        if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
+            raise ValueError("feature reuse needs affine LayerNorms before the FFN")
         e = F.pad(contexts[level], (0, 0, prefix, 0))  # B x T x D', zero at the class token
         ctx_norm = self.norms[self.norm_of_level[level]]
-        proj = self.projs[self.proj_of_level[level]]
-
-        def joint(x: Tensor, norm: nn.Module) -> tuple[Tensor, Tensor]:
-            if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
-                raise ValueError("feature reuse needs affine LayerNorms before the FFN")
-            d = x.size(-1)
-            u = torch.cat([x, e.to(x.dtype)], dim=-1)  # B x T x (D + D')
-            weight = torch.cat([norm.weight, ctx_norm.weight])
-            bias = torch.cat([norm.bias, ctx_norm.bias])
-            u = F.layer_norm(u, (u.size(-1),), weight, bias, norm.eps)
-            h, c = u.split([d, u.size(-1) - d], dim=-1)
-            return h, proj(c)
-
-        return joint
+        d = x.size(-1)
+        u = torch.cat([x, e.to(x.dtype)], dim=-1)  # B x T x (D + D')
+        weight = torch.cat([norm.weight, ctx_norm.weight])
+        bias = torch.cat([norm.bias, ctx_norm.bias])
+        u = F.layer_norm(u, (u.size(-1),), weight, bias, norm.eps)
+        h, c = u.split([d, u.size(-1) - d], dim=-1)
+        return h, self.projs[self.proj_of_level[level]](c)
 
 
 class RelationReuse(nn.Module):
@@ -198,3 +197,48 @@ class RelationReuse(nn.Module):
         rows = slice(level * self.num_heads, (level + 1) * self.num_heads)
         a = F.conv2d(hidden, self.fc2.weight[rows], self.fc2.bias[rows])  # B x H x T_up x T_up
         return upsample_relations(a, grid_in, grid_out, prefix, mode)
+
+
+class ReuseHook(LevelHook):
+    """DVT's reuse in one forward pass of a downstream stage, and its logit capture.
+
+    Args:
+        prefix: prefix (class) tokens of the stage.
+        features: the stage's :class:`FeatureReuse` and its contexts (L x B x N x D'),
+            or None.
+        relations: the stage's :class:`RelationReuse` and its hidden maps
+            (:meth:`RelationReuse.hidden`), or None.
+        grids: the upstream and this stage's token grids.
+        mode: the upsampling mode.
+        capture: if given, receives this stage's self-attention logits of every level, in
+            order (for the next stage's relation reuse).
+    """
+
+    def __init__(
+        self,
+        prefix: int,
+        *,
+        features: tuple[FeatureReuse, Tensor] | None = None,
+        relations: tuple[RelationReuse, Tensor] | None = None,
+        grids: tuple[Grid, Grid] | None = None,
+        mode: str = "bilinear",
+        capture: list[Tensor] | None = None,
+    ) -> None:
+        if (features or relations) and grids is None:
+            raise ValueError("reuse needs the upstream and downstream grids")
+        self.prefix, self.features, self.relations = prefix, features, relations
+        self.grids, self.mode, self.capture = grids, mode, capture
+
+    def attention(self, level: int, h: Tensor) -> AttentionTerms | None:
+        bias = None
+        if self.relations is not None:
+            rr, hidden = self.relations
+            bias = rr.bias(hidden, level, *self.grids, self.prefix, self.mode)
+        probes = (self.capture.append,) if self.capture is not None else ()
+        return AttentionTerms(bias=bias, probes=probes) if bias is not None or probes else None
+
+    def ffn_input(self, level: int, x: Tensor, norm: nn.Module) -> tuple[Tensor, Tensor] | None:
+        if self.features is None:
+            return None
+        fr, contexts = self.features
+        return fr.ffn_input(contexts, level, self.prefix, x, norm)

@@ -46,7 +46,7 @@ L levels, D' context width, F FFN width, C classes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from recurnmt.vision.layers import to_2tuple
-from recurnmt.vision.layers.reuse import FeatureReuse, Grid, RelationReuse
+from recurnmt.vision.layers.reuse import FeatureReuse, Grid, RelationReuse, ReuseHook
 from recurnmt.vision.models.vit import VisionTransformer
 from recurnmt.vision.registry import create_model, register_model
 
@@ -131,29 +131,31 @@ class DVTCascade(nn.Module):
         self.feature_reuse = nn.ModuleList()
         self.relation_reuse = nn.ModuleList()
         for up, down in zip(stages[:-1], stages[1:], strict=True):
-            cfg, plan = down.stack.cfg, down.stack.plan
+            shape = _stack_shape(down)
             if feature_reuse:
-                if cfg.ffn_sharing == "none":
+                if shape["ffn_dim"] is None:
                     raise ValueError("feature_reuse=True needs backbones with an FFN")
                 self.feature_reuse.append(
                     FeatureReuse(
                         up.num_features,
                         down.num_features,
-                        cfg.ffn_dim,
-                        plan.block_of_level,
-                        norms_per_level=cfg.norms_per_level,
-                        shared_ffn=cfg.ffn_sharing == "shared",
+                        shape["ffn_dim"],
+                        down.stack.plan.block_of_level,
+                        norms_per_level=shape["norms_per_level"],
+                        shared_ffn=shape["shared_ffn"],
                         hidden_dim=context_hidden_dim,
                         context_dim=context_dim,
-                        norm_eps=cfg.norm_eps,
+                        norm_eps=shape["norm_eps"],
                     )
                 )
             else:
                 self.feature_reuse.append(nn.Identity())
             if relation_reuse:
-                up_maps = up.stack.cfg.num_heads * up.stack.cfg.num_levels
+                up_maps = _stack_shape(up)["num_heads"] * up.stack.num_levels
                 self.relation_reuse.append(
-                    RelationReuse(up_maps, cfg.num_heads, cfg.num_levels, relation_hidden_ratio)
+                    RelationReuse(
+                        up_maps, shape["num_heads"], down.stack.num_levels, relation_hidden_ratio
+                    )
                 )
             else:
                 self.relation_reuse.append(nn.Identity())
@@ -188,32 +190,31 @@ class DVTCascade(nn.Module):
             images, size=size, mode="bilinear", align_corners=False, antialias=True
         )
 
-    def _level_kwargs(
-        self, k: int, up: Upstream | None, want_logits: list[Tensor] | None
-    ) -> Callable[[int], dict] | None:
-        """Stage k's per-level block arguments: reuse terms from ``up``, logit capture."""
+    def _reuse_hook(
+        self, k: int, up: Upstream | None, capture: list[Tensor] | None
+    ) -> list[ReuseHook]:
+        """Stage k's level hooks: reuse terms from ``up``, logit capture into ``capture``."""
         fr = self.feature_reuse[k - 1] if k > 0 and up is not None else None
         rr = self.relation_reuse[k - 1] if k > 0 and up is not None else None
         fr = fr if isinstance(fr, FeatureReuse) else None
         rr = rr if isinstance(rr, RelationReuse) else None
-        if fr is None and rr is None and want_logits is None:
-            return None
+        if fr is None and rr is None and capture is None:
+            return []
         prefix = self.stages[k].num_prefix_tokens
-        grid_in, grid_out, mode = up.grid if up else None, self.grids[k], self.upsample_mode
-        contexts = fr.contexts(up.tokens, grid_in, grid_out, prefix, mode) if fr else None
-        hidden = rr.hidden(up.logits) if rr else None
-
-        def kwargs(level: int) -> dict:
-            out = {}
-            if contexts is not None:
-                out["ffn_context"] = fr.ffn_context(contexts, level, prefix)
-            if hidden is not None:
-                out["attn_bias"] = rr.bias(hidden, level, grid_in, grid_out, prefix, mode)
-            if want_logits is not None:
-                out["attn_logits"] = want_logits
-            return out
-
-        return kwargs
+        grids = (up.grid, self.grids[k]) if up is not None else None
+        mode = self.upsample_mode
+        features = (fr, fr.contexts(up.tokens, *grids, prefix, mode)) if fr else None
+        relations = (rr, rr.hidden(up.logits)) if rr else None
+        return [
+            ReuseHook(
+                prefix,
+                features=features,
+                relations=relations,
+                grids=grids,
+                mode=mode,
+                capture=capture,
+            )
+        ]
 
     def run_stage(
         self, k: int, images: Tensor, up: Upstream | None, keep: bool
@@ -224,9 +225,8 @@ class DVTCascade(nn.Module):
         needs_logits = keep and isinstance(self.relation_reuse[k], RelationReuse)
         needs_tokens = keep and isinstance(self.feature_reuse[k], FeatureReuse)
         logits: list[Tensor] | None = [] if needs_logits else None
-        level_kwargs = self._level_kwargs(k, up, logits)
-        extra = {} if level_kwargs is None else {"level_kwargs": level_kwargs}
-        tokens = stage.forward_features(self.stage_input(k, images), **extra)  # B x T x D
+        hooks = self._reuse_hook(k, up, logits)
+        tokens = stage.forward_features(self.stage_input(k, images), hooks=hooks)  # B x T x D
         out = stage.forward_head(tokens)
         if not keep:
             return out, None
@@ -251,9 +251,8 @@ class DVTCascade(nn.Module):
         for k in range(self.num_exits - 1):
             _, up = self.run_stage(k, x, up, keep=True)
         k = self.num_exits - 1
-        level_kwargs = self._level_kwargs(k, up, None)
-        extra = {} if level_kwargs is None else {"level_kwargs": level_kwargs}
-        return self.stages[k].forward_features(self.stage_input(k, x), **extra)
+        hooks = self._reuse_hook(k, up, None)
+        return self.stages[k].forward_features(self.stage_input(k, x), hooks=hooks)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """The last exit's head on its tokens."""
@@ -315,6 +314,21 @@ class AllExits(nn.Module):
         if not self.training:
             return self.module(x)
         return tuple(self.module.forward_exits(x))
+
+
+def _stack_shape(model: VisionTransformer) -> dict:
+    """What the reuse modules need to know of a backbone's stack, read off its modules."""
+    stack = model.stack
+    blocks = list(stack.blocks)
+    ffn = blocks[0].ffn
+    norms = stack.levels[0].norms if stack.levels[0].norms is not None else blocks[0].norms
+    return {
+        "ffn_dim": None if ffn is None else ffn.up.out_features,
+        "norms_per_level": stack.levels[0].norms is not None,
+        "shared_ffn": len(blocks) > 1 and all(b.ffn is ffn for b in blocks),
+        "norm_eps": norms[0].eps,
+        "num_heads": blocks[0].self_attn.num_heads,
+    }
 
 
 def check_grids(grids: Sequence[Grid]) -> None:

@@ -8,15 +8,19 @@ A Mixer block (Tolstikhin et al. 2021, eq. 1) mixes tokens, then channels:
 SReT's recursive Mixer runs every block twice in a row, Y = M(M(X)) (SReT eq. 7; no NLL
 "for simplicity"), and "+LRC" puts learnable coefficients on both branches of both residuals
 (SReT eq. 9). Both MLPs are :class:`~recurnmt.modules.FeedForward` and the coefficients
-:class:`~recurnmt.modules.residual.ResidualCoefficients`; the level order is a
-:class:`~recurnmt.modules.DepthPlan`. Shape legend: B batch, S tokens, C channels.
+:class:`~recurnmt.modules.residual.ResidualCoefficients`. A Mixer block follows the level
+protocol, so the levels run in the one level loop, :class:`~recurnmt.modules.RecurrentStack`,
+by a ``sequence`` :class:`~recurnmt.modules.DepthPlan`. Shape legend: B batch, S tokens,
+C channels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import Tensor, nn
 
-from recurnmt.modules import DepthPlan, FeedForward
+from recurnmt.modules import DepthPlan, FeedForward, LevelHook, LevelParts, RecurrentStack
 from recurnmt.modules.residual import ResidualCoefficients
 from recurnmt.vision.layers import PatchEmbed, to_2tuple
 from recurnmt.vision.registry import register_model
@@ -51,19 +55,34 @@ class MixerBlock(nn.Module):
         self.lrc = ResidualCoefficients(2, lrc)
         self.drop = nn.Dropout(drop_rate)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        parts: LevelParts,
+        *,
+        padding_mask: Tensor | None = None,
+        memory: object = None,
+        cache: object = None,
+        hooks: Sequence[LevelHook] = (),
+    ) -> Tensor:
+        """One level (the level protocol of :mod:`recurnmt.modules.block`): B x S x C.
+
+        Images have no padding, memory or cache; level hooks act before and after the block.
+        """
+        if padding_mask is not None or memory is not None or cache is not None:
+            raise ValueError("a Mixer block takes no padding mask, memory or cache")
         # token mixing acts on the S axis: B x S x C -> B x C x S -> MLP -> B x S x C
         mixed = self.token_mlp(self.norm1(x).transpose(1, 2)).transpose(1, 2)
         u = self.lrc(x, self.drop(mixed), 0)
-        return self.lrc(u, self.drop(self.channel_mlp(self.norm2(u))), 1)
+        return parts.leave(self.lrc(u, self.drop(self.channel_mlp(self.norm2(u))), 1))
 
 
 class RecursiveMixer(nn.Module):
     """Patch embedding, M Mixer blocks each run ``loops`` times in a row, pooling, head.
 
     Args:
-        depth: unique blocks M.
-        loops: runs of each block (1 = the plain MLP-Mixer; SReT uses 2).
+        unique_layers: unique blocks M (the levels are ``unique_layers * loops``).
+        loops: runs of each block in a row (1 = the plain MLP-Mixer; SReT uses 2).
         embed_dim: C.
         token_dim: D_S.
         channel_dim: D_C.
@@ -78,7 +97,7 @@ class RecursiveMixer(nn.Module):
     def __init__(
         self,
         *,
-        depth: int = 12,
+        unique_layers: int = 12,
         loops: int = 2,
         embed_dim: int = 768,
         token_dim: int = 384,
@@ -98,18 +117,18 @@ class RecursiveMixer(nn.Module):
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         rows, cols = self.patch_embed.grid_size(self.img_size)
         self.num_tokens = rows * cols
-        self.plan = DepthPlan.build(depth * loops, depth, "sequence")
-        self.blocks = nn.ModuleList(
-            MixerBlock(self.num_tokens, embed_dim, token_dim, channel_dim, lrc, drop_rate)
-            for _ in range(depth)
+        plan = DepthPlan.build(unique_layers * loops, unique_layers, "sequence")
+        self.stack = RecurrentStack(
+            [
+                MixerBlock(self.num_tokens, embed_dim, token_dim, channel_dim, lrc, drop_rate)
+                for _ in range(unique_layers)
+            ],
+            [LevelParts(i) for i in range(plan.num_levels)],
+            plan,
+            final_norm=nn.LayerNorm(embed_dim, eps=1e-6),
         )
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-
-    def block_of_level(self, level: int) -> MixerBlock:
-        """The block object executed at ``level``."""
-        return self.blocks[self.plan.block_of_level[level]]
 
     def reset_classifier(self, num_classes: int) -> None:
         """Replaces the head with a fresh one of ``num_classes`` outputs."""
@@ -139,10 +158,8 @@ class RecursiveMixer(nn.Module):
                 f"the image gives {x.size(1)} tokens; this Mixer was built for "
                 f"{self.num_tokens} (img_size={self.img_size})"
             )
-        levels = self.plan.first_loop_levels() if shallow else range(self.plan.num_levels)
-        for level in levels:
-            x = self.block_of_level(level)(x)
-        return self.norm(x)
+        levels = self.stack.plan.first_loop_levels() if shallow else None
+        return self.stack(x, levels=levels).output
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens B x S x C -> logits (global average pooling, linear)."""
@@ -153,7 +170,7 @@ class RecursiveMixer(nn.Module):
         return self.forward_head(self.forward_features(x, shallow))
 
 
-_B16 = dict(depth=12, embed_dim=768, token_dim=384, channel_dim=3072, patch_size=16)
+_B16 = dict(unique_layers=12, embed_dim=768, token_dim=384, channel_dim=3072, patch_size=16)
 
 
 @register_model
@@ -174,7 +191,7 @@ def recursive_mixer_mini(**kwargs) -> RecursiveMixer:
     return RecursiveMixer(
         **{
             **dict(
-                depth=3,
+                unique_layers=3,
                 embed_dim=64,
                 token_dim=32,
                 channel_dim=128,

@@ -42,9 +42,10 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from recurnmt.modules import DepthPlan, LayerAttention, RecurrentStack, StackConfig
+from recurnmt.modules import StackConfig, build_stack
 from recurnmt.vision.layers import PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.conv import ConvPooling, ConvStem
+from recurnmt.vision.layers.layer_attention import LayerAttention
 from recurnmt.vision.registry import register_model
 
 FINAL_GROUPS = ((8, 2), (4, 1), (1, 1))  # SReT appendix C, Table 7: [8,2][4,1][1,1]
@@ -53,12 +54,12 @@ PERMUTE_SCHEDULES = ("always", "reference")
 
 
 def sret_drop_path_rates(
-    depths: Sequence[int], loops: int, rate: float, schedule: str = "reference"
+    unique_layers: Sequence[int], loops: int, rate: float, schedule: str = "reference"
 ) -> list[tuple[float, ...]]:
     """The stochastic depth rate of every level of every stage (see the module docstring).
 
     Args:
-        depths: unique blocks A of each stage; a stage has ``A * loops`` levels, block r
+        unique_layers: unique blocks A of each stage; a stage has ``A * loops`` levels, block r
             running at levels ``r * loops .. r * loops + loops - 1``.
         loops: times B each block runs in a row.
         rate: the schedule's top rate (``drop_path_rate``).
@@ -72,9 +73,9 @@ def sret_drop_path_rates(
         raise ValueError(
             f"drop_path_schedule={schedule!r}; choose one of {', '.join(DROP_PATH_SCHEDULES)}"
         )
-    total = sum(depths) * loops
+    total = sum(unique_layers) * loops
     rates, start = [], 0  # start: levels before this stage
-    for depth in depths:
+    for depth in unique_layers:
         levels = range(depth * loops)
         if schedule == "reference":
             stage = [rate * (start + lvl // loops) / total for lvl in levels]
@@ -115,7 +116,7 @@ class SReT(nn.Module):
 
     Args:
         dims: token width C of each stage.
-        depths: unique blocks A of each stage.
+        unique_layers: unique blocks A of each stage (each runs ``loops`` levels in a row).
         heads: attention heads of each stage.
         loops: times B each block runs in a row.
         groups: sliced attention groups per stage and loop (``None``: global attention,
@@ -142,7 +143,7 @@ class SReT(nn.Module):
     def __init__(
         self,
         dims: Sequence[int],
-        depths: Sequence[int],
+        unique_layers: Sequence[int],
         heads: Sequence[int],
         *,
         loops: int = 2,
@@ -163,11 +164,13 @@ class SReT(nn.Module):
         mrla_head_dim: int = 16,
     ) -> None:
         super().__init__()
-        if not len(dims) == len(depths) == len(heads):
-            raise ValueError(f"dims {dims}, depths {depths} and heads {heads} differ in length")
+        if not len(dims) == len(unique_layers) == len(heads):
+            raise ValueError(
+                f"dims {dims}, unique_layers {unique_layers} and heads {heads} differ in length"
+            )
         if groups is not None and len(groups) != len(dims):
             raise ValueError(f"groups {groups} must give one tuple per stage ({len(dims)})")
-        rates = sret_drop_path_rates(depths, loops, drop_path_rate, drop_path_schedule)
+        rates = sret_drop_path_rates(unique_layers, loops, drop_path_rate, drop_path_schedule)
         permute = attn_permute_schedule(attn_permute, loops)
         self.img_size = to_2tuple(img_size)
         self.in_chans = in_chans
@@ -178,13 +181,14 @@ class SReT(nn.Module):
         self.pos_embed = PositionEmbedding("learned", grid, dims[0])
         self.pos_drop = nn.Dropout(drop_rate)
         self.stages = nn.ModuleList()
-        for s, (dim, depth, head) in enumerate(zip(dims, depths, heads, strict=True)):
+        configs: list[StackConfig] = []
+        for s, (dim, unique, head) in enumerate(zip(dims, unique_layers, heads, strict=True)):
             cfg = StackConfig(
                 embed_dim=dim,
                 ffn_dim=int(dim * mlp_ratio),
                 num_heads=head,
-                num_levels=depth * loops,
-                num_unique=depth,
+                num_levels=unique * loops,
+                num_unique=unique,
                 sharing="sequence",
                 normalize_before=True,
                 activation="gelu",
@@ -199,22 +203,22 @@ class SReT(nn.Module):
                 final_norm=False,  # SReT normalises once, after global pooling
                 norm_eps=1e-6,
             )
-            stack = RecurrentStack(cfg, DepthPlan.build(cfg.num_levels, depth, "sequence"))
-            self.stages.append(stack)
+            self.stages.append(build_stack(cfg))
+            configs.append(cfg)
         # MRLA after every level, reset at each stage; the average-pooling head reads every
         # token of the last level, so no level is left out (unlike a class-token ViT)
         self.layer_attn = (
             nn.ModuleList(
                 LayerAttention(
-                    stage.cfg.embed_dim,
-                    stage.cfg.num_levels,
+                    cfg.embed_dim,
+                    cfg.num_levels,
                     variant=mrla,
                     head_dim=mrla_head_dim,
                     stages=1,
-                    drop_path=[stage.cfg.drop_path_rate(i) for i in range(stage.cfg.num_levels)],
+                    drop_path=list(cfg.level_drop_path),
                     norm_eps=1e-6,
                 )
-                for stage in self.stages
+                for cfg in configs
             )
             if mrla is not None
             else None
@@ -259,8 +263,8 @@ class SReT(nn.Module):
             if s == 0:
                 x = self.pos_drop(self.pos_embed(x, (h, w)))
             levels = stage.plan.first_loop_levels() if shallow else None
-            hook = self.layer_attn[s].start((h, w), 0) if self.layer_attn is not None else None
-            x, _ = stage(x, levels=levels, after_level=hook)
+            hooks = [self.layer_attn[s].start((h, w), 0)] if self.layer_attn is not None else []
+            x = stage(x, levels=levels, hooks=hooks).output
             if s + 1 < len(self.stages):
                 x = x.transpose(1, 2).reshape(x.size(0), -1, h, w)  # B x C x h x w
         return x
@@ -279,9 +283,9 @@ def _create(defaults: dict, kwargs: dict) -> SReT:
 
 
 # Table 10: widths are base dims x heads, e.g. SReT-T 32 x (2, 4, 8) = (64, 128, 256).
-_TINY = dict(dims=(64, 128, 256), depths=(2, 5, 3), heads=(2, 4, 8), nll_ratio=1.0)
+_TINY = dict(dims=(64, 128, 256), unique_layers=(2, 5, 3), heads=(2, 4, 8), nll_ratio=1.0)
 _SMALL = dict(
-    dims=(126, 252, 504), depths=(2, 5, 3), heads=(3, 6, 12), mlp_ratio=3.0, nll_ratio=2.0
+    dims=(126, 252, 504), unique_layers=(2, 5, 3), heads=(3, 6, 12), mlp_ratio=3.0, nll_ratio=2.0
 )
 
 
@@ -326,7 +330,7 @@ def sret_b(**kwargs) -> SReT:
     count; 56-wide heads (6/12/24) are our choice. No stochastic depth rate is published for
     SReT-B: the default is 0 (pass ``drop_path_rate``).
     """
-    return _create({**_BASE, "depths": (2, 4, 1)}, kwargs)
+    return _create({**_BASE, "unique_layers": (2, 4, 1)}, kwargs)
 
 
 @register_model
@@ -353,7 +357,7 @@ def sret_ext(**kwargs) -> SReT:
     ratios with [1, 2, 3] unique blocks: 3.94M parameters, 0.69 GMACs at 224. No stochastic
     depth rate is published for it: the default is 0 (pass ``drop_path_rate``).
     """
-    return _create({**_TINY, "depths": (1, 2, 3), "mlp_ratio": 3.6}, kwargs)
+    return _create({**_TINY, "unique_layers": (1, 2, 3), "mlp_ratio": 3.6}, kwargs)
 
 
 @register_model
@@ -362,7 +366,7 @@ def sret_mini(**kwargs) -> SReT:
     return _create(
         dict(
             dims=(32, 64, 128),
-            depths=(1, 1, 1),
+            unique_layers=(1, 1, 1),
             heads=(1, 2, 4),
             mlp_ratio=2.0,
             nll_ratio=1.0,

@@ -31,14 +31,22 @@ T = N + 1 with the class token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
-from recurnmt.modules import DepthPlan, RecurrentStack, SignalConfig, StackConfig
-from recurnmt.modules.layer_attention import LayerAttention
+from recurnmt.modules import (
+    AddAtEveryLevel,
+    LevelHook,
+    RecurrentStack,
+    SignalConfig,
+    StackConfig,
+    build_stack,
+)
 from recurnmt.vision.layers import PatchEmbed, PositionEmbedding, to_2tuple
+from recurnmt.vision.layers.layer_attention import LayerAttention
 from recurnmt.vision.registry import register_model
 
 
@@ -46,8 +54,8 @@ class VisionTransformer(nn.Module):
     """Patch embedding, a level stack and a classifier (ViT eq. 1-4).
 
     Args:
-        stack: the level stack; called as ``stack(tokens)`` and returns ``(tokens, states)``
-            with the final norm applied (:class:`~recurnmt.modules.RecurrentStack`).
+        stack: the level stack (:class:`~recurnmt.modules.RecurrentStack`), its final norm
+            included.
         embed_dim: token width D (the stack's width).
         img_size: the training image size (rows, cols); other sizes work too, the learned
             position table is interpolated for them.
@@ -59,12 +67,14 @@ class VisionTransformer(nn.Module):
         pos_embed: ``learned``, ``sincos`` or ``none`` (see :mod:`~recurnmt.vision.layers`).
         drop_rate: dropout after the position embedding and before the head.
         layer_attention: MRLA run after every level of the stack on the patch tokens
-            (:class:`~recurnmt.modules.layer_attention.LayerAttention`); None for none.
+            (:class:`~recurnmt.vision.layers.layer_attention.LayerAttention`); None for none.
+        positions_every_level: add the position embedding before every level instead of once
+            (Universal Transformer coordinate embedding).
     """
 
     def __init__(
         self,
-        stack: nn.Module,
+        stack: RecurrentStack,
         embed_dim: int,
         *,
         img_size: int | tuple[int, int] = 224,
@@ -76,6 +86,7 @@ class VisionTransformer(nn.Module):
         pos_embed: str = "learned",
         drop_rate: float = 0.0,
         layer_attention: LayerAttention | None = None,
+        positions_every_level: bool = False,
     ) -> None:
         super().__init__()
         if global_pool not in ("token", "avg"):
@@ -95,8 +106,7 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(drop_rate)
         self.stack = stack
         self.layer_attn = layer_attention
-        cfg = getattr(stack, "cfg", None)
-        self.positions_every_level = bool(getattr(cfg, "positions_every_level", False))
+        self.positions_every_level = positions_every_level
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_own_weights()
@@ -142,24 +152,25 @@ class VisionTransformer(nn.Module):
             x = self.pos_embed(x, grid)
         return self.pos_drop(x), grid
 
-    def forward_features(self, x: Tensor, shallow: bool = False, **stack_kwargs) -> Tensor:
+    def forward_features(
+        self, x: Tensor, shallow: bool = False, hooks: Sequence[LevelHook] = ()
+    ) -> Tensor:
         """Image B x C x H x W -> normalised tokens B x T x D (ViT eq. 2-4 before the head).
 
         Args:
             shallow: run every unique block once instead of the full depth (the shallow
                 branch of SReT's mixed-depth training, appendix B).
-            stack_kwargs: passed on to the stack (e.g. ``level_kwargs``, DVT's reuse).
+            hooks: further level hooks for the stack, after the model's own (UT positions,
+                MRLA): DVT's reuse, recording level outputs.
         """
         x, grid = self.embed(x)
-        kwargs = dict(stack_kwargs)
+        own: list[LevelHook] = []
         if self.positions_every_level:
-            kwargs["positions"] = self.pos_embed.table(grid, x)
-        if shallow:
-            kwargs["levels"] = self.stack.plan.first_loop_levels()
+            own.append(AddAtEveryLevel(self.pos_embed.table(grid, x)))
         if self.layer_attn is not None:
-            kwargs["after_level"] = self.layer_attn.start(grid, self.num_prefix_tokens)
-        x, _ = self.stack(x, **kwargs)
-        return x
+            own.append(self.layer_attn.start(grid, self.num_prefix_tokens))
+        levels = self.stack.plan.first_loop_levels() if shallow else None
+        return self.stack(x, levels=levels, hooks=[*own, *hooks]).output
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens B x T x D -> logits B x num_classes (or the pooled B x D)."""
@@ -179,10 +190,9 @@ def vit_stack_config(
     embed_dim: int,
     depth: int,
     num_heads: int,
+    unique_layers: int | None = None,
     ffn_dim: int | None = None,
     mlp_ratio: float = 4.0,
-    loops: int = 1,
-    num_levels: int | None = None,
     sharing: str = "sequence",
     norms_per_level: bool = False,
     signal: SignalConfig | None = None,
@@ -193,16 +203,17 @@ def vit_stack_config(
     drop_path_rate: float = 0.0,
     norm_eps: float = 1e-6,
 ) -> StackConfig:
-    """The pre-LN GELU stack of a ViT (ViT eq. 2-3): ``depth`` unique blocks over the levels.
+    """The pre-LN GELU stack of a ViT (ViT eq. 2-3): ``depth`` levels over ``unique_layers``
+    blocks. The names match the translation options: ``depth`` is ``--encoder-layers`` (the
+    levels a token passes, timm's ``depth``), ``unique_layers`` is ``--encoder-unique-layers``.
 
     Args:
-        depth: number of unique blocks M.
+        depth: number of levels N.
+        unique_layers: number of unique blocks M (1 = fully recurrent); ``depth`` when omitted.
         ffn_dim: FFN inner width; ``embed_dim * mlp_ratio`` when omitted.
-        loops: how often each block runs (``num_levels = depth * loops``); with the default
-            ``sequence`` sharing every block is looped ``loops`` times in a row, SReT's
-            internal loop (SReT eq. 4, sec. 5.2).
-        num_levels: the number of levels N directly (overrides ``loops``).
-        sharing: level order, see :class:`~recurnmt.modules.DepthPlan`.
+        sharing: level order, see :class:`~recurnmt.modules.DepthPlan`; with the default
+            ``sequence`` and ``depth = R * unique_layers`` every block runs R times in a row,
+            SReT's internal loop (SReT eq. 4, sec. 5.2).
         ffn_sharing: ``shared`` gives One Wide FFN (one FFN for all blocks).
         positions_every_level: add the position embedding at every level (UT).
         drop_rate: dropout on the residual branches.
@@ -210,13 +221,12 @@ def vit_stack_config(
         drop_path_rate: stochastic depth at the last level (0 at the first, linear between).
         norm_eps: epsilon of every layer norm (1e-6 as in timm and DeiT).
     """
-    levels = num_levels if num_levels is not None else depth * loops
     return StackConfig(
         embed_dim=embed_dim,
         ffn_dim=ffn_dim if ffn_dim is not None else int(embed_dim * mlp_ratio),
         num_heads=num_heads,
-        num_levels=levels,
-        num_unique=depth,
+        num_levels=depth,
+        num_unique=unique_layers,
         sharing=sharing,
         norms_per_level=norms_per_level,
         normalize_before=True,
@@ -255,15 +265,15 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
     drop_rate = args.get("drop_rate", 0.0)
     mrla = {k: args.pop(k) for k in _MRLA_KEYS if k in args}
     cfg = vit_stack_config(**args)
-    stack = RecurrentStack(cfg, DepthPlan.build(cfg.num_levels, cfg.num_unique, cfg.sharing))
     return VisionTransformer(
-        stack,
+        build_stack(cfg),
         cfg.embed_dim,
         pos_embed=pos_embed,
         drop_rate=drop_rate,
         layer_attention=_layer_attention(
             cfg, skip_last_level=image.get("global_pool", "token") == "token", **mrla
         ),
+        positions_every_level=cfg.positions_every_level,
         **image,
     )
 
@@ -341,20 +351,28 @@ def vit_small_rf_patch16_224(**kwargs) -> VisionTransformer:
 
 
 @register_model
-def deit_tiny_recursive_patch16_224(**kwargs) -> VisionTransformer:
+def deit_tiny_recursive_patch16_224(loops: int = 2, **kwargs) -> VisionTransformer:
     """DeiT-Ti with every block looped twice in a row (SReT Table 1, "+1 naive recursion").
 
+    Its 12 unique blocks run ``loops`` times each: ``depth = 12 * loops`` levels, and
     ``loops=3`` and ``loops=4`` give the table's other rows; parameters stay at 5.7M. SReT
     trains it with DeiT's recipe, so stochastic depth is DeiT's 0.1, spread linearly over all
-    ``depth * loops`` levels.
+    levels.
     """
-    return _create_vit({**_DEIT_TINY, "loops": 2}, kwargs)
+    return _create_vit(_recursive(_DEIT_TINY, loops), kwargs)
+
+
+def _recursive(defaults: dict, loops: int) -> dict:
+    """``defaults`` with each of its ``depth`` blocks looped ``loops`` times in a row."""
+    if not isinstance(loops, int) or loops <= 0:
+        raise ValueError(f"loops={loops!r} must be a positive integer")
+    return {**defaults, "unique_layers": defaults["depth"], "depth": defaults["depth"] * loops}
 
 
 # ---------------------------------------------------------------- RingFormer-ViT
 
 _RINGFORMER = dict(
-    depth=1, norms_per_level=True, signal=SignalConfig(kind="lowrank"), pos_embed="sincos"
+    unique_layers=1, norms_per_level=True, signal=SignalConfig(kind="lowrank"), pos_embed="sincos"
 )
 
 
@@ -366,7 +384,7 @@ def ringformer_vit_base_patch16_224(**kwargs) -> VisionTransformer:
     (RingFormer eq. 5-7). ``embed_dim=1284, ffn_dim=5120`` is the table's RingFormer^s.
     """
     return _create_vit(
-        {**_RINGFORMER, "embed_dim": 768, "ffn_dim": 3072, "num_levels": 12, "num_heads": 12},
+        {**_RINGFORMER, "embed_dim": 768, "ffn_dim": 3072, "depth": 12, "num_heads": 12},
         kwargs,
     )
 
@@ -375,14 +393,17 @@ def ringformer_vit_base_patch16_224(**kwargs) -> VisionTransformer:
 def ringformer_vit_small_patch16_224(**kwargs) -> VisionTransformer:
     """RingFormer-ViT of RingFormer Table 2: 512/2048, 6 levels, 8 heads (4.4M, 100 classes)."""
     return _create_vit(
-        {**_RINGFORMER, "embed_dim": 512, "ffn_dim": 2048, "num_levels": 6, "num_heads": 8}, kwargs
+        {**_RINGFORMER, "embed_dim": 512, "ffn_dim": 2048, "depth": 6, "num_heads": 8}, kwargs
     )
 
 
 # ---------------------------------------------------------------- UiT
 
 _UIT = dict(
-    depth=1, signal=SignalConfig(kind="static"), positions_every_level=True, pos_embed="sincos"
+    unique_layers=1,
+    signal=SignalConfig(kind="static"),
+    positions_every_level=True,
+    pos_embed="sincos",
 )
 
 
@@ -395,7 +416,7 @@ def uit_base_patch16_224(**kwargs) -> VisionTransformer:
     ``embed_dim=1560, ffn_dim=6240`` is the table's UiT^s.
     """
     return _create_vit(
-        {**_UIT, "embed_dim": 768, "ffn_dim": 3072, "num_levels": 12, "num_heads": 12}, kwargs
+        {**_UIT, "embed_dim": 768, "ffn_dim": 3072, "depth": 12, "num_heads": 12}, kwargs
     )
 
 
@@ -403,7 +424,7 @@ def uit_base_patch16_224(**kwargs) -> VisionTransformer:
 def uit_small_patch16_224(**kwargs) -> VisionTransformer:
     """UiT of RingFormer Table 2: 512/2048, 6 levels, 8 heads (3.60M with 100 classes)."""
     return _create_vit(
-        {**_UIT, "embed_dim": 512, "ffn_dim": 2048, "num_levels": 6, "num_heads": 8}, kwargs
+        {**_UIT, "embed_dim": 512, "ffn_dim": 2048, "depth": 6, "num_heads": 8}, kwargs
     )
 
 
@@ -468,7 +489,7 @@ def deit_tiny_recursive_mrla_patch16_224(**kwargs) -> VisionTransformer:
     Three stages of eight levels; the MRLA parts are per level although blocks repeat, so a
     block's second run retrieves from its first.
     """
-    return _create_vit({**_DEIT_TINY, "loops": 2, **_MRLA}, kwargs)
+    return _create_vit({**_recursive(_DEIT_TINY, 2), **_MRLA}, kwargs)
 
 
 @register_model
@@ -483,7 +504,7 @@ def ringformer_vit_base_mrla_patch16_224(**kwargs) -> VisionTransformer:
             **_RINGFORMER,
             "embed_dim": 768,
             "ffn_dim": 3072,
-            "num_levels": 12,
+            "depth": 12,
             "num_heads": 12,
             **_MRLA,
         },
@@ -505,14 +526,14 @@ def vit_mini_patch4(**kwargs) -> VisionTransformer:
 @register_model
 def recursive_vit_mini_patch4(**kwargs) -> VisionTransformer:
     """The mini ViT with 3 blocks, each looped twice (naive recursion, SReT eq. 4)."""
-    return _create_vit({**_MINI, "depth": 3, "loops": 2}, kwargs)
+    return _create_vit({**_MINI, "depth": 6, "unique_layers": 3}, kwargs)
 
 
 @register_model
 def ringformer_vit_mini_patch4(**kwargs) -> VisionTransformer:
     """A CPU-sized RingFormer-ViT: one 64-wide block over 6 levels, signal rank 8."""
     return _create_vit(
-        {**_MINI, **_RINGFORMER, "num_levels": 6, "signal": SignalConfig(kind="lowrank", rank=8)},
+        {**_MINI, **_RINGFORMER, "depth": 6, "signal": SignalConfig(kind="lowrank", rank=8)},
         kwargs,
     )
 
@@ -520,7 +541,7 @@ def ringformer_vit_mini_patch4(**kwargs) -> VisionTransformer:
 @register_model
 def uit_mini_patch4(**kwargs) -> VisionTransformer:
     """A CPU-sized UiT: one 64-wide block over 6 levels with sinusoidal level embeddings."""
-    return _create_vit({**_MINI, **_UIT, "num_levels": 6}, kwargs)
+    return _create_vit({**_MINI, **_UIT, "depth": 6}, kwargs)
 
 
 @register_model
@@ -542,7 +563,7 @@ def ringformer_vit_mini_mrla_patch4(**kwargs) -> VisionTransformer:
         {
             **_MINI,
             **_RINGFORMER,
-            "num_levels": 6,
+            "depth": 6,
             "signal": SignalConfig(kind="lowrank", rank=8),
             **_MRLA,
         },

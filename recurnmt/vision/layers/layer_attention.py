@@ -51,12 +51,13 @@ H MRLA heads, d = d_k channels per head, L levels seen so far in the stage.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from recurnmt.modules.layers import _drop_path
+from recurnmt.modules.drop_path import drop_path as _drop_path
+from recurnmt.modules.hooks import LevelHook
 
 MRLA_VARIANTS = ("light", "base")
 
@@ -231,8 +232,9 @@ class LayerAttention(nn.Module):
     """MRLA after every level of a stack, reset at stage boundaries (MRLA sec. 4, App. B.1.1).
 
     Holds one MRLA module per level (never shared, even when the stack shares its blocks);
-    :meth:`start` returns the per-level hook a :class:`~recurnmt.modules.RecurrentStack`
-    calls after each level (``stack(x, after_level=hook)``).
+    :meth:`start` returns the :class:`~recurnmt.modules.hooks.LevelHook` of one forward pass,
+    which a :class:`~recurnmt.modules.RecurrentStack` calls after each level
+    (``stack(x, hooks=[layer_attention.start(grid)])``).
 
     Args:
         dim: channels C.
@@ -313,27 +315,30 @@ class LayerAttention(nn.Module):
         out = _drop_path(out, self.drop_path[level], self.training)
         return torch.cat([x[:, :p], x[:, p:] + out], dim=1), state
 
-    def start(
-        self, grid: tuple[int, int], num_prefix_tokens: int = 1
-    ) -> Callable[[int, Tensor], Tensor]:
-        """A fresh hook for one forward pass over tokens on the h x w ``grid``.
+    def start(self, grid: tuple[int, int], num_prefix_tokens: int = 1) -> LayerAttentionHook:
+        """A fresh hook for one forward pass over tokens on the h x w ``grid``."""
+        return LayerAttentionHook(self, grid, num_prefix_tokens)
 
-        The hook keeps the recurrent state between levels and resets it when a level of
-        another stage runs (also when a pass runs only some levels, e.g. a shallow branch).
-        """
-        stage: int | None = None
-        state: LayerState = None
 
-        def after_level(level: int, x: Tensor) -> Tensor:
-            nonlocal stage, state
-            if level >= len(self.levels):  # the skipped last level
-                return x
-            if self.stage_of_level[level] != stage:
-                stage, state = self.stage_of_level[level], None
-            x, state = self.step(level, x, grid, state, num_prefix_tokens)
+class LayerAttentionHook(LevelHook):
+    """MRLA in one forward pass: runs :meth:`LayerAttention.step` after every level.
+
+    It keeps the recurrent state between levels and resets it when a level of another stage
+    runs (also when a pass runs only some levels, e.g. a shallow branch).
+    """
+
+    def __init__(self, mrla: LayerAttention, grid: tuple[int, int], num_prefix_tokens: int) -> None:
+        self.mrla, self.grid, self.prefix = mrla, grid, num_prefix_tokens
+        self.stage: int | None = None
+        self.state: LayerState = None
+
+    def after_level(self, level: int, x: Tensor) -> Tensor:
+        if level >= len(self.mrla.levels):  # the skipped last level
             return x
-
-        return after_level
+        if self.mrla.stage_of_level[level] != self.stage:
+            self.stage, self.state = self.mrla.stage_of_level[level], None
+        x, self.state = self.mrla.step(level, x, self.grid, self.state, self.prefix)
+        return x
 
 
 def stage_lengths(stages: int | Sequence[int], num_levels: int) -> tuple[int, ...]:

@@ -1,0 +1,100 @@
+"""Level hooks: how a front end or a paper extends one forward pass of a stack.
+
+A :class:`~recurnmt.modules.stack.RecurrentStack` runs its levels; everything that is not
+the level loop itself plugs in as a hook passed to that call (``stack(x, hooks=[...])``),
+so extensions never widen the shared signatures. A hook is asked at fixed points of every
+level, and each method's default does nothing:
+
+==================  ===================================================================
+``before_level``    rewrite the level's input (UT: positions at every level)
+``attention``       :class:`~recurnmt.modules.attention.AttentionTerms` for the level's
+                    self-attention: logit bias, logit probes (DVT relationship reuse)
+``cross_attention`` terms for the level's cross-attention (fairseq's alignment output)
+``ffn_input``       replace the pre-FFN normalisation and add to the FFN's hidden
+                    pre-activation (DVT feature reuse, eq. 5)
+``after_level``     rewrite the level's output (MRLA layer attention; recording states)
+==================  ===================================================================
+
+Hooks hold per-call state (the level outputs recorded so far, the upstream features of a
+cascade); their parameters, if any, live in modules owned by the front end that creates them.
+This file has the generic hooks; paper-specific ones live with their front end
+(:mod:`recurnmt.vision.layers.layer_attention`, :mod:`recurnmt.vision.layers.reuse`).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from recurnmt.modules.attention import AttentionTerms
+
+
+class LevelHook:
+    """Extends every level of one stack call; subclasses override what they need."""
+
+    def before_level(self, level: int, x: Tensor) -> Tensor:
+        """The input of ``level`` (B x T x C), before its block."""
+        return x
+
+    def attention(self, level: int, h: Tensor) -> AttentionTerms | None:
+        """Terms for ``level``'s self-attention, given its (normalised) input h."""
+        return None
+
+    def cross_attention(self, level: int) -> AttentionTerms | None:
+        """Terms for ``level``'s cross-attention."""
+        return None
+
+    def ffn_input(self, level: int, x: Tensor, norm: nn.Module) -> tuple[Tensor, Tensor] | None:
+        """Replaces ``norm(x)`` before a pre-LN FFN: returns the FFN input (B x T x C) and a
+        term added to its hidden pre-activation (B x T x FF); None keeps ``norm(x)``."""
+        return None
+
+    def after_level(self, level: int, x: Tensor) -> Tensor:
+        """The output of ``level`` (B x T x C), after its block and per-level parts."""
+        return x
+
+
+class AddAtEveryLevel(LevelHook):
+    """Adds one tensor to the input of every level: the Universal Transformer's position
+    embedding, which joins the level embedding at every step (UT sec. 2.1).
+
+    Args:
+        term: broadcastable to B x T x C (positions, B x T x C).
+    """
+
+    def __init__(self, term: Tensor) -> None:
+        self.term = term
+
+    def before_level(self, level: int, x: Tensor) -> Tensor:
+        return x + self.term
+
+
+class LevelOutputs(LevelHook):
+    """Records the output of every level that runs (``outputs[k]``: the k-th level run)."""
+
+    def __init__(self) -> None:
+        self.outputs: list[Tensor] = []
+
+    def after_level(self, level: int, x: Tensor) -> Tensor:
+        self.outputs.append(x)
+        return x
+
+
+class CrossAttentionWeights(LevelHook):
+    """Keeps the cross-attention probabilities of one level, averaged over heads.
+
+    fairseq's ``--print-alignment`` and scorers read them from the decoder's output as
+    ``extra["attn"]`` (B x T x S).
+
+    Args:
+        level: the level to read (the last one, as fairseq's transformer does).
+    """
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+        self.weights: Tensor | None = None
+
+    def _keep(self, logits: Tensor) -> None:
+        self.weights = logits.softmax(-1).mean(dim=1)  # B x H x T x S -> B x T x S
+
+    def cross_attention(self, level: int) -> AttentionTerms | None:
+        return AttentionTerms(probes=(self._keep,)) if level == self.level else None

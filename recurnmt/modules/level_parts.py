@@ -1,0 +1,104 @@
+"""The parts one level owns, handed to the (possibly shared) block that runs the level.
+
+A recurrent stack runs one block at several levels. What differs between levels lives in
+that level's :class:`LevelParts`, each part optional:
+
+* layer norms, when every level owns its own (RingFormer sec. 3.2, "unique layer
+  normalization"); otherwise the block owns them and all its levels share them;
+* RingFormer level signals (eq. 5-7): on Q, K and V of the self-attention and on the FFN
+  input, never on cross-attention (RingFormer sec. 3.2.2, last paragraph);
+* a level embedding added to the level's input (Universal Transformer sec. 2.1; RingFormer
+  Table 4 "static signal");
+* SReT's non-linear projection layer after the block (SReT eq. 5-6), never shared;
+* the level's sliced group attention setting (SReT sec. 4: loop r of a block uses its own
+  group count) and its stochastic depth rate.
+
+Keeping these out of the block means the block's parameters are registered once, and
+"shared across levels" is true by construction (the same module object runs each level).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from recurnmt.modules.attention import AttentionTerms
+from recurnmt.modules.sliced_attention import SlicedGroups
+
+
+class LevelParts(nn.Module):
+    """The parameters and settings of one level.
+
+    Args:
+        index: the level's index in its stack.
+        norms: one layer norm per residual sub-layer of the block (RingFormer); None: the
+            block's own.
+        attn_signal: Q/K/V level signal, input C -> output 3C (RingFormer eq. 6).
+        attn_place: ``after`` the Q/K/V projections (eq. 6) or ``before`` them (Table 4).
+        ffn_signal: FFN level signal (eq. 7), on the FFN input or its hidden activation.
+        ffn_place: ``input`` (eq. 7) or ``inter`` (Table 4 "inter-FF signal").
+        level_embedding: a C-vector added to the level's input (UT; static signal).
+        nll: SReT's non-linear projection after the block (eq. 5).
+        slicing: the level's sliced group attention (SReT sec. 4); None for global attention.
+        drop_path: the stochastic depth rate of the level's residual branches.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        *,
+        norms: nn.ModuleList | None = None,
+        attn_signal: nn.Module | None = None,
+        attn_place: str = "after",
+        ffn_signal: nn.Module | None = None,
+        ffn_place: str = "input",
+        level_embedding: Tensor | None = None,
+        nll: nn.Module | None = None,
+        slicing: SlicedGroups | None = None,
+        drop_path: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if attn_place not in ("after", "before"):
+            raise ValueError(f"attn_place={attn_place!r}; choose after or before")
+        if ffn_place not in ("input", "inter"):
+            raise ValueError(f"ffn_place={ffn_place!r}; choose input or inter")
+        self.index = index
+        self.norms = norms
+        self.attn_signal, self.attn_place = attn_signal, attn_place
+        self.ffn_signal, self.ffn_place = ffn_signal, ffn_place
+        if level_embedding is not None:
+            self.register_buffer("level_embedding", level_embedding, persistent=False)
+        else:
+            self.level_embedding = None
+        self.nll = nll
+        self.slicing = slicing
+        self.drop_path = drop_path
+
+    def extra_repr(self) -> str:
+        return f"index={self.index}, drop_path={self.drop_path}, slicing={self.slicing}"
+
+    def enter(self, x: Tensor) -> Tensor:
+        """The level's input: x plus the level embedding, if any (B x T x C)."""
+        return x if self.level_embedding is None else x + self.level_embedding
+
+    def leave(self, x: Tensor) -> Tensor:
+        """The level's output: the NLL applied to the block output, if any (SReT eq. 6)."""
+        return x if self.nll is None else self.nll(x)
+
+    def attention_terms(self, h: Tensor) -> AttentionTerms | None:
+        """This level's terms for the self-attention on h (B x T x C): Q/K/V signals
+        (RingFormer eq. 6) and group slicing (SReT sec. 4)."""
+        if self.attn_signal is None:
+            return AttentionTerms(slicing=self.slicing) if self.slicing is not None else None
+        delta = self.attn_signal(h)  # B x T x 3C
+        if self.attn_place == "after":
+            return AttentionTerms(qkv_delta=delta, slicing=self.slicing)
+        return AttentionTerms(
+            qkv_input_delta=delta.unflatten(-1, (3, h.size(-1))), slicing=self.slicing
+        )
+
+    def ffn_deltas(self, h: Tensor) -> dict[str, Tensor]:
+        """FFN keyword arguments carrying this level's FFN signal (RingFormer eq. 7)."""
+        if self.ffn_signal is None:
+            return {}
+        key = "input_delta" if self.ffn_place == "input" else "hidden_delta"
+        return {key: self.ffn_signal(h)}
