@@ -60,9 +60,9 @@ WORKER_OPTIONS = (
 # name -> (registered model, overrides beyond the shared widths; "L" stands for --levels)
 MODELS = {
     "deit (ours)": ("deit_tiny_patch16_224", {"depth": "L"}),
-    "recursive deit": ("deit_tiny_recursive_patch16_224", {"depth": "L/2", "loops": 2}),
-    "ringformer_vit": ("ringformer_vit_base_patch16_224", {"num_levels": "L"}),
-    "uit": ("uit_base_patch16_224", {"num_levels": "L"}),
+    "recursive deit": ("deit_tiny_recursive_patch16_224", {"depth": "L", "unique_layers": "L/2"}),
+    "ringformer_vit": ("ringformer_vit_base_patch16_224", {"depth": "L"}),
+    "uit": ("uit_base_patch16_224", {"depth": "L"}),
     "owf_vit": ("owf_vit_base_patch16_224", {"depth": "L"}),
     "deit + mrla": ("deit_tiny_mrla_patch16_224", {"depth": "L"}),
 }

@@ -13,15 +13,17 @@ from recurnmt.analysis.attention_distance import (
     model_attention_distance,
     patch_distances,
 )
-from recurnmt.analysis.attention_recorder import AttentionRecorder, attention_probs
+from recurnmt.analysis.attention_recorder import AttentionRecorder
+from recurnmt.modules import AttentionTerms, SlicedGroups
 from recurnmt.modules.attention import SelfAttention, _merge_heads, _split_heads
 from recurnmt.vision.registry import create_model
 
 # ------------------------------------------------------------------ recorded probabilities
 
 
-def _outputs_from_probs(attn: SelfAttention, x: torch.Tensor, probs: torch.Tensor, **kw):
-    v = _split_heads(attn.project(x, kw.get("qkv_delta")).chunk(3, dim=-1)[2], attn.num_heads)
+def _outputs_from_probs(attn: SelfAttention, x: torch.Tensor, probs: torch.Tensor, terms=None):
+    qkv = attn.project(x, terms or AttentionTerms())
+    v = _split_heads(qkv.chunk(3, dim=-1)[2], attn.num_heads)
     return attn.out_proj(_merge_heads(probs @ v))
 
 
@@ -30,44 +32,35 @@ def _outputs_from_probs(attn: SelfAttention, x: torch.Tensor, probs: torch.Tenso
     ["plain", "padding", "causal", "causal_padding", "qkv_delta", "qkv_input_delta", "bias"],
 )
 def test_recorded_probabilities_reproduce_the_sdpa_output(case):
-    attn = SelfAttention(16, 4).eval()
+    attn = SelfAttention(16, 4, causal="causal" in case).eval()
     x = torch.randn(3, 7, 16)
-    kw: dict = {}
+    pad = None
     if "padding" in case:
         pad = torch.zeros(3, 7, dtype=torch.bool)
         pad[1, :2] = True  # left padding
         pad[2, 5:] = True
-        kw["key_padding_mask"] = pad
-    if "causal" in case:
-        kw["causal"] = True
-    if case == "bias":
-        kw["attn_bias"] = torch.randn(3, 4, 7, 7)
-    if case == "qkv_delta":
-        kw["qkv_delta"] = torch.randn(3, 7, 48)
+    terms = AttentionTerms(
+        bias=torch.randn(3, 4, 7, 7) if case == "bias" else None,
+        qkv_delta=torch.randn(3, 7, 48) if case == "qkv_delta" else None,
+        qkv_input_delta=torch.randn(3, 7, 3, 16) if case == "qkv_input_delta" else None,
+    )
+    out = attn(x, key_padding_mask=pad, terms=terms)  # SDPA: nothing is recorded
     with AttentionRecorder(attn) as rec:
-        if case == "qkv_input_delta":
-            kw["qkv_input_delta"] = torch.randn(3, 7, 3, 16)
-        out = attn(x, **kw)
+        recorded_out = attn(x, key_padding_mask=pad, terms=terms)
     (probs,) = rec.probs
     assert probs.shape == (3, 4, 7, 7)
     assert torch.allclose(probs.sum(-1), torch.ones(3, 4, 7))
-    if case == "qkv_input_delta":
-        c = 16
-        w = attn.qkv_proj.weight.view(3, c, c)
-        delta = torch.einsum("btjc,jdc->btjd", kw["qkv_input_delta"], w).flatten(2)
-        recomputed = _outputs_from_probs(attn, x, probs, qkv_delta=delta)
-    else:
-        recomputed = _outputs_from_probs(attn, x, probs, **kw)
-    if "padding" in case:  # rows of padding queries are unused
-        keep = ~kw["key_padding_mask"]
-        out, recomputed = out[keep], recomputed[keep]
+    recomputed = _outputs_from_probs(attn, x, probs, terms)
+    if pad is not None:  # rows of padding queries are unused
+        out, recomputed, recorded_out = out[~pad], recomputed[~pad], recorded_out[~pad]
     assert torch.allclose(out, recomputed, atol=1e-5)
+    assert torch.allclose(out, recorded_out, atol=1e-5)
     if "causal" in case:
         assert probs[0].triu(1).abs().max() == 0
 
 
 def test_recorder_sees_every_level_of_a_shared_stack_and_detaches():
-    model = create_model("ringformer_vit_mini_patch4", img_size=16, in_chans=1, num_levels=4)
+    model = create_model("ringformer_vit_mini_patch4", img_size=16, in_chans=1, depth=4)
     for name, p in model.named_parameters():
         if "signal" in name:
             torch.nn.init.normal_(p, std=0.2)  # levels differ, as after training
@@ -82,25 +75,21 @@ def test_recorder_sees_every_level_of_a_shared_stack_and_detaches():
     hook.remove()
     assert rec.calls == 4 and len(rec.probs) == 4
     for probs, (h, kwargs, out) in zip(rec.probs, seen, strict=True):
-        kw = {k: v for k, v in kwargs.items() if k == "qkv_delta"}
-        assert torch.allclose(
-            _outputs_from_probs(model.stack.blocks[0].self_attn, h, probs, **kw), out, atol=1e-5
-        )
+        recomputed = _outputs_from_probs(model.stack.blocks[0].self_attn, h, probs, kwargs["terms"])
+        assert torch.allclose(recomputed, out, atol=1e-5)
     assert not torch.allclose(rec.probs[0], rec.probs[3])
-    # closed: no hooks remain
+    assert not rec.probs[0].requires_grad
+    # closed: the probes are gone and the fused path is back
+    assert model.stack.blocks[0].self_attn.probes == []
     model(x)
     assert rec.calls == 4
 
 
-def test_recorder_refuses_what_it_cannot_recompute():
+def test_recorder_refuses_sliced_attention():
     attn = SelfAttention(8, 2)
     x = torch.randn(1, 4, 8)
-    with pytest.raises(ValueError, match="cache"):
-        attention_probs(attn, x, cache={})
-    with pytest.raises(ValueError, match="sliced"):
-        attention_probs(attn, x, groups=2)
-    with pytest.raises(ValueError, match="attn_future"):
-        attention_probs(attn, x, attn_future=torch.zeros(1))
+    with AttentionRecorder(attn), pytest.raises(ValueError, match="sliced"):
+        attn(x, terms=AttentionTerms(slicing=SlicedGroups(2)))
 
 
 # ------------------------------------------------------------------- mean attention distance

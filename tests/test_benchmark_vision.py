@@ -32,8 +32,8 @@ def test_reference_has_exactly_our_deit_parameters():
 @pytest.mark.parametrize("name", list(bench.MODELS))
 def test_every_model_runs_the_same_number_of_levels(name):
     model = bench.build(name, OPTS, num_classes=10)
-    assert model.stack.cfg.num_levels == OPTS.levels
-    assert model.stack.cfg.embed_dim == OPTS.embed_dim
+    assert model.stack.num_levels == OPTS.levels
+    assert model.embed_dim == OPTS.embed_dim
     x, y = bench.real_images(3, OPTS.img_size)
     assert x.shape == (3, 3, 16, 16) and y.tolist() == [0, 1, 2]
     assert model(x).shape == (3, 10)

@@ -129,7 +129,7 @@ def test_vision_cka_of_a_model_with_itself(tmp_path):
     from recurnmt.vision.checkpoint import save_checkpoint
     from recurnmt.vision.registry import create_model
 
-    kwargs = {"img_size": 16, "num_classes": 10, "in_chans": 1, "num_levels": 3}
+    kwargs = {"img_size": 16, "num_classes": 10, "in_chans": 1, "depth": 3}
     paths = []
     for i, name in enumerate(("ringformer_vit_mini_patch4", "uit_mini_patch4")):
         model = create_model(name, **kwargs)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recurnmt.modules.attention import SelfAttention
+from recurnmt.modules.attention import AttentionTerms, SelfAttention
 from recurnmt.vision import create_model
 from recurnmt.vision.budget import (
     ExitLogits,
@@ -118,7 +118,7 @@ def test_feature_reuse_is_a_layer_norm_over_the_concatenation():
     block, norm = stage.stack.blocks[0], stage.stack.blocks[0].norms[1]
     z = torch.randn(2, 10, 32)
     contexts = torch.randn(len(fr.f), 2, 9, 48)
-    h, delta = fr.ffn_context(contexts, 0, prefix=1)(z, norm)
+    h, delta = fr.ffn_input(contexts, 0, 1, z, norm)
     e = F.pad(contexts[0], (0, 0, 1, 0))
     ln = torch.nn.LayerNorm(32 + 48, eps=norm.eps)
     with torch.no_grad():
@@ -134,8 +134,8 @@ def test_relation_reuse_is_an_additive_sdpa_mask():
     attn = SelfAttention(16, 2).eval()
     x, bias = torch.randn(2, 5, 16), torch.randn(2, 2, 5, 5)
     logits: list = []
-    explicit = attn(x, attn_bias=bias, logits_out=logits)
-    torch.testing.assert_close(attn(x, attn_bias=bias), explicit)  # SDPA path
+    explicit = attn(x, terms=AttentionTerms(bias=bias, probes=(logits.append,)))
+    torch.testing.assert_close(attn(x, terms=AttentionTerms(bias=bias)), explicit)  # SDPA path
     q, k, _ = attn.qkv_proj(x).chunk(3, -1)
     q, k = (t.view(2, 5, 2, 8).transpose(1, 2) for t in (q, k))
     torch.testing.assert_close(logits[0], q @ k.transpose(-1, -2) / 8**0.5 + bias)
@@ -148,12 +148,13 @@ def test_only_stages_feeding_relation_reuse_compute_logits(monkeypatch):
     original = SelfAttention.forward
 
     def spy(self, x, **kwargs):
-        calls.append((x.size(1), kwargs.get("logits_out") is not None, "attn_bias" in kwargs))
+        terms = kwargs.get("terms") or AttentionTerms()
+        calls.append((x.size(1), bool(terms.probes), terms.bias is not None))
         return original(self, x, **kwargs)
 
     monkeypatch.setattr(SelfAttention, "forward", spy)
     model(torch.randn(1, 3, 32, 32))
-    depth = model.stages[0].stack.cfg.num_levels
+    depth = model.stages[0].stack.num_levels
     assert calls == (
         [(5, True, False)] * depth + [(10, True, True)] * depth + [(17, False, True)] * depth
     )
@@ -181,7 +182,7 @@ def test_relation_upsampling_resizes_rows_and_columns_on_the_grid():
 def test_recurrent_backbones_share_reuse_columns_like_their_blocks():
     rf = cascade("dvt_ringformer_vit_mini_patch2")
     fr = rf.feature_reuse[0]
-    levels = rf.stages[1].stack.cfg.num_levels
+    levels = rf.stages[1].stack.num_levels
     assert len(fr.f) == levels and len(fr.projs) == 1  # one shared block: one set of columns
     assert len(fr.norms) == levels  # RingFormer's per-level norms
     uit = cascade("dvt_deit_small_patch16_224", backbone="uit_mini_patch4")

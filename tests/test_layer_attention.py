@@ -8,10 +8,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from recurnmt.modules.layer_attention import eca_kernel_size
 
-from recurnmt.modules import LayerAttention, MRLABase, MRLALight
 from recurnmt.vision import create_model
+from recurnmt.vision.layers.layer_attention import (
+    LayerAttention,
+    MRLABase,
+    MRLALight,
+    eca_kernel_size,
+)
 
 GRID = (3, 4)  # a non-square token grid: N = 12 patch tokens
 C, D_K = 8, 2  # 4 heads of 2 channels
@@ -162,7 +166,9 @@ def test_state_resets_at_stage_boundaries(variant):
 
     def branches(xs):
         hook = mrla.start(GRID, num_prefix_tokens=0)
-        return [hook(i, x) - x for i, x in enumerate(xs)]  # the MRLA branch of each level
+        return [
+            hook.after_level(i, x) - x for i, x in enumerate(xs)
+        ]  # the MRLA branch of each level
 
     xs = [tokens(prefix=0, seed=s) for s in range(6)]
     out = branches(xs)
@@ -204,7 +210,7 @@ def test_gradients_reach_every_parameter_and_the_tokens():
     hook = mrla.start(GRID)
     y = x
     for level in range(4):
-        y = hook(level, y)
+        y = hook.after_level(level, y)
     (y * torch.randn_like(y)).sum().backward()
     assert x.grad is not None and x.grad[:, 1:].abs().sum() > 0
     missing = [n for n, p in mrla.named_parameters() if p.grad is None or not p.grad.any()]
@@ -293,7 +299,7 @@ def test_shared_blocks_keep_per_level_mrla():
     model = create_model("ringformer_vit_mini_mrla_patch4", **SMALL)
     assert len(model.stack.blocks) == 1
     ids = {id(level) for level in model.layer_attn.levels}
-    assert len(ids) == len(model.layer_attn.levels) == model.stack.cfg.num_levels - 1
+    assert len(ids) == len(model.layer_attn.levels) == model.stack.num_levels - 1
     # tying the stack's block leaves MRLA as it is: the untied model computes the same
     model.eval()
     with torch.no_grad():
@@ -308,8 +314,7 @@ def test_shared_blocks_keep_per_level_mrla():
 
 def test_mrla_drop_path_follows_the_levels():
     model = create_model("deit_tiny_mrla_patch16_224", **SMALL)
-    cfg = model.stack.cfg
-    assert model.layer_attn.drop_path == tuple(cfg.drop_path_rate(i) for i in range(12))
+    assert model.layer_attn.drop_path == tuple(p.drop_path for p in model.stack.levels)
     assert model.layer_attn.drop_path[-1] == pytest.approx(0.1)
 
 

@@ -27,9 +27,9 @@ def test_table1_baselines(arch, paper):
 
 def test_universal_transformer_shares_one_block_and_adds_coordinates():
     model, _, _ = build("universal_transformer_tiny")
-    for stack in (model.encoder.stack, model.decoder.stack):
-        assert len(stack.blocks) == 1 and stack.cfg.positions_every_level
-        assert stack.level_embedding is not None
+    for side in (model.encoder, model.decoder):
+        assert len(side.stack.blocks) == 1 and side.positions_every_level
+        assert all(parts.level_embedding is not None for parts in side.stack.levels)
     assert not model.encoder.embed.add_positions
 
 

@@ -73,7 +73,7 @@ def test_beam_search_matches_untied_reference(arch):
     train_signals(model)
     model.eval()
     reference = untied(model)
-    assert len(reference.decoder.stack.blocks) == reference.decoder.stack.cfg.num_levels
+    assert len(reference.decoder.stack.blocks) == reference.decoder.stack.num_levels
     src, lengths, _ = batch(seed=1, bsz=4)
     out = _generate(model, src, lengths)
     assert out == _generate(reference, src, lengths)
@@ -83,7 +83,7 @@ def test_beam_search_matches_untied_reference(arch):
 def test_shared_parameters_are_identical_across_levels():
     model, _, _ = build("ringformer_tiny")
     for stack in (model.encoder.stack, model.decoder.stack):
-        levels = stack.cfg.num_levels
+        levels = stack.num_levels
         first = stack.block_of_level(0)
         for level in range(1, levels):
             block = stack.block_of_level(level)

@@ -12,8 +12,8 @@ from tests.nmt_helpers import build
 def _signature(model) -> tuple:
     """Parameter names and shapes, plus the stack configs and depth plans."""
     params = tuple((n, tuple(p.shape)) for n, p in model.named_parameters())
-    stacks = (model.encoder.stack, model.decoder.stack)
-    return params, tuple((s.cfg, s.plan) for s in stacks)
+    sides = (model.encoder, model.decoder)
+    return params, tuple((side.stack_cfg, side.stack.plan) for side in sides)
 
 
 BASE = _signature(build("ringformer_tiny")[0])

@@ -56,14 +56,14 @@ def family_of_model(model) -> str:
         assert isinstance(model, TransformerModel)
         return "transformer"
     stack = model.encoder.stack
-    cfg, unique, levels = stack.cfg, stack.plan.num_unique, stack.plan.num_levels
+    cfg, unique, levels = model.encoder.stack_cfg, stack.plan.num_unique, stack.plan.num_levels
     if cfg.act:
         return "universal_transformer_act"
     if unique == 1 and cfg.signal.kind == "lowrank" and cfg.norms_per_level:
         return "ringformer"
     if unique == 1 and cfg.signal.kind == "static" and cfg.positions_every_level:
         return "universal_transformer"
-    if cfg.ffn_sharing == "shared" and model.decoder.stack.cfg.ffn_sharing == "none":
+    if cfg.ffn_sharing == "shared" and model.decoder.stack_cfg.ffn_sharing == "none":
         return "owf"
     if unique < levels and cfg.lrc == "both" and cfg.nll_ratio > 0:
         return "sret"

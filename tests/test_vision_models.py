@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 import recurnmt.vision.registry as registry
-from recurnmt.modules import RecurrentStack
+from recurnmt.modules import AddAtEveryLevel, RecurrentStack
 from recurnmt.vision import create_model, list_models
-from recurnmt.vision.models import DVTCascade, RecursiveMixer, SReT, VisionTransformer
+from recurnmt.vision.models import DVTCascade, RecursiveMixer, SReT
 
 NUM_CLASSES = 7
 
@@ -37,14 +37,12 @@ def build_small(name: str, **extra) -> nn.Module:
 
 
 def stacks_of(model: nn.Module) -> list:
-    """The level loops of a model: RecurrentStacks, or the Mixer itself."""
-    if isinstance(model, VisionTransformer):
-        return [model.stack]
+    """The level loops of a model: its RecurrentStacks."""
     if isinstance(model, SReT):
         return list(model.stages)
     if isinstance(model, DVTCascade):
         return [stage.stack for stage in model.stages]
-    return [model]
+    return [model.stack]  # ViT family, Mixer
 
 
 def perturb_zero_parameters(model: nn.Module) -> None:
@@ -122,6 +120,7 @@ def test_shared_blocks_are_one_object_per_unique_block(name):
         "uit_mini_patch4",
         "owf_vit_mini_patch4",
         "sret_mini",
+        "recursive_mixer_mini",
     ],
 )
 def test_weight_sharing_equals_the_untied_model(name):
@@ -129,7 +128,7 @@ def test_weight_sharing_equals_the_untied_model(name):
     model = build_small(name).eval()
     perturb_zero_parameters(model)
     untied = copy.deepcopy(model)
-    if isinstance(model, VisionTransformer):
+    if hasattr(model, "stack"):
         untied.stack = model.stack.untied()
     else:
         for i, stage in enumerate(model.stages):
@@ -144,7 +143,7 @@ def test_weight_sharing_equals_the_untied_model(name):
 def test_naive_recursion_loops_each_block_in_a_row():
     model = create_model("deit_tiny_recursive_patch16_224", loops=3)
     assert model.stack.plan.block_of_level[:6] == (0, 0, 0, 1, 1, 1)
-    assert model.stack.cfg.num_levels == 36  # SReT Table 1, "+2 naive recursion"
+    assert model.stack.num_levels == 36  # SReT Table 1, "+2 naive recursion"
 
 
 def test_signal_rank_shortcut():
@@ -160,7 +159,8 @@ def test_owf_shares_one_ffn_and_keeps_attention_apart():
 
 def test_sret_groups_follow_the_loops():
     model = create_model("sret_t", img_size=64)
-    assert [s.level_groups for s in model.stages] == [(8, 2, 8, 2), (4, 1) * 5, (1, 1) * 3]
+    groups = [tuple(p.slicing.groups if p.slicing else 1 for p in s.levels) for s in model.stages]
+    assert groups == [(8, 2, 8, 2), (4, 1) * 5, (1, 1) * 3]
     assert all(s.levels[i].nll is not None for s in model.stages for i in range(len(s.levels)))
 
 
@@ -175,7 +175,9 @@ def test_uit_adds_positions_at_every_level(monkeypatch):
 
     monkeypatch.setattr(RecurrentStack, "forward", spy)
     model(torch.randn(1, 3, 32, 32))
-    assert seen["positions"].shape == (1, 17, 32)  # class token + 4 x 4 patches
+    (positions,) = [h for h in seen["hooks"] if isinstance(h, AddAtEveryLevel)]
+    assert positions.term.shape == (1, 17, 32)  # class token + 4 x 4 patches
+    assert all(parts.level_embedding is not None for parts in model.stack.levels)
 
 
 @pytest.mark.parametrize("name", ["vit_mini_patch4", "ringformer_vit_mini_patch4", "sret_mini"])

@@ -80,13 +80,19 @@ def test_sret_b_differs_from_printed_only_in_block_counts():
     with torch.device("meta"):
         b, printed = (create_model(n) for n in ("sret_b", "sret_b_printed"))
     for sb, sp, depth in zip(b.stages, printed.stages, (2, 4, 1), strict=True):
-        assert sb.cfg.num_unique == depth and sp.cfg.num_levels == 2 * sp.cfg.num_unique
-        assert (sb.cfg.embed_dim, sb.cfg.ffn_dim, sb.cfg.num_heads, sb.cfg.nll_ratio) == (
-            sp.cfg.embed_dim,
-            sp.cfg.ffn_dim,
-            sp.cfg.num_heads,
-            sp.cfg.nll_ratio,
-        )
+        assert sb.plan.num_unique == depth and sp.num_levels == 2 * sp.plan.num_unique
+
+        def widths(stack):
+            block, nll = stack.blocks[0], stack.levels[0].nll
+            attn = block.self_attn
+            return (
+                attn.embed_dim,
+                block.ffn.up.out_features,
+                attn.num_heads,
+                nll.mlp.up.out_features,
+            )
+
+        assert widths(sb) == widths(sp)
 
 
 @pytest.mark.parametrize(

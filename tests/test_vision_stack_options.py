@@ -40,7 +40,7 @@ def rates_seen_by_blocks(model: nn.Module, monkeypatch) -> list[float]:
     original = TransformerBlock.forward
 
     def spy(self, x, parts, **kwargs):
-        seen.append(kwargs["drop_path"])
+        seen.append(parts.drop_path)
         return original(self, x, parts, **kwargs)
 
     monkeypatch.setattr(TransformerBlock, "forward", spy)
@@ -84,7 +84,7 @@ def test_sret_drop_path_spans_the_stages(monkeypatch):
     )
     # shared blocks keep their rates in the untied copy
     stage = linear.stages[1]
-    assert stage.untied().cfg.level_drop_path == stage.cfg.level_drop_path
+    assert [p.drop_path for p in stage.untied().levels] == [p.drop_path for p in stage.levels]
     with pytest.raises(ValueError, match="drop_path_schedule='cosine'"):
         sret_drop_path_rates((2, 5, 3), 2, 0.1, "cosine")
 
@@ -112,11 +112,11 @@ def test_sret_drop_path_spans_the_stages(monkeypatch):
 def test_registered_stochastic_depth(name, rate):
     stacks = stacks_of(build_small(name))
     if len(stacks) == 1:
-        assert stacks[0].cfg.drop_path == rate
+        assert stacks[0].levels[-1].drop_path == pytest.approx(rate)  # linear up to the rate
     else:
         depths = [s.plan.num_unique for s in stacks]
         expected = sret_drop_path_rates(depths, 2, rate)
-        assert [s.cfg.level_drop_path for s in stacks] == expected
+        assert [tuple(p.drop_path for p in s.levels) for s in stacks] == expected
 
 
 @pytest.mark.parametrize("name", ["deit_tiny_patch16_224", "ringformer_vit_mini_patch4", "sret_t"])
@@ -134,17 +134,20 @@ def test_final_norms():
     assert isinstance(vit.stack.final_norm, nn.LayerNorm)  # pre-LN ViT: normalise the tokens
     sret = build_small("sret_mini")
     # SReT normalises once, after global average pooling, not at the end of every stage
-    assert all(s.cfg.final_norm is False and s.final_norm is None for s in sret.stages)
+    assert all(s.final_norm is None for s in sret.stages)
     assert isinstance(sret.norm, nn.LayerNorm)
 
 
 def test_sret_permutation_schedule_reaches_the_stages():
-    model = build_small("sret_mini")
-    assert all(s.level_permute == (True, True) for s in model.stages)  # default: every loop
-    reference = build_small("sret_t", attn_permute="reference")
-    assert [s.level_permute for s in reference.stages] == [(False, True) * d for d in (2, 5, 3)]
-    custom = build_small("sret_mini", attn_permute=[True, False])
-    assert all(s.level_permute == (True, False) for s in custom.stages)
+    def permutes(stage) -> list[bool]:  # of the sliced levels
+        return [p.slicing.permute for p in stage.levels if p.slicing is not None]
+
+    model = build_small("sret_mini")  # groups (2, 1): only stage 0's first loop is sliced
+    assert permutes(model.stages[0]) == [True]  # default: every sliced loop permutes
+    reference = build_small("sret_t", attn_permute="reference")  # [8, 2][4, 1][1, 1]
+    assert [permutes(s) for s in reference.stages] == [[False, True] * 2, [False] * 5, []]
+    custom = build_small("sret_mini", attn_permute=[False, True])
+    assert permutes(custom.stages[0]) == [False]
 
 
 def test_contiguous_slices_change_the_function():

@@ -185,6 +185,9 @@ class _Attention(nn.Module):
         # analysis probes, called with the logits of every call (see AttentionRecorder)
         self.probes: list[Probe] = []
 
+    def _probed(self, terms: AttentionTerms) -> bool:
+        return bool(terms.probes or self.probes)
+
     def _attend(
         self,
         q: Tensor,
@@ -278,10 +281,11 @@ class SelfAttention(_Attention):
         q, k, v = self.project(x, terms).chunk(3, dim=-1)
         q, k, v = (_split_heads(t, self.num_heads) for t in (q, k, v))
         if terms.slicing is not None and terms.slicing.groups > 1:
-            if self.causal or cache is not None or terms.bias is not None or terms.probes:
+            if self.causal or cache is not None or terms.bias is not None or self._probed(terms):
                 raise ValueError(
                     "sliced group attention works on full, non-causal attention without "
-                    "logit terms or probes"
+                    "logit terms or probes (its logits are per slice, so they cannot be "
+                    "recorded or biased as a T x T map)"
                 )
             p = self.dropout if self.training else 0.0
             out = terms.slicing(q, k, v, key_padding_mask, p, self.training)

@@ -46,6 +46,7 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             add_positions=not stack_cfg.positions_every_level,
         )
         self.padding_idx = self.embed.padding_idx
+        self.stack_cfg = stack_cfg  # what the stack was built from (analysis, tests)
         self.positions_every_level = stack_cfg.positions_every_level
         self.stack = build_stack(stack_cfg)
         self.share_input_output_embed = args.share_decoder_input_output_embed

@@ -33,6 +33,7 @@ class RecurrentEncoder(FairseqEncoder):
             add_positions=not stack_cfg.positions_every_level,
         )
         self.padding_idx = self.embed.padding_idx
+        self.stack_cfg = stack_cfg  # what the stack was built from (analysis, tests)
         self.positions_every_level = stack_cfg.positions_every_level
         self.stack = build_stack(stack_cfg)
 
