@@ -29,7 +29,7 @@ def test_levels_of_block():
 
 
 def test_bad_scheme_is_named():
-    with pytest.raises(ConfigError, match="unknown sharing scheme 'spiral'"):
+    with pytest.raises(ConfigError, match="scheme='spiral': unknown sharing scheme"):
         DepthPlan.build(6, 2, "spiral")
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from recurnmt.analysis.params import count_parameters
 from recurnmt.modules import ConfigError
+from recurnmt.nmt import options
 from tests.nmt_helpers import build
 
 
@@ -79,24 +82,56 @@ def test_default_rank_is_width_over_16():
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--level-signal-rank", "65"), "--level-signal-rank=65"),
-        (("--level-signal-rank", "0"), "--level-signal-rank=0"),
-        (("--encoder-layers", "0"), "--encoder-layers=0"),
-        (("--decoder-layers", "-2"), "--decoder-layers=-2"),
+        (
+            ("--level-signal-rank", "65"),
+            "--level-signal-rank=65: must lie between 1 and --encoder-embed-dim=64",
+        ),
+        (("--level-signal-rank", "0"), "--level-signal-rank=0: must lie between 1 and"),
+        (("--encoder-layers", "0"), "--encoder-layers=0: must be a positive integer"),
+        (("--decoder-layers", "-2"), "--decoder-layers=-2: must be a positive integer"),
         (
             ("--encoder-attention-heads", "5"),
-            "--encoder-attention-heads=5 does not divide --encoder-embed-dim=64",
+            "--encoder-attention-heads=5: does not divide --encoder-embed-dim=64",
         ),
-        (("--decoder-unique-layers", "4"), "--decoder-unique-layers=4"),
-        (("--activation-fn", "tanh"), "--activation-fn=tanh"),
-        (("--decoder-embed-dim", "32"), "--decoder-embed-dim=32"),
-        (("--encoder-layerdrop", "0.1"), "--encoder-layerdrop"),
-        (("--adaptive-softmax-cutoff", "10,20"), "--adaptive-softmax-cutoff"),
+        (
+            ("--decoder-unique-layers", "4"),
+            "--decoder-unique-layers=4: must not exceed --decoder-layers=3",
+        ),
+        (("--activation-fn", "tanh"), "--activation-fn='tanh': choose one of relu, gelu"),
+        (
+            ("--decoder-embed-dim", "32"),
+            "--decoder-embed-dim=32: must equal --encoder-embed-dim=64",
+        ),
+        (
+            ("--level-signal", "full", "--decoder-ffn-sharing", "none"),
+            "--decoder-ffn-sharing='none': removes the FFN, so it cannot carry the FFN level "
+            "signal --ffn-signal='input'",
+        ),
+        (("--encoder-layerdrop", "0.1"), "--encoder-layerdrop=0.1: LayerDrop is not supported"),
+        (
+            ("--adaptive-softmax-cutoff", "10,20"),
+            "--adaptive-softmax-cutoff=[10, 20]: adaptive softmax",
+        ),
     ],
 )
 def test_impossible_settings_fail_naming_the_flag(flags, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         build("ringformer_tiny", *flags)
+
+
+def test_config_errors_carry_the_flag_and_value():
+    with pytest.raises(ConfigError) as err:
+        build("ringformer_tiny", "--encoder-unique-layers", "4")
+    assert (err.value.setting, err.value.value) == ("--encoder-unique-layers", 4)
+    assert err.value.related == {"--encoder-layers": 3}
+
+
+def test_every_flag_of_a_stack_field_is_an_option():
+    """The field -> flag table names real fairseq arguments (errors name existing flags)."""
+    _, args, _ = build("ringformer_tiny")
+    for side in ("encoder", "decoder"):
+        for field, flag in options.flags_of_fields(side).items():
+            assert hasattr(args, flag[2:].replace("-", "_")), (field, flag)
 
 
 @pytest.mark.parametrize("flag", ["--fp16", "--bf16"])

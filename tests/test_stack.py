@@ -117,7 +117,7 @@ def test_level_outputs_hook_records_every_level():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"num_heads": 5}, "num_heads=5 does not divide embed_dim=32"),
+        ({"num_heads": 5}, "num_heads=5: does not divide embed_dim=32"),
         ({"num_levels": 0}, "num_levels=0"),
         ({"signal": SignalConfig(kind="lowrank", rank=33)}, "rank=33"),
         ({"signal": SignalConfig(kind="lowrank", rank=0)}, "rank=0"),

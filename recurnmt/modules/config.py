@@ -8,7 +8,10 @@ settings raise :class:`ConfigError` naming the offending setting, before any wei
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 SHARING_SCHEMES = ("sequence", "cycle", "cycle_rev")
 SIGNAL_KINDS = ("lowrank", "full", "static", "none")
@@ -20,7 +23,78 @@ LRC_MODES = ("none", "both", "identity", "main")
 
 
 class ConfigError(ValueError):
-    """An impossible model setting; the message names the setting."""
+    """An impossible setting: which setting, its value, and why.
+
+    ``str(err)`` is ``"{setting}={value!r}: {reason}"``. A reason that involves other settings
+    names them as ``{name}`` placeholders with their values in ``related``; they are written
+    out as ``name=value``, so that :meth:`renamed` can translate every name in the message
+    (a config field to a command-line flag) without matching message text.
+
+    ``ConfigError(message)`` with a single argument is a plain message naming no setting
+    (``setting`` is then None).
+
+    Args:
+        setting: the setting's name, in the vocabulary of whoever raises (a config field such
+            as ``num_heads``, or a flag such as ``--encoder-layers``); or the whole message.
+        value: the offending value.
+        reason: why the value is impossible.
+        related: other settings the reason refers to, ``{name: value}``.
+
+    Attributes:
+        setting: as given (None for a plain message).
+        value: as given (None for a plain message).
+        reason: the reason, with the related settings written out.
+        related: as given.
+    """
+
+    def __init__(
+        self,
+        setting: str | None,
+        value: Any = None,
+        reason: str | None = None,
+        related: Mapping[str, Any] | None = None,
+    ) -> None:
+        if reason is None:  # ConfigError(message)
+            if value is not None or related:
+                raise TypeError("ConfigError(setting, value, reason): the reason is missing")
+            setting, reason = None, str(setting)
+        super().__init__(setting, value, reason, related)
+        self.setting = setting
+        self.value = value
+        self._template = reason
+        self.related = dict(related or {})
+
+    @property
+    def reason(self) -> str:
+        def name(match: re.Match[str]) -> str:
+            key = match.group(1)
+            return f"{key}={self.related[key]!r}" if key in self.related else match.group(0)
+
+        return re.sub(r"\{([\w.-]+)\}", name, self._template)
+
+    def __str__(self) -> str:
+        if self.setting is None:
+            return self.reason
+        return f"{self.setting}={self.value!r}: {self.reason}"
+
+    def renamed(self, names: Mapping[str, str]) -> ConfigError:
+        """A copy in which every setting found in ``names`` is called by its new name.
+
+        Args:
+            names: old name -> new name; settings not in it keep their names.
+        """
+
+        def new(key: str) -> str:
+            return names.get(key, key)
+
+        template = re.sub(
+            r"\{([\w.-]+)\}",
+            lambda m: "{" + new(m.group(1)) + "}" if m.group(1) in self.related else m.group(0),
+            self._template,
+        )
+        setting = None if self.setting is None else new(self.setting)
+        related = {new(k): v for k, v in self.related.items()}
+        return type(self)(setting, self.value, template, related)
 
 
 @dataclass(frozen=True)
@@ -139,14 +213,19 @@ class StackConfig:
         _positive("num_levels", self.num_levels)
         if self.embed_dim % self.num_heads:
             raise ConfigError(
-                f"num_heads={self.num_heads} does not divide embed_dim={self.embed_dim}"
+                "num_heads",
+                self.num_heads,
+                "does not divide {embed_dim}",
+                {"embed_dim": self.embed_dim},
             )
         if self.num_unique is not None:
             _positive("num_unique", self.num_unique)
             if self.num_unique > self.num_levels:
                 raise ConfigError(
-                    f"num_unique={self.num_unique} unique blocks cannot be spread over "
-                    f"num_levels={self.num_levels} levels (need num_unique <= num_levels)"
+                    "num_unique",
+                    self.num_unique,
+                    "must not exceed {num_levels} (every unique block runs at one level or more)",
+                    {"num_levels": self.num_levels},
                 )
         _choice("sharing", self.sharing, SHARING_SCHEMES)
         _choice("activation", self.activation, ACTIVATIONS)
@@ -156,45 +235,59 @@ class StackConfig:
         _choice("ffn_sharing", self.ffn_sharing, FFN_SHARING)
         _choice("lrc", self.lrc, LRC_MODES)
         if self.nll_ratio < 0:
-            raise ConfigError(f"nll_ratio={self.nll_ratio} must be >= 0")
+            raise ConfigError("nll_ratio", self.nll_ratio, "must be >= 0")
         if any(not isinstance(g, int) or g <= 0 for g in self.attn_groups):
-            raise ConfigError(f"attn_groups={self.attn_groups} must be positive integers")
+            raise ConfigError("attn_groups", self.attn_groups, "must be positive integers")
         if (self.cross_attention or self.causal) and any(g > 1 for g in self.attn_groups):
             raise ConfigError(
-                f"attn_groups={self.attn_groups}: sliced group attention is for encoder "
-                "self-attention only; in a causal decoder a token's group would depend on "
-                "future tokens, so step-by-step decoding could not match the full pass"
+                "attn_groups",
+                self.attn_groups,
+                "sliced group attention is for encoder self-attention only; in a causal "
+                "decoder a token's group would depend on future tokens, so step-by-step "
+                "decoding could not match the full pass",
             )
         if not 0.0 < self.act_threshold <= 1.0:
-            raise ConfigError(f"act_threshold={self.act_threshold} must lie in (0, 1]")
+            raise ConfigError("act_threshold", self.act_threshold, "must lie in (0, 1]")
         if self.ffn_sharing == "none" and self.signal.learned and self.signal.ffn != "none":
             raise ConfigError(
-                "ffn_sharing='none' removes the FFN, so it cannot carry an FFN level signal "
-                "(set signal.ffn='none')"
+                "ffn_sharing",
+                self.ffn_sharing,
+                "removes the FFN, so it cannot carry the FFN level signal {signal.ffn} "
+                "(set it to 'none')",
+                {"signal.ffn": self.signal.ffn},
             )
         if self.level_drop_path and len(self.level_drop_path) != self.num_levels:
             raise ConfigError(
-                f"level_drop_path gives {len(self.level_drop_path)} rates for "
-                f"num_levels={self.num_levels} levels"
+                "level_drop_path",
+                self.level_drop_path,
+                f"{len(self.level_drop_path)} rates for {{num_levels}} levels",
+                {"num_levels": self.num_levels},
             )
         if any(not 0.0 <= r < 1.0 for r in self.level_drop_path):
-            raise ConfigError(f"level_drop_path={self.level_drop_path} must lie in [0, 1)")
+            raise ConfigError("level_drop_path", self.level_drop_path, "must lie in [0, 1)")
         if any(not isinstance(p, bool) for p in self.attn_permute):
-            raise ConfigError(f"attn_permute={self.attn_permute!r} must be booleans, one per loop")
+            raise ConfigError("attn_permute", self.attn_permute, "must be booleans, one per loop")
         if self.norm_eps <= 0:
-            raise ConfigError(f"norm_eps={self.norm_eps} must be positive")
+            raise ConfigError("norm_eps", self.norm_eps, "must be positive")
         for name in ("dropout", "attention_dropout", "activation_dropout", "drop_path"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
-                raise ConfigError(f"{name}={value} must lie in [0, 1)")
+                raise ConfigError(name, value, "must lie in [0, 1)")
         if self.signal.kind == "lowrank" and self.signal.rank is not None:
             rank = self.signal.rank
             if rank <= 0 or rank > self.embed_dim:
-                raise ConfigError(f"signal rank={rank} must lie in 1..embed_dim={self.embed_dim}")
+                raise ConfigError(
+                    "signal.rank",
+                    rank,
+                    "must lie between 1 and {embed_dim}",
+                    {"embed_dim": self.embed_dim},
+                )
         if self.signal.kind == "lowrank" and self.signal.rank is None and self.embed_dim < 16:
             raise ConfigError(
-                f"default signal rank embed_dim // 16 is 0 for embed_dim={self.embed_dim}; "
-                "set the rank explicitly"
+                "signal.rank",
+                None,
+                "the default rank, width // 16, is 0 for {embed_dim}; set the rank",
+                {"embed_dim": self.embed_dim},
             )
 
     @property
@@ -221,9 +314,9 @@ class StackConfig:
 
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name}={value!r} must be a positive integer")
+        raise ConfigError(name, value, "must be a positive integer")
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"unknown {name}={value!r}; choose one of {', '.join(choices)}")
+        raise ConfigError(name, value, f"choose one of {', '.join(choices)}")

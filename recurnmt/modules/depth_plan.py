@@ -43,9 +43,11 @@ class DepthPlan:
         """
         m = num_levels if num_unique is None else num_unique
         if num_levels <= 0:
-            raise ConfigError(f"num_levels={num_levels} must be positive")
+            raise ConfigError("num_levels", num_levels, "must be positive")
         if m <= 0 or m > num_levels:
-            raise ConfigError(f"num_unique={m} must lie in 1..num_levels={num_levels}")
+            raise ConfigError(
+                "num_unique", m, "must lie between 1 and {num_levels}", {"num_levels": num_levels}
+            )
         if scheme == "sequence":
             order = [i * m // num_levels for i in range(num_levels)]
         elif scheme == "cycle":
@@ -55,7 +57,9 @@ class DepthPlan:
             order = [i % m for i in range(head)] + list(range(m - 1, -1, -1))
         else:
             raise ConfigError(
-                f"unknown sharing scheme {scheme!r}; choose one of {', '.join(SHARING_SCHEMES)}"
+                "scheme",
+                scheme,
+                f"unknown sharing scheme; choose one of {', '.join(SHARING_SCHEMES)}",
             )
         return cls(tuple(order))
 

@@ -61,14 +61,17 @@ class RecurrentTransformerModel(TransformerModel):
         decoder = RecurrentDecoder(args, tgt_dict, decoder_embed, decoder_cfg)
         model = cls(args, encoder, decoder)
         criterion = getattr(args, "criterion", None)
-        if (args.act == "on" or args.mixed_depth == "on") and criterion not in (
-            None,
-            RECURRENT_CRITERION,
-        ):
+        on = [
+            f"--{f.replace('_', '-')} on"
+            for f in ("act", "mixed_depth")
+            if getattr(args, f) == "on"
+        ]
+        if on and criterion not in (None, RECURRENT_CRITERION):
             raise ConfigError(
-                f"--act/--mixed-depth need --criterion {RECURRENT_CRITERION} "
-                f"(got --criterion {criterion}), which adds the ponder cost and the shallow "
-                "branch loss"
+                "--criterion",
+                criterion,
+                f"with {' and '.join(on)}, train with --criterion {RECURRENT_CRITERION} "
+                "(it adds the ponder cost and the shallow-branch loss)",
             )
         return model
 
