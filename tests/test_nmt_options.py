@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
 from recurnmt.analysis.params import count_parameters
-from recurnmt.modules import ConfigError
+from recurnmt.modules import ConfigError, StackConfig
 from recurnmt.nmt import options
 from tests.nmt_helpers import build
 
@@ -124,6 +125,21 @@ def test_config_errors_carry_the_flag_and_value():
         build("ringformer_tiny", "--encoder-unique-layers", "4")
     assert (err.value.setting, err.value.value) == ("--encoder-unique-layers", 4)
     assert err.value.related == {"--encoder-layers": 3}
+
+
+def test_every_stack_config_field_is_set_from_the_arguments(monkeypatch):
+    """StackConfig's own defaults never decide a translation model."""
+    args = build("ringformer_tiny")[1]
+    given = []
+
+    def record(**kwargs):
+        given.append(set(kwargs))
+        return StackConfig(**kwargs)
+
+    monkeypatch.setattr(options, "StackConfig", record)
+    options.stack_configs(args)
+    fields = {f.name for f in dataclasses.fields(StackConfig)}
+    assert given == [fields, fields]
 
 
 def test_every_flag_of_a_stack_field_is_an_option():

@@ -11,17 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from fairseq.models.transformer import TransformerModel
-from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.decoder import RecurrentDecoder
+from recurnmt.nmt.defaults import fill_arch_defaults
 from recurnmt.nmt.encoder import RecurrentEncoder
 from recurnmt.nmt.launch import check_distributed
 from recurnmt.nmt.options import add_recurrent_args, stack_configs
-from recurnmt.nmt.registry import register_model_once
+from recurnmt.nmt.registry import MODEL_NAME, RECURRENT_CRITERION, register_model_once
 
-MODEL_NAME = "recurrent_transformer"
-RECURRENT_CRITERION = "recurrent_label_smoothed_cross_entropy"
+__all__ = ["MODEL_NAME", "RECURRENT_CRITERION", "RecurrentTransformerModel"]
 
 
 @register_model_once(MODEL_NAME)
@@ -36,10 +35,12 @@ class RecurrentTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args: Any, task) -> RecurrentTransformerModel:
         check_distributed(args)  # refuse fairseq's silent multi-process failure modes
-        recurrent_base_architecture(args)
+        # fairseq ran the architecture function already (also on a checkpoint's saved
+        # arguments), so this fills nothing then; it serves callers that did not
+        fill_arch_defaults(args)
         encoder_cfg, decoder_cfg = stack_configs(args)  # fails fast, naming the setting
         for name in ("max_source_positions", "max_target_positions"):
-            if getattr(args, name, None) is None:
+            if getattr(args, name, None) is None:  # as fairseq's TransformerModel does
                 setattr(args, name, 1024)
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         if args.share_all_embeddings:
@@ -106,31 +107,3 @@ class RecurrentTransformerModel(TransformerModel):
         if encoder_out["ponder"]:
             extra["encoder_ponder"] = encoder_out["ponder"]  # for the ACT criterion
         return x, extra
-
-
-def recurrent_base_architecture(args: Any) -> None:
-    """Defaults of every recurnmt option: a vanilla Transformer built from our blocks."""
-    args.encoder_unique_layers = getattr(args, "encoder_unique_layers", None)
-    args.decoder_unique_layers = getattr(args, "decoder_unique_layers", None)
-    args.sharing_scheme = getattr(args, "sharing_scheme", None) or "cycle"
-    args.layer_norms = getattr(args, "layer_norms", None) or "per-block"
-    args.level_signal = getattr(args, "level_signal", None) or "none"
-    args.level_signal_rank = getattr(args, "level_signal_rank", None)
-    args.attn_signal = getattr(args, "attn_signal", None) or "after"
-    args.ffn_signal = getattr(args, "ffn_signal", None) or "input"
-    args.encoder_ffn_sharing = getattr(args, "encoder_ffn_sharing", None) or "block"
-    args.decoder_ffn_sharing = getattr(args, "decoder_ffn_sharing", None) or "block"
-    args.positions = getattr(args, "positions", None) or "input"
-    args.act = getattr(args, "act", None) or "off"
-    args.act_threshold = _default(args, "act_threshold", 0.99)
-    args.act_bias_init = _default(args, "act_bias_init", 1.0)
-    args.lrc = getattr(args, "lrc", None) or "none"
-    args.nll_ratio = _default(args, "nll_ratio", 0.0)
-    args.encoder_attn_groups = getattr(args, "encoder_attn_groups", None) or ()
-    args.mixed_depth = getattr(args, "mixed_depth", None) or "off"
-    base_architecture(args)
-
-
-def _default(args: Any, name: str, value: float) -> float:
-    current = getattr(args, name, None)
-    return value if current is None else current

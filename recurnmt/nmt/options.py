@@ -37,7 +37,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
-    """Adds recurnmt's options; defaults come from the registered architectures."""
+    """Adds recurnmt's options; their defaults are in :mod:`recurnmt.nmt.defaults`."""
     group = parser  # fairseq hands models an argument group already
     group.add_argument(
         "--encoder-unique-layers",
@@ -215,32 +215,10 @@ def stack_configs(args: Any) -> tuple[StackConfig, StackConfig]:
         ConfigError: an impossible setting, named by its command-line flag.
     """
     check_supported(args)
-    signal = SignalConfig(
-        kind=args.level_signal,
-        rank=args.level_signal_rank,
-        attn=args.attn_signal,
-        ffn=args.ffn_signal,
-    )
-    activation = getattr(args, "activation_fn", "relu")
     if args.layer_norms not in LAYER_NORM_PLACES:
         raise ConfigError(
             "--layer-norms", args.layer_norms, f"choose one of {', '.join(LAYER_NORM_PLACES)}"
         )
-    common = dict(
-        norms_per_level=args.layer_norms == "per-level",
-        lrc=args.lrc,
-        nll_ratio=args.nll_ratio,
-        positions_every_level=args.positions == "every-level",
-        act=args.act == "on",
-        act_threshold=args.act_threshold,
-        act_bias_init=args.act_bias_init,
-        sharing=args.sharing_scheme,
-        signal=signal,
-        dropout=args.dropout,
-        attention_dropout=args.attention_dropout,
-        activation_dropout=args.activation_dropout,
-        activation=activation,
-    )
     if args.decoder_embed_dim != args.encoder_embed_dim:
         raise ConfigError(
             "--decoder-embed-dim",
@@ -248,30 +226,56 @@ def stack_configs(args: Any) -> tuple[StackConfig, StackConfig]:
             "must equal {--encoder-embed-dim} (cross-attention reads the encoder)",
             {"--encoder-embed-dim": args.encoder_embed_dim},
         )
-    encoder = _side_config(
-        args, "encoder", common, attn_groups=tuple(args.encoder_attn_groups or ())
-    )
-    decoder = _side_config(args, "decoder", common, cross_attention=True, causal=True)
+    encoder = _side_config(args, "encoder")
+    decoder = _side_config(args, "decoder")
     return encoder, decoder
 
 
-def _side_config(args: Any, side: str, common: dict[str, Any], **extra: Any) -> StackConfig:
-    """The stack of one side from fairseq's ``--{side}-*`` flags plus shared settings."""
+def _side_config(args: Any, side: str) -> StackConfig:
+    """The stack of one side; every field is given here, none is left to StackConfig."""
 
-    def flag(name: str) -> Any:
-        return getattr(args, f"{side}_{name}")
+    def arg(field: str) -> Any:
+        return getattr(args, ARG_OF_FIELD[field].format(side=side))
 
+    decoder = side == "decoder"
+    normalize_before = arg("normalize_before")
     try:
         return StackConfig(
-            embed_dim=flag("embed_dim"),
-            ffn_dim=flag("ffn_embed_dim"),
-            num_heads=flag("attention_heads"),
-            num_levels=flag("layers"),
-            num_unique=flag("unique_layers"),
-            normalize_before=flag("normalize_before"),
-            ffn_sharing=flag("ffn_sharing"),
-            **common,
-            **extra,
+            embed_dim=arg("embed_dim"),
+            ffn_dim=arg("ffn_dim"),
+            num_heads=arg("num_heads"),
+            num_levels=arg("num_levels"),
+            num_unique=arg("num_unique"),
+            sharing=arg("sharing"),
+            norms_per_level=arg("norms_per_level") == "per-level",
+            normalize_before=normalize_before,
+            signal=SignalConfig(
+                kind=arg("signal.kind"),
+                rank=arg("signal.rank"),
+                attn=arg("signal.attn"),
+                ffn=arg("signal.ffn"),
+            ),
+            cross_attention=decoder,
+            causal=decoder,
+            dropout=arg("dropout"),
+            attention_dropout=arg("attention_dropout"),
+            activation_dropout=arg("activation_dropout"),
+            activation=arg("activation"),
+            bias=True,
+            ffn_sharing=arg("ffn_sharing"),
+            lrc=arg("lrc"),
+            nll_ratio=arg("nll_ratio"),
+            # sliced group attention is for the encoder only (a causal stack refuses it)
+            attn_groups=() if decoder else tuple(arg("attn_groups") or ()),
+            positions_every_level=arg("positions_every_level") == "every-level",
+            act=arg("act") == "on",
+            act_threshold=arg("act_threshold"),
+            act_bias_init=arg("act_bias_init"),
+            drop_path=0.0,
+            level_drop_path=(),
+            final_norm=normalize_before,  # as fairseq's transformer: after pre-LN stacks only
+            norm_eps=1e-5,  # fairseq's LayerNorm
+            attn_permute=(),  # sliced encoder attention permutes at every loop (SReT "P")
         )
     except ConfigError as err:
         raise err.renamed(flags_of_fields(side)) from None

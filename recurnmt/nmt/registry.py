@@ -1,4 +1,4 @@
-"""Idempotent fairseq registration.
+"""The names recurnmt registers with fairseq, and idempotent registration.
 
 The plugin may be imported twice under different module names (the installed package and a
 ``--user-dir`` pointing inside it); fairseq refuses duplicate registrations, so these helpers
@@ -16,6 +16,9 @@ from fairseq.models import (
     register_model,
     register_model_architecture,
 )
+
+MODEL_NAME = "recurrent_transformer"
+RECURRENT_CRITERION = "recurrent_label_smoothed_cross_entropy"
 
 
 def register_model_once(name: str) -> Callable[[type], type]:

@@ -1,0 +1,166 @@
+"""Defaults of the translation architectures: one table, filled in one pass.
+
+An architecture is a family (how levels share weights) at a size (widths and depth):
+``ringformer_wmt_en_de`` is the ``ringformer`` family at the ``wmt_en_de`` size, and a bare
+family name (``ringformer``) means the ``wmt_en_de`` size. Sizes are fairseq's standard
+transformer sizes; RingFormer A.1 uses ``wmt_en_de`` and ``wmt_en_de_big``.
+
+A setting takes the first value given by, in order:
+
+1. the command line (or the arguments saved in a checkpoint);
+2. :data:`FAMILY_SIZE`, a family's exceptions at one size (SReT's depth at ``tiny``);
+3. :data:`FAMILIES`, what makes the family (RingFormer's shared block and level signals);
+4. :data:`SIZES`;
+5. :data:`BASE`, every recurnmt option: a vanilla Transformer built from our blocks;
+6. fairseq's transformer ``base_architecture``, for fairseq's own options.
+
+:func:`fill_defaults` fills only what is unset, so a second run changes nothing: fairseq runs
+the architecture function when it parses the command line and again when it builds the
+model (also from a checkpoint's saved arguments, where options added since are unset).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fairseq.models.transformer.transformer_legacy import base_architecture
+
+from recurnmt.modules import ConfigError
+from recurnmt.nmt.registry import RECURRENT_CRITERION
+
+Defaults = dict[str, Any]
+
+# every recurnmt option (see recurnmt.nmt.options.add_recurrent_args)
+BASE: Defaults = {
+    "encoder_unique_layers": None,  # None: one block per level
+    "decoder_unique_layers": None,
+    "sharing_scheme": "cycle",
+    "layer_norms": "per-block",
+    "level_signal": "none",
+    "level_signal_rank": None,  # None: width // 16
+    "attn_signal": "after",
+    "ffn_signal": "input",
+    "encoder_ffn_sharing": "block",
+    "decoder_ffn_sharing": "block",
+    "positions": "input",
+    "act": "off",
+    "act_threshold": 0.99,
+    "act_bias_init": 1.0,
+    "lrc": "none",
+    "nll_ratio": 0.0,
+    "encoder_attn_groups": (),
+    "mixed_depth": "off",
+}
+
+
+def _size(embed: int, ffn: int, heads: int, levels: int = 6, **extra: Any) -> Defaults:
+    sides = dict(embed_dim=embed, ffn_embed_dim=ffn, attention_heads=heads, layers=levels)
+    return {f"{side}_{k}": v for side in ("encoder", "decoder") for k, v in sides.items()} | extra
+
+
+SIZES: dict[str, Defaults] = {
+    "tiny": _size(64, 128, 4, levels=3),
+    "iwslt_de_en": _size(512, 1024, 4),
+    "wmt_en_de": _size(512, 2048, 8),
+    "wmt_en_de_big": _size(1024, 4096, 16, dropout=0.3),
+}
+DEFAULT_SIZE = "wmt_en_de"  # the size of a bare family name
+
+_UNIVERSAL_TRANSFORMER: Defaults = {
+    "encoder_unique_layers": 1,
+    "decoder_unique_layers": 1,
+    "layer_norms": "per-block",
+    "level_signal": "static",
+    "positions": "every-level",
+    "activation_fn": "gelu",
+}
+
+FAMILIES: dict[str, Defaults] = {
+    # RingFormer (sec. 3): one shared block per side, per-level norms, low-rank level signals
+    # on Q/K/V (after projection) and on the FFN input, rank H/16, GELU
+    "ringformer": {
+        "encoder_unique_layers": 1,
+        "decoder_unique_layers": 1,
+        "layer_norms": "per-level",
+        "level_signal": "lowrank",
+        "attn_signal": "after",
+        "ffn_signal": "input",
+        "activation_fn": "gelu",
+    },
+    # a plain Transformer built from recurnmt's blocks (one block per level)
+    "recurrent_transformer": {},
+    # Universal Transformer (Dehghani et al. 2019) as compared in RingFormer Table 1: one
+    # shared block per side, sinusoidal level + position embeddings at every level, GELU
+    "universal_transformer": _UNIVERSAL_TRANSFORMER,
+    # ... with Adaptive Computation Time halting (UT sec. 2.2); the levels are the maximum
+    # number of steps; the recurrent criterion adds the ponder cost
+    "universal_transformer_act": _UNIVERSAL_TRANSFORMER
+    | {"act": "on", "criterion": RECURRENT_CRITERION},
+    # One Wide FFN (Pires et al. 2023, as in RingFormer Table 1): attention per layer, one FFN
+    # shared by all encoder layers, no decoder FFN, GELU
+    "owf": {
+        "encoder_ffn_sharing": "shared",
+        "decoder_ffn_sharing": "none",
+        "level_signal": "none",
+        "activation_fn": "gelu",
+    },
+    # SReT for translation (sec. 3, Table 9 setting): each of the six blocks per side looped
+    # twice in a row (internal loop, eq. 6: 12 levels), a non-shared NLL after every loop
+    # (eq. 5, ratio 1), learnable residual coefficients on every residual (eq. 9-10)
+    "sret": {
+        "encoder_unique_layers": 6,
+        "decoder_unique_layers": 6,
+        "encoder_layers": 12,
+        "decoder_layers": 12,
+        "sharing_scheme": "sequence",
+        "nll_ratio": 1.0,
+        "lrc": "both",
+        "share_decoder_input_output_embed": True,
+    },
+}
+
+# a family's settings at one size, where they differ from the family's own
+FAMILY_SIZE: dict[tuple[str, str], Defaults] = {
+    ("sret", "tiny"): {
+        "encoder_unique_layers": 2,
+        "decoder_unique_layers": 2,
+        "encoder_layers": 4,
+        "decoder_layers": 4,
+    },
+}
+
+# every architecture name -> (family, size)
+ARCHS: dict[str, tuple[str, str]] = {
+    name: (family, size)
+    for family in FAMILIES
+    for name, size in [(family, DEFAULT_SIZE)] + [(f"{family}_{s}", s) for s in SIZES]
+}
+
+
+def fill_defaults(args: Any, family: str, size: str) -> None:
+    """Gives every unset setting of ``args`` its default for ``family`` at ``size``.
+
+    Args:
+        args: fairseq's arguments (an ``argparse.Namespace`` or an OmegaConf config);
+            settings already given (not None) are kept.
+        family: a key of :data:`FAMILIES`.
+        size: a key of :data:`SIZES`.
+    """
+    layers = (FAMILY_SIZE.get((family, size), {}), FAMILIES[family], SIZES[size], BASE)
+    for defaults in layers:
+        for name, value in defaults.items():
+            if getattr(args, name, None) is None:
+                setattr(args, name, value)
+    base_architecture(args)
+
+
+def fill_arch_defaults(args: Any) -> None:
+    """:func:`fill_defaults` for the architecture that ``args`` names (``--arch``).
+
+    Raises:
+        ConfigError: ``args`` names no recurnmt architecture.
+    """
+    arch = getattr(args, "arch", None) or getattr(args, "_name", None)
+    if arch not in ARCHS:
+        raise ConfigError("--arch", arch, "is not a recurnmt translation architecture")
+    fill_defaults(args, *ARCHS[arch])
