@@ -6,15 +6,19 @@ import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
+from recurnmt.nmt.architectures import FAMILIES
 from tests.nmt_helpers import DICT, batch, build, train_signals, untied
 
-DECODERS = [
-    ("ringformer_tiny",),
+# every family at the tiny size, so that a new family cannot skip the decoding checks ...
+FAMILY_CASES = [(f"{family}_tiny",) for family in FAMILIES]
+# ... plus options the families leave at their defaults
+OPTION_CASES = [
     ("ringformer_tiny", "--encoder-normalize-before", "--decoder-normalize-before"),
     ("ringformer_tiny", "--attn-signal", "before", "--ffn-signal", "inter"),
     ("ringformer_tiny", "--level-signal", "full"),
     ("ringformer_tiny", "--level-signal", "static"),
-    ("recurrent_transformer_tiny",),
+    ("ringformer_tiny", "--positions", "every-level"),
+    ("ringformer_tiny", "--act", "on"),
     (
         "recurrent_transformer_tiny",
         "--decoder-unique-layers",
@@ -24,7 +28,11 @@ DECODERS = [
         "--decoder-layers",
         "4",
     ),
+    ("owf_tiny", "--decoder-ffn-sharing", "shared"),
+    ("sret_tiny", "--lrc", "identity", "--decoder-normalize-before"),
+    ("universal_transformer_act_tiny", "--act-threshold", "0.5"),
 ]
+DECODERS = FAMILY_CASES + OPTION_CASES
 
 
 def _ids(case):
@@ -45,8 +53,39 @@ def test_incremental_decoding_equals_full_pass(case):
             model.decoder(prev[:, : t + 1], enc, incremental_state=state)[0]
             for t in range(prev.size(1))
         ]
+        # in training (dropout is 0 here) an ACT stack may stop once every position has
+        # halted; with a cache it runs every level, whose keys and values later steps read
+        trained, _ = model.train().decoder(prev, enc)
     diff = (torch.cat(steps, dim=1) - full).abs().max().item()
     assert diff <= 1e-5, diff
+    torch.testing.assert_close(trained, full, atol=1e-5, rtol=1e-5)
+
+
+def test_act_decoders_halt_before_the_last_level():
+    """The ACT cases above exercise halting, and at least one the early stop in training."""
+    stopped_early = []
+    for case in DECODERS:
+        model, _, _ = build(*case)
+        stack = model.decoder.stack
+        if stack.halting is None:
+            continue
+        src, lengths, prev = batch()
+        with torch.no_grad():
+            enc = model.encoder(src, lengths)
+            _, extra = model.eval().decoder(prev, enc)
+            assert (extra["ponder"] < stack.num_levels).all(), case
+            stopped_early.append(_levels_run(model.train().decoder, prev, enc) < stack.num_levels)
+    assert any(stopped_early)
+
+
+def _levels_run(decoder, prev, enc) -> int:
+    """How many levels one full decoder pass runs."""
+    calls = []
+    handles = [b.register_forward_hook(lambda *_: calls.append(1)) for b in decoder.stack.blocks]
+    decoder(prev, enc)
+    for handle in handles:
+        handle.remove()
+    return len(calls)
 
 
 def _generate(model, src, lengths, beam=4):
@@ -57,19 +96,9 @@ def _generate(model, src, lengths, beam=4):
     return [[(h["tokens"].tolist(), round(h["score"].item(), 4)) for h in sent] for sent in hyps]
 
 
-@pytest.mark.parametrize(
-    "arch",
-    [
-        "ringformer_tiny",
-        "recurrent_transformer_tiny",
-        "universal_transformer_tiny",
-        "universal_transformer_act_tiny",
-        "owf_tiny",
-        "sret_tiny",
-    ],
-)
-def test_beam_search_matches_untied_reference(arch):
-    model, _, _ = build(arch, "--share-all-embeddings")
+@pytest.mark.parametrize("case", DECODERS, ids=_ids)
+def test_beam_search_matches_untied_reference(case):
+    model, _, _ = build(*case, "--share-all-embeddings")
     train_signals(model)
     model.eval()
     reference = untied(model)
