@@ -118,13 +118,15 @@ def build_stack(cfg: StackConfig, plan: DepthPlan | None = None) -> RecurrentSta
     plan = build_plan(cfg) if plan is None else plan
     if plan.num_levels != cfg.num_levels:
         raise ConfigError(
-            f"the depth plan has {plan.num_levels} levels, num_levels={cfg.num_levels}"
+            "num_levels", cfg.num_levels, f"the depth plan has {plan.num_levels} levels"
         )
     for name, per_loop in (("attn_groups", cfg.attn_groups), ("attn_permute", cfg.attn_permute)):
         if per_loop and len(per_loop) < plan.num_loops:
             raise ConfigError(
-                f"{name}={per_loop} gives a setting for {len(per_loop)} loop(s), but blocks "
-                f"run up to {plan.num_loops} times"
+                name,
+                per_loop,
+                f"gives a setting for {len(per_loop)} loop(s), but blocks run up to "
+                f"{plan.num_loops} times",
             )
     shared_ffn = build_ffn(cfg) if cfg.ffn_sharing == "shared" else None
     return RecurrentStack(
