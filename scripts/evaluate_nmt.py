@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from recurnmt.nmt.evaluate import PRESETS, EvalSettings, evaluation_steps  # noqa: E402
-from recurnmt.nmt.launch import run_steps  # noqa: E402
+from recurnmt.nmt.steps import run_steps  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -377,9 +377,9 @@ def evaluation_steps(
         meta: extra fields of ``result.json`` (``name``, ``arch``, ...).
 
     Returns:
-        :class:`recurnmt.nmt.launch.Step` objects, in order.
+        :class:`recurnmt.nmt.steps.Step` objects, in order.
     """
-    from recurnmt.nmt.launch import Step, fairseq_flags, fairseq_tool, user_dir
+    from recurnmt.nmt.steps import Step, fairseq_flags, fairseq_tool, user_dir
 
     segmentation = segmentation_of(data, preset.segmentation)
     steps = []

@@ -48,15 +48,8 @@ import yaml
 
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.evaluate import PRESETS, DatasetPreset, EvalSettings, evaluation_steps
-from recurnmt.nmt.launch import (
-    LaunchPlan,
-    add_plan_arguments,
-    fairseq_flags,
-    launch,
-    plan_from_args,
-    run_steps,
-    user_dir,
-)
+from recurnmt.nmt.launch import LaunchPlan, add_plan_arguments, launch, plan_from_args
+from recurnmt.nmt.steps import fairseq_flags, run_steps, user_dir
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "nmt"
 TOP_KEYS = {
