@@ -1,6 +1,6 @@
 """Evaluate a trained translation model the standard way for its dataset.
 
-Runs the three commands of :func:`recurnmt.nmt.evaluate.evaluation_steps` (each printed
+Runs the three commands of :func:`recurnmt.nmt.evaluation.evaluation_steps` (each printed
 first): average the last checkpoints (fairseq's average_checkpoints logic), fairseq-generate
 with the dataset's beam and length penalty (IWSLT14: 5 / 1.0; WMT14: 4 / 0.6), and scoring:
 detokenized sacrebleu with its signature, tokenized BLEU (compound-split for WMT14), parameter
@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from recurnmt.nmt.evaluate import PRESETS, EvalSettings, evaluation_steps  # noqa: E402
+from recurnmt.nmt.evaluation import EvalSettings, evaluation_steps  # noqa: E402
+from recurnmt.nmt.presets import PRESETS  # noqa: E402
 from recurnmt.nmt.steps import run_steps  # noqa: E402
 
 

@@ -17,11 +17,10 @@ from fairseq.data import Dictionary
 from fairseq.scoring import bleu as fairseq_bleu
 
 from recurnmt.nmt import evaluate
-from recurnmt.nmt.evaluate import (
-    PRESETS,
-    EvalSettings,
+from recurnmt.nmt.evaluation import EvalSettings, evaluation_steps
+from recurnmt.nmt.presets import PRESETS
+from recurnmt.nmt.scoring import (
     compound_split,
-    evaluation_steps,
     read_hypotheses,
     read_targets,
     score,

@@ -249,7 +249,7 @@ def test_ringformer_wmt14_recipe_runs_end_to_end(wmt14_de_en_bpe, tmp_path):
         "train.max_update": 2,
         "train.warmup_updates": 1,
         "train.batch_size": 4,  # x update-freq 2: 4 updates per epoch (29 pairs <= 50)
-        "train.required_batch_size_multiple": 1,  # 7 valid sentences (see evaluate.py)
+        "train.required_batch_size_multiple": 1,  # 7 valid sentences (see evaluation.py)
         "train.save_interval_updates": 1,
         "train.keep_interval_updates": 2,
         "evaluate.average_last": 2,

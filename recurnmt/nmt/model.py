@@ -15,8 +15,8 @@ from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.decoder import RecurrentDecoder
-from recurnmt.nmt.encoder import RecurrentEncoder
 from recurnmt.nmt.distributed_checks import check_distributed
+from recurnmt.nmt.encoder import RecurrentEncoder
 from recurnmt.nmt.options import add_recurrent_args, stack_configs
 from recurnmt.nmt.registry import register_model_once
 

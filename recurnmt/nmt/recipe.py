@@ -3,7 +3,7 @@
 A recipe names a dataset preset, an architecture and the papers' training settings as
 ``fairseq-train`` / ``fairseq-generate`` options; ``run`` expands it into the commands and
 runs them: training (one process or several, through :mod:`recurnmt.nmt.launch`), then the
-evaluation of :func:`recurnmt.nmt.evaluate.evaluation_steps` (checkpoint averaging,
+evaluation of :func:`recurnmt.nmt.evaluation.evaluation_steps` (checkpoint averaging,
 ``fairseq-generate``, scoring into ``result.json``). The recipes live in ``configs/nmt/``
 (see its README for the papers' settings and every choice the papers leave open).
 
@@ -12,14 +12,14 @@ Format (YAML)::
     extends: _a1_wmt14.yaml            # optional: file(s) merged first, relative to this one
     description: RingFormer, base size, WMT14 En-De
     paper: RingFormer appendix A.1
-    dataset: wmt14                     # a preset of recurnmt.nmt.evaluate.PRESETS
+    dataset: wmt14                     # a preset of recurnmt.nmt.presets.PRESETS
     data: data-bin/wmt14_en_de         # optional, the preset's by default
     run_dir: runs/{name}               # optional: checkpoints/, generate output, result.json
     arch: ringformer_wmt_en_de
     paper_world_size: 2                # processes of the paper's batch (sets --update-freq)
     train: {lr: 7.0e-4, lr_scheduler: cosine, ...}   # fairseq-train options
     generate: {beam: 4}                # fairseq-generate options over the preset's
-    evaluate: {average_last: 5}        # recurnmt.nmt.evaluate.EvalSettings
+    evaluate: {average_last: 5}        # recurnmt.nmt.evaluation.EvalSettings
 
 Option names are fairseq's flags with underscores; ``true`` is a bare flag, ``null`` removes
 an inherited option; strings may use ``{name}``, ``{run_dir}`` and ``{data}``. Unknown keys
@@ -47,8 +47,9 @@ from typing import Any
 import yaml
 
 from recurnmt.modules import ConfigError
-from recurnmt.nmt.evaluate import PRESETS, DatasetPreset, EvalSettings, evaluation_steps
+from recurnmt.nmt.evaluation import EvalSettings, evaluation_steps
 from recurnmt.nmt.launch import LaunchPlan, add_plan_arguments, launch, plan_from_args
+from recurnmt.nmt.presets import PRESETS, DatasetPreset
 from recurnmt.nmt.steps import fairseq_flags, run_steps, user_dir
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "nmt"

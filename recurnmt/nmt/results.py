@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from recurnmt.nmt.evaluate import PRESETS
+from recurnmt.nmt.presets import PRESETS
 
 # family order of the table: the two baselines, then the papers' models
 FAMILY_ORDER = (
