@@ -11,13 +11,13 @@ import torch.nn.functional as F
 from recurnmt.modules.attention import SelfAttention
 from recurnmt.vision import create_model
 from recurnmt.vision.budget import (
-    ExitLogits,
     budget_table,
     candidate_thresholds,
     exit_costs,
     simulate,
     solve_thresholds,
 )
+from recurnmt.vision.exits import ExitLogits
 from recurnmt.vision.flops import count_parameters
 from recurnmt.vision.layers.reuse import FeatureReuse, RelationReuse, upsample_relations
 from recurnmt.vision.models.dvt import AllExits, DVTCascade

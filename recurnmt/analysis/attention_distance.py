@@ -215,8 +215,7 @@ def _load(
     from recurnmt.vision.registry import create_model
 
     if is_checkpoint:
-        from recurnmt.vision.checkpoint import load_checkpoint
-        from recurnmt.vision.train import model_from_checkpoint
+        from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
 
         ckpt = load_checkpoint(spec)
         return ckpt["model_name"], model_from_checkpoint(ckpt)

@@ -294,9 +294,8 @@ def vision_cka(
     """
     from torch.utils.data import DataLoader, Subset
 
-    from recurnmt.vision.checkpoint import load_checkpoint
+    from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
     from recurnmt.vision.data import build_dataset
-    from recurnmt.vision.train import model_from_checkpoint
 
     ckpts = [load_checkpoint(p) for p in paths]
     models = [model_from_checkpoint(c).to(device).eval() for c in ckpts]

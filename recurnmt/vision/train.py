@@ -31,13 +31,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from recurnmt.cli import run_cli
 from recurnmt.vision.checkpoint import (
     load_checkpoint,
+    model_from_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -46,6 +46,7 @@ from recurnmt.vision.checkpoint import (
 from recurnmt.vision.data import DataSpec, Mixup, build_dataset, data_spec
 from recurnmt.vision.distributed import DistInfo, check_batch_size, process_group
 from recurnmt.vision.engine import Precision, evaluate, train_one_epoch
+from recurnmt.vision.exits import evaluate_exits
 from recurnmt.vision.flops import count_parameters
 from recurnmt.vision.losses import ClassificationLoss
 from recurnmt.vision.mixed_depth import MixedDepth
@@ -61,13 +62,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
-
-
-def model_from_checkpoint(ckpt: dict) -> nn.Module:
-    """Rebuilds the model stored in a checkpoint of this command and loads its weights."""
-    model = create_model(ckpt["model_name"], **ckpt["model_kwargs"])
-    model.load_state_dict(ckpt["model"])
-    return model
 
 
 def _spec_with_overrides(args: Namespace) -> DataSpec:
@@ -281,8 +275,6 @@ def run(args: Namespace, info: DistInfo) -> dict:
             ev = evaluate(net, eval_loader, info, precision)
             record.update(top1=ev.top1, top5=ev.top5, eval_loss=ev.loss)
             if isinstance(model, DVTCascade):
-                from recurnmt.vision.budget import evaluate_exits
-
                 record["exit_top1"] = evaluate_exits(model, eval_loader, info, precision)
             if writer is not None:
                 writer.add_scalar("eval/top1", ev.top1, epoch + 1)
