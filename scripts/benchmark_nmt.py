@@ -136,8 +136,8 @@ def worker(opts: argparse.Namespace) -> dict:
     from fairseq import utils
     from fairseq.sequence_generator import SequenceGenerator
 
-    from recurnmt.analysis.params import count_parameters
     from recurnmt.nmt.build import build_model
+    from recurnmt.parameters import parameter_report
 
     torch.manual_seed(opts.seed)
     if opts.threads:
@@ -149,7 +149,7 @@ def worker(opts: argparse.Namespace) -> dict:
     _, test_batches = load_batches(opts.data, "test", 100000, 1, opts.seed)
     model, args, _ = build_model(opts.arch, model_flags(opts.arch, opts), task.source_dictionary)
     model.to(device)
-    params = count_parameters(model)
+    params = parameter_report(model)
     criterion = task.build_criterion(args)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from recurnmt.modules.attention import SelfAttention
+from recurnmt.parameters import count_parameters
 from recurnmt.vision import create_model
 from recurnmt.vision.budget import (
     budget_table,
@@ -18,7 +19,6 @@ from recurnmt.vision.budget import (
     solve_thresholds,
 )
 from recurnmt.vision.exits import ExitLogits
-from recurnmt.vision.flops import count_parameters
 from recurnmt.vision.layers.reuse import FeatureReuse, RelationReuse, upsample_relations
 from recurnmt.vision.models.dvt import AllExits, DVTCascade
 

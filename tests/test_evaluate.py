@@ -238,8 +238,8 @@ def test_sentencepiece_data_is_scored_without_moses(tmp_path):
 
 def test_model_report_of_a_saved_model(tmp_path):
     """P* of a checkpoint's model, as RingFormer Table 1 counts it (no fairseq-train needed)."""
-    from recurnmt.analysis.params import count_parameters
     from recurnmt.nmt.build import build_model, toy_dictionary
+    from recurnmt.parameters import parameter_report
 
     model, args, _ = build_model("ringformer_tiny", ["--share-all-embeddings"], toy_dictionary(20))
     d = toy_dictionary(20)
@@ -251,4 +251,4 @@ def test_model_report_of_a_saved_model(tmp_path):
     torch.save({**state, "optimizer_history": [{**history, "num_updates": 0}]}, tmp_path / "c.pt")
     report = evaluate.model_report(tmp_path / "c.pt", tmp_path)
     assert report["arch"] == "ringformer_tiny"
-    assert report["params"]["p_star"] == count_parameters(model).p_star > 0
+    assert report["params"]["p_star"] == parameter_report(model).p_star > 0

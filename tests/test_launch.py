@@ -9,7 +9,7 @@ import pytest
 
 from recurnmt.modules import ConfigError
 from recurnmt.nmt import launch
-from recurnmt.nmt.build import parse_train_args
+from recurnmt.nmt.build import arch_train_args
 from recurnmt.nmt.distributed_checks import check_distributed, distributed_problems
 from recurnmt.nmt.launch import (
     LaunchPlan,
@@ -37,7 +37,7 @@ TORCHRUN_FULL = {**TORCHRUN, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 
 def args(*flags: str):
-    return parse_train_args("ringformer_tiny", [*LS, *flags])
+    return arch_train_args("ringformer_tiny", [*LS, *flags])
 
 
 def problems(a, **kw) -> str:
@@ -98,11 +98,11 @@ def test_unsummable_criterion_on_cpu_is_refused(monkeypatch):
     a.criterion = "gathered"
     msg = problems(a, world_size=2)
     assert "all_gather_list" in msg and "CUDA tensor" in msg
-    gpu = parse_train_args("ringformer_tiny", ["--distributed-no-spawn"])
+    gpu = arch_train_args("ringformer_tiny", ["--distributed-no-spawn"])
     gpu.criterion = "gathered"
     assert problems(gpu, world_size=2, cuda_available=True) == ""  # on GPUs it works
     # recurnmt's criterion sums its logging outputs (LRC values with a count)
-    assert problems(parse_train_args("ringformer_tiny", GOOD_CPU), world_size=2) == ""
+    assert problems(arch_train_args("ringformer_tiny", GOOD_CPU), world_size=2) == ""
 
 
 @pytest.mark.parametrize("flag", ["--fp16", "--bf16", "--amp"])
@@ -113,7 +113,7 @@ def test_half_precision_on_cpu_is_refused(flag):
 def test_generation_from_a_gpu_checkpoint_is_not_refused():
     """At generation, build_model sees the training run's args (GPU, fp16, 8 processes,
     pytorch_ddp, nccl) on a machine without CUDA: nothing of that applies any more."""
-    a = parse_train_args(
+    a = arch_train_args(
         "ringformer_tiny", ["--fp16", "--distributed-world-size", "8", "--distributed-no-spawn"]
     )
     assert distributed_problems(a, environ={}, cuda_available=False) == []

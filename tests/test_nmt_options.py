@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from recurnmt.analysis.params import count_parameters
 from recurnmt.modules import ConfigError
+from recurnmt.parameters import parameter_report
 from tests.nmt_helpers import build
 
 
@@ -111,7 +111,7 @@ def test_bad_choices_are_refused_by_the_parser():
 
 
 def test_parameter_count_changes_with_rank():
-    small = count_parameters(build("ringformer_tiny", "--level-signal-rank", "2")[0]).p_star
-    large = count_parameters(build("ringformer_tiny", "--level-signal-rank", "8")[0]).p_star
+    small = parameter_report(build("ringformer_tiny", "--level-signal-rank", "2")[0]).p_star
+    large = parameter_report(build("ringformer_tiny", "--level-signal-rank", "8")[0]).p_star
     # 3 levels x 2 sides x 4 signals x 2 factors x 64 x (8 - 2)
     assert large - small == 3 * 2 * 4 * 2 * 64 * 6

@@ -18,13 +18,13 @@ from fairseq import tasks
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 
-from recurnmt.analysis.params import count_parameters
 from recurnmt.nmt import recipe as recipes
 from recurnmt.nmt import results
 from recurnmt.nmt.build import toy_dictionary
 from recurnmt.nmt.launch import LaunchPlan
 from recurnmt.nmt.model import RecurrentTransformerModel
 from recurnmt.nmt.recipe import RecipeError, load_recipe, train_argv, validate
+from recurnmt.parameters import parameter_report
 from tests import nmt_fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +106,7 @@ def test_recipe_expands_to_a_registered_arch_of_its_family(path, tmp_path):
     assert family_of_model(model) == family
     if family in TABLE1 and "_wmt14" in path.stem:
         want = TABLE1[family][1 if path.stem.endswith("_big") else 0]
-        assert count_parameters(model).p_star / 1e6 == pytest.approx(want, rel=0.01)
+        assert parameter_report(model).p_star / 1e6 == pytest.approx(want, rel=0.01)
 
 
 @pytest.mark.parametrize("name", ["sret_wmt14", "transformer_iwslt14", "sret_iwslt14"])

@@ -40,11 +40,11 @@ def model_report(checkpoint: str | Path, data: str | Path) -> dict[str, Any]:
     from fairseq import checkpoint_utils
 
     import recurnmt.nmt  # noqa: F401  (registers the architectures)
-    from recurnmt.analysis.params import count_parameters
+    from recurnmt.parameters import parameter_report
 
     models, cfg = checkpoint_utils.load_model_ensemble([str(checkpoint)], {"data": str(data)})
     arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", None)
-    return {"arch": arch, "params": asdict(count_parameters(models[0]))}
+    return {"arch": arch, "params": asdict(parameter_report(models[0]))}
 
 
 def _meta(items: Sequence[str]) -> dict[str, Any]:

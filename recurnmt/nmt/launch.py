@@ -225,14 +225,6 @@ def worker_argv(
     ]
 
 
-def parse_train_args(argv: Sequence[str]) -> Any:
-    """fairseq's parsed training arguments of ``argv`` (imports ``--user-dir``)."""
-    from fairseq import options
-
-    parser = options.get_training_parser()
-    return options.parse_args_and_arch(parser, list(argv))
-
-
 def check_launch(plan: LaunchPlan, argv: Sequence[str]) -> None:
     """Refuses a launch before any process starts (see :func:`check_distributed`).
 
@@ -251,6 +243,8 @@ def check_launch(plan: LaunchPlan, argv: Sequence[str]) -> None:
     full = [*argv, *device_flags(plan, argv)]
     if plan.world_size > 1:
         full += rank_flags(plan, 0, f"tcp://{plan.master_addr}:1")
+    from recurnmt.nmt.build import parse_train_args  # fairseq: only when checking
+
     args = parse_train_args(full)
     check_distributed(
         args, world_size=plan.world_size, environ={}, cuda_available=plan.device == "cuda"

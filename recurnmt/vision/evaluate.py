@@ -15,11 +15,12 @@ import sys
 from torch.utils.data import DataLoader, Subset
 
 from recurnmt.cli import run_cli
+from recurnmt.parameters import count_parameters
 from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
 from recurnmt.vision.data import build_dataset
 from recurnmt.vision.distributed import process_group
 from recurnmt.vision.engine import Precision, evaluate
-from recurnmt.vision.flops import count_macs, count_parameters, throughput
+from recurnmt.vision.flops import count_macs, throughput
 from recurnmt.vision.options import parse_size
 
 

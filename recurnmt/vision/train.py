@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from recurnmt.cli import run_cli
+from recurnmt.parameters import count_parameters
 from recurnmt.vision.checkpoint import (
     load_checkpoint,
     model_from_checkpoint,
@@ -47,7 +48,6 @@ from recurnmt.vision.data import DataSpec, Mixup, build_dataset, data_spec
 from recurnmt.vision.distributed import DistInfo, check_batch_size, process_group
 from recurnmt.vision.engine import Precision, evaluate, train_one_epoch
 from recurnmt.vision.exits import evaluate_exits
-from recurnmt.vision.flops import count_parameters
 from recurnmt.vision.losses import ClassificationLoss
 from recurnmt.vision.mixed_depth import MixedDepth
 from recurnmt.vision.models.dvt import AllExits, DVTCascade
