@@ -38,6 +38,7 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     run_workers,
     sync,
 )
+from recurnmt.cli import entry_point  # noqa: E402
 from recurnmt.nmt.results import FAMILY_ORDER  # noqa: E402
 
 BASELINE = "transformer"
@@ -218,8 +219,11 @@ def worker(opts: argparse.Namespace) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+PROG = "python scripts/benchmark_nmt.py"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--archs", nargs="+", default=DEFAULT_ARCHS)
     parser.add_argument("--data", type=Path, default=ROOT / "data-bin/lohelp_de_en")
     parser.add_argument("--device", default="cpu")
@@ -238,11 +242,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json-out", type=Path, help="also write the results as JSON")
     parser.add_argument("--arch", help=argparse.SUPPRESS)  # worker mode
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
 
     if opts.arch:
         emit(worker(opts))
         return
+    from recurnmt.nmt.build import check_arch  # fairseq: not before a worker needs it
+
+    for arch in opts.archs:
+        check_arch(arch)  # before any data preparation or worker
     if not (opts.data / "dict.en.txt").exists():
         subprocess.run(
             [sys.executable, "-m", "data_prep.embedded", "prepare", "--out", str(opts.data)],
@@ -274,4 +282,4 @@ def print_table(results: list[dict], opts: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(entry_point(main, PROG)())

@@ -254,7 +254,7 @@ def test_train_and_budget_cli(tmp_path, capsys):
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert len(record["exit_top1"]) == 3 and record["top1"] == record["exit_top1"][-1]
     assert "exits" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--mixed-depth"):
+    with pytest.raises(ValueError, match="--mixed-depth"):
         train_cli.main([*flags, "--mixed-depth", "--output", str(tmp_path / "md")])
     # distillation: the teacher's logits are the target of every exit
     teacher = str(out / "checkpoint.pt")

@@ -177,8 +177,10 @@ def test_truncated_output_is_reported(tmp_path, capsys):
     gen.write_text("\n".join(generate_output()[:4]) + "\n", encoding="utf-8")
     ref = tmp_path / "r.txt"
     ref.write_text("\n".join(REFS_RAW) + "\n", encoding="utf-8")
-    assert evaluate.main([str(gen), "--reference", str(ref)]) == 1
-    assert "error:" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="fairseq-generate output"):
+        evaluate.main([str(gen), "--reference", str(ref)])
+    assert evaluate.cli([str(gen), "--reference", str(ref)]) == 2
+    assert capsys.readouterr().err.startswith("python -m recurnmt.nmt.evaluate: error: ")
 
 
 # --- the evaluation commands of each dataset ---------------------------------------------------

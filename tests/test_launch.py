@@ -233,11 +233,13 @@ def test_main_dry_run_and_refusal(capsys):
     assert launch.main(["--nproc", "2", "--device", "cpu", "--dry-run", "--", *train]) == 0
     out = capsys.readouterr().out
     assert out.count("$ ") == 2 and "--distributed-rank 1" in out
-    refused = launch.main(
-        ["--nproc", "2", "--device", "cpu", "--", *train, "--ddp-backend", "pytorch_ddp"]
-    )
-    assert refused == 2
-    assert "--ddp-backend pytorch_ddp does not work on CPU" in capsys.readouterr().err
+    refused = ["--nproc", "2", "--device", "cpu", "--", *train, "--ddp-backend", "pytorch_ddp"]
+    with pytest.raises(ConfigError, match="--ddp-backend pytorch_ddp does not work on CPU"):
+        launch.main(refused)
+    assert launch.cli(refused) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m recurnmt.nmt.launch: error: refusing this fairseq training")
+    assert "--ddp-backend pytorch_ddp does not work on CPU" in err
 
 
 def test_a_failing_rank_stops_the_others():

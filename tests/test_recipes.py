@@ -170,6 +170,9 @@ def test_unknown_fairseq_option_is_named_as_the_recipe_key(tmp_path):
         validate(load_recipe(path))
     with pytest.raises(RecipeError, match=r"generate.beem"):
         validate(load_recipe(path, ["train.lr_schedul=null", "generate.beem=3"]))
+    bad_value = ["train.lr_schedul=null", "train.max_update=many"]
+    with pytest.raises(RecipeError, match=r"rejected the train options: .*--max-update.*'many'"):
+        validate(load_recipe(path, bad_value))
 
 
 def test_other_mistakes(tmp_path):
@@ -193,7 +196,7 @@ def test_other_mistakes(tmp_path):
 
 def test_missing_data_directory_says_how_to_prepare_it(tmp_path, capsys):
     argv = ["run", "ringformer_wmt14", "--device", "cpu", "--override", f"data={tmp_path}/none"]
-    assert recipes.main(argv) == 2
+    assert recipes.cli(argv) == 2
     err = capsys.readouterr().err
     assert f"data directory {tmp_path}/none does not exist" in err
     assert f"python -m data_prep.wmt14 --src de --tgt en --out {tmp_path}/none" in err

@@ -16,6 +16,7 @@ import json
 import sys
 from dataclasses import asdict
 
+from recurnmt.cli import entry_point
 from recurnmt.parameters import parameter_report
 
 
@@ -55,5 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
 
+cli = entry_point(main, "recurnmt-params")  # the console script
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -7,11 +7,13 @@ exactly the one ``fairseq-train --arch ARCH FLAGS...`` would build.
 
 from __future__ import annotations
 
+import difflib
 from argparse import Namespace
 from collections.abc import Sequence
 
 from fairseq import options, tasks
 from fairseq.data import Dictionary
+from fairseq.models import ARCH_MODEL_REGISTRY
 
 import recurnmt.nmt  # noqa: F401  (registers the architectures)
 from recurnmt.nmt.model import RECURRENT_CRITERION
@@ -35,8 +37,21 @@ def parse_train_args(argv: Sequence[str]) -> Namespace:
     return options.parse_args_and_arch(options.get_training_parser(), list(argv))
 
 
+def check_arch(arch: str) -> None:
+    """Raises ``ValueError`` naming ``arch`` (and close names) unless it is registered."""
+    if arch not in ARCH_MODEL_REGISTRY:
+        close = difflib.get_close_matches(arch, list(ARCH_MODEL_REGISTRY), n=4, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"architecture {arch!r} is not registered with fairseq{hint}")
+
+
 def arch_train_args(arch: str, extra: Sequence[str] = (), data: str = "<none>") -> Namespace:
-    """fairseq training arguments for ``--arch arch`` plus ``extra`` flags (translation task)."""
+    """fairseq training arguments for ``--arch arch`` plus ``extra`` flags (translation task).
+
+    Raises:
+        ValueError: ``arch`` is not a registered architecture.
+    """
+    check_arch(arch)
     argv = [data, "--task", "translation", "--arch", arch]
     argv += ["--source-lang", "src", "--target-lang", "tgt"]
     if "--criterion" not in extra:

@@ -26,7 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from recurnmt.cli import entry_point
 from recurnmt.nmt.scoring import score
+
+PROG = "python -m recurnmt.nmt.evaluate"
 
 
 def model_report(checkpoint: str | Path, data: str | Path) -> dict[str, Any]:
@@ -61,9 +64,13 @@ def _meta(items: Sequence[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m recurnmt.nmt.evaluate", description=__doc__.split("\n\n")[0]
-    )
+    """Scores one fairseq-generate output.
+
+    Raises:
+        OSError: an input file is missing or unreadable.
+        ValueError: the output and the references do not match, or a bad ``--meta``.
+    """
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("generate_output", type=Path, help="fairseq-generate stdout ('-': stdin)")
     parser.add_argument("--reference", type=Path, required=True, help="raw reference text")
     parser.add_argument("--hyp-out", type=Path, help="write the ordered hypotheses here")
@@ -91,27 +98,23 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.checkpoint) != bool(args.data):
         parser.error("--checkpoint and --data go together")
 
-    try:
-        if str(args.generate_output) == "-":
-            lines = sys.stdin.read().splitlines()
-        else:
-            lines = args.generate_output.read_text(encoding="utf-8").splitlines()
-        refs = args.reference.read_text(encoding="utf-8").splitlines()
-        result, hyps = score(
-            lines,
-            refs,
-            kind=args.kind,
-            detok=args.detokenize,
-            target_lang=args.target_lang,
-            tokenize=args.tokenize,
-            lowercase=args.lowercase,
-            with_tokenized=args.tokenized_bleu,
-            split_compounds=args.compound_split,
-        )
-        result = {**_meta(args.meta), **result}
-    except (ValueError, OSError) as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 1
+    if str(args.generate_output) == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        lines = args.generate_output.read_text(encoding="utf-8").splitlines()
+    refs = args.reference.read_text(encoding="utf-8").splitlines()
+    result, hyps = score(
+        lines,
+        refs,
+        kind=args.kind,
+        detok=args.detokenize,
+        target_lang=args.target_lang,
+        tokenize=args.tokenize,
+        lowercase=args.lowercase,
+        with_tokenized=args.tokenized_bleu,
+        split_compounds=args.compound_split,
+    )
+    result = {**_meta(args.meta), **result}
     if args.hyp_out:
         args.hyp_out.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     if args.checkpoint:
@@ -134,5 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+cli = entry_point(main, PROG)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

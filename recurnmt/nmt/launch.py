@@ -39,10 +39,12 @@ from typing import Any
 
 import torch
 
+from recurnmt.cli import entry_point
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.distributed_checks import check_distributed
 from recurnmt.nmt.steps import fairseq_tool
 
+PROG = "python -m recurnmt.nmt.launch"
 DEVICES = ("cpu", "cuda")
 LAUNCHERS = ("fairseq", "torchrun")
 # flags the launcher owns: a user value would contradict the processes it starts
@@ -364,11 +366,15 @@ def _split_dashes(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m recurnmt.nmt.launch [OPTIONS] -- FAIRSEQ_TRAIN_ARGS``."""
+    """``python -m recurnmt.nmt.launch [OPTIONS] -- FAIRSEQ_TRAIN_ARGS``; the exit status.
+
+    Raises:
+        ConfigError: a plan or flags that cannot work (names the option).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, train_argv = _split_dashes(argv)
     parser = argparse.ArgumentParser(
-        prog="python -m recurnmt.nmt.launch",
+        prog=PROG,
         description="Start fairseq-train on one or several processes (CPU gloo / CUDA nccl).",
         epilog="Arguments after -- go to fairseq-train (the data directory first).",
     )
@@ -378,19 +384,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(ours)
     if not train_argv:
         parser.error("give the fairseq-train arguments after --")
-    try:
-        if args.torchrun_worker:
-            from fairseq_cli.train import cli_main
+    if args.torchrun_worker:
+        from fairseq_cli.train import cli_main
 
-            device = args.device or "cpu"
-            sys.argv = ["fairseq-train", *worker_argv(train_argv, device)]
-            cli_main()
-            return 0
-        return launch(plan_from_args(args), train_argv, dry_run=args.dry_run)
-    except ConfigError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+        device = args.device or "cpu"
+        sys.argv = ["fairseq-train", *worker_argv(train_argv, device)]
+        cli_main()
+        return 0
+    return launch(plan_from_args(args), train_argv, dry_run=args.dry_run)
 
+
+cli = entry_point(main, PROG)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -36,8 +36,10 @@ Command line (``scripts/run_nmt_recipe.py`` is the same)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
+import io
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,12 +48,14 @@ from typing import Any
 
 import yaml
 
+from recurnmt.cli import entry_point
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.evaluation import EvalSettings, evaluation_steps
 from recurnmt.nmt.launch import LaunchPlan, add_plan_arguments, launch, plan_from_args
 from recurnmt.nmt.presets import PRESETS, DatasetPreset
 from recurnmt.nmt.steps import fairseq_flags, run_steps, user_dir
 
+PROG = "python -m recurnmt.nmt.recipe"
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "nmt"
 TOP_KEYS = {
     "extends": "base recipe file(s), merged first",
@@ -347,11 +351,19 @@ def validate(recipe: Recipe) -> Any:
     )
     parsed = None
     for section, make_parser, argv in checks:
+        usage = io.StringIO()  # argparse prints its usage and why, then exits
         try:
-            args, extra = options.parse_args_and_arch(make_parser(), argv, parse_known=True)
-        except SystemExit as e:  # argparse printed why
+            with contextlib.redirect_stderr(usage):
+                args, extra = options.parse_args_and_arch(make_parser(), argv, parse_known=True)
+        except SystemExit as e:
+            why = [
+                line.split("error: ", 1)[1]
+                for line in usage.getvalue().splitlines()
+                if "error: " in line
+            ]
             raise RecipeError(
-                f"{recipe.path}: fairseq-{section} rejected the {section} options (see above)"
+                f"{recipe.path}: fairseq-{section} rejected the {section} options: "
+                + (why[-1] if why else usage.getvalue().strip())
             ) from e
         if extra:
             keys = ", ".join(f"{section}.{f[2:].replace('-', '_')}" for f in _unknown_flags(extra))
@@ -448,8 +460,14 @@ def _show(recipe: Recipe) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Lists, shows or runs recipes; returns the exit status of a run.
+
+    Raises:
+        RecipeError: a recipe that cannot run (names the file and the key).
+        ConfigError: a launch that cannot work (names the option).
+    """
     parser = argparse.ArgumentParser(
-        prog="python -m recurnmt.nmt.recipe",
+        prog=PROG,
         description="Run the papers' translation recipes (configs/nmt/*.yaml).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -471,25 +489,23 @@ def main(argv: list[str] | None = None) -> int:
             )
             add_plan_arguments(p)
     args = parser.parse_args(argv)
-    try:
-        if args.command == "list":
-            for path in recipe_files():
-                r = load_recipe(path)
-                print(f"{r.name:36s} {r.description}")
-            return 0
-        recipe = load_recipe(args.recipe, args.override)
-        if args.command == "show":
-            print(_show(recipe), end="")
-            return 0
-        stages = [s.strip() for s in args.steps.split(",") if s.strip()]
-        bad = sorted(set(stages) - {"train", "evaluate"})
-        if bad:
-            parser.error(f"--steps: unknown step(s) {', '.join(bad)}")
-        return run(recipe, plan_from_args(args), stages, dry_run=args.dry_run)
-    except ConfigError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    if args.command == "list":
+        for path in recipe_files():
+            r = load_recipe(path)
+            print(f"{r.name:36s} {r.description}")
+        return 0
+    recipe = load_recipe(args.recipe, args.override)
+    if args.command == "show":
+        print(_show(recipe), end="")
+        return 0
+    stages = [s.strip() for s in args.steps.split(",") if s.strip()]
+    bad = sorted(set(stages) - {"train", "evaluate"})
+    if bad:
+        parser.error(f"--steps: unknown step(s) {', '.join(bad)}")
+    return run(recipe, plan_from_args(args), stages, dry_run=args.dry_run)
 
+
+cli = entry_point(main, PROG)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
-from recurnmt.cli import run_cli
+from recurnmt.cli import entry_point
 from recurnmt.vision.exits import ExitLogits, collect_exit_logits
 from recurnmt.vision.flops import count_macs
 from recurnmt.vision.models.dvt import DVTCascade
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
     ckpt = load_checkpoint(args.checkpoint)
     model = model_from_checkpoint(ckpt).to(device).eval()
     if not isinstance(model, DVTCascade):
-        raise SystemExit(f"{ckpt['model_name']} is not a DVT cascade")
+        raise ValueError(f"{args.checkpoint}: {ckpt['model_name']} is not a DVT cascade")
     data = args.data or ckpt.get("data", {}).get("name", "digits")
     root = args.data_root or ckpt.get("args", {}).get("data_root")
     img_size = tuple(ckpt["model_kwargs"].get("img_size") or model.img_size)
@@ -333,5 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
+cli = entry_point(main, "python -m recurnmt.vision.budget")
+
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "python -m recurnmt.vision.budget"))
+    sys.exit(cli())

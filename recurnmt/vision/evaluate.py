@@ -14,7 +14,7 @@ import sys
 
 from torch.utils.data import DataLoader, Subset
 
-from recurnmt.cli import run_cli
+from recurnmt.cli import entry_point
 from recurnmt.parameters import count_parameters
 from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
 from recurnmt.vision.data import build_dataset
@@ -78,5 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
         return report
 
 
+cli = entry_point(main, "python -m recurnmt.vision.evaluate")
+
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "python -m recurnmt.vision.evaluate"))
+    sys.exit(cli())

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from recurnmt.cli import run_cli
+from recurnmt.cli import entry_point
 from recurnmt.parameters import count_parameters
 from recurnmt.vision.checkpoint import (
     load_checkpoint,
@@ -87,7 +87,7 @@ def _build_model(args: Namespace, spec: DataSpec, img_size: tuple[int, int], log
         }
         return create_model(args.model, **kwargs), args.model, kwargs
     if args.model_args:
-        raise SystemExit("--model-arg cannot change the architecture of a --finetune checkpoint")
+        raise ValueError("--model-arg cannot change the architecture of a --finetune checkpoint")
     ckpt = load_checkpoint(args.finetune)
     model = model_from_checkpoint(ckpt)
     kwargs = dict(ckpt["model_kwargs"])
@@ -166,7 +166,7 @@ def run(args: Namespace, info: DistInfo) -> dict:
     eval_loader = DataLoader(shard, batch_size=per_rank, num_workers=args.workers, pin_memory=pin)
     steps = len(train_loader) // args.accum_steps  # optimiser updates per epoch
     if steps == 0:
-        raise SystemExit(f"--batch-size {args.batch_size} exceeds the {len(train_set)} images")
+        raise ValueError(f"--batch-size {args.batch_size} exceeds the {len(train_set)} images")
 
     optimizer = build_optimizer(model, args.lr, args.weight_decay)
     scheduler = cosine_with_warmup(
@@ -221,7 +221,7 @@ def run(args: Namespace, info: DistInfo) -> dict:
     net = MixedDepth(model) if args.mixed_depth else model
     if isinstance(model, DVTCascade):  # DVT eq. 1: the loss is summed over every exit
         if args.mixed_depth:
-            raise SystemExit(
+            raise ValueError(
                 "--mixed-depth (SReT's shallow branch) does not apply to DVT cascades, "
                 "which train every exit instead"
             )
@@ -329,5 +329,7 @@ def main(argv: list[str] | None = None) -> None:
         run(args, info)
 
 
+cli = entry_point(main, "python -m recurnmt.vision.train")
+
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "python -m recurnmt.vision.train"))
+    sys.exit(cli())
