@@ -14,6 +14,9 @@ import tempfile
 from pathlib import Path
 
 from data_prep.errors import PrepError
+from recurnmt.cli import entry_point
+
+PROG = "python -m data_prep.check"
 
 TINY_TRANSFORMER = [
     "--arch", "transformer",
@@ -70,19 +73,23 @@ def smoke_train(data_dir: Path, timeout: float = 300.0) -> str:
     return output
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m data_prep.check", description=__doc__)
+def main(argv: list[str] | None = None) -> None:
+    """Runs the check.
+
+    Raises:
+        FileNotFoundError: no such directory.
+        PrepError: fairseq-train rejected it.
+    """
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     parser.add_argument("data_dir", type=Path)
     args = parser.parse_args(argv)
-    try:
-        smoke_train(args.data_dir)
-    except PrepError as err:
-        print(f"data_prep.check: {err}", file=sys.stderr)
-        return 1
+    if not args.data_dir.is_dir():
+        raise FileNotFoundError(f"{args.data_dir} is not a directory")
+    smoke_train(args.data_dir)
     print(f"{args.data_dir}: fairseq-train ran one update")
-    return 0
 
+
+cli = entry_point(main, PROG)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

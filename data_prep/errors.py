@@ -1,9 +1,15 @@
-"""Exceptions whose message fully explains a failed preparation (no traceback needed)."""
+"""Exceptions whose message fully explains a failed preparation (no traceback needed).
+
+They are :class:`recurnmt.cli.UserError`: a command ends on one with one ``PROG: error:``
+line and exit code 2, like every recurnmt command.
+"""
 
 from __future__ import annotations
 
+from recurnmt.cli import UserError
 
-class PrepError(RuntimeError):
+
+class PrepError(UserError, RuntimeError):
     """A preparation step failed for a reason the message states."""
 
 

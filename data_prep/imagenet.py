@@ -52,10 +52,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from data_prep.atomic import atomic_output_dir
-from data_prep.cli import run_cli
 from data_prep.errors import IntegrityError, PrepError
 from data_prep.hub import HubSource, load_splits
+from recurnmt.cli import entry_point
 
+PROG = "python -m data_prep.imagenet"
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
 DEVKIT = "ILSVRC2012_devkit_t12.tar.gz"
@@ -398,9 +399,7 @@ def write_subset(
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m data_prep.imagenet", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     folder = sub.add_parser("folder", help="official ILSVRC2012 files -> class folders")
     folder.add_argument(
@@ -482,5 +481,7 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
+cli = entry_point(main, PROG)
+
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "data_prep.imagenet"))
+    sys.exit(cli())

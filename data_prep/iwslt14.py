@@ -25,7 +25,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from data_prep.cleaning import PairFilter
-from data_prep.cli import run_cli
 from data_prep.errors import PrepError
 from data_prep.hub import HubSource, iter_pairs, load_splits
 from data_prep.hubprep import (
@@ -39,6 +38,9 @@ from data_prep.hubprep import (
 )
 from data_prep.moses import MosesRecipe, Pair
 from data_prep.pipeline import PrepareRequest, prepare_binarized
+from recurnmt.cli import entry_point
+
+PROG = "python -m data_prep.iwslt14"
 
 SOURCE = HubSource(
     dataset="may-ohta/iwslt14",
@@ -89,7 +91,7 @@ def carve_valid(rows: Iterable[tuple[Pair, Pair]]) -> tuple[list, list]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse the command line."""
-    parser = argparse.ArgumentParser(prog="python -m data_prep.iwslt14", description=__doc__,
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_hub_arguments(parser, DEFAULTS)
     parser.add_argument(
@@ -141,11 +143,16 @@ def prepare(args: argparse.Namespace) -> Path:
     return prepare_binarized(request, write_inputs)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code."""
-    args = parse_args(argv)
-    return run_cli(lambda: prepare(args), "data_prep.iwslt14")
+def main(argv: list[str] | None = None) -> Path:
+    """Prepares the data set; returns the output directory.
 
+    Raises:
+        PrepError: a step failed (names it); a partial output is removed.
+    """
+    return prepare(parse_args(argv))
+
+
+cli = entry_point(main, PROG)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

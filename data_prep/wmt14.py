@@ -23,7 +23,6 @@ from itertools import islice
 from pathlib import Path
 
 from data_prep.cleaning import PairFilter
-from data_prep.cli import run_cli
 from data_prep.errors import PrepError
 from data_prep.hub import HubSource, iter_pairs, load_splits
 from data_prep.hubprep import (
@@ -37,6 +36,9 @@ from data_prep.hubprep import (
 )
 from data_prep.moses import MosesRecipe
 from data_prep.pipeline import PrepareRequest, prepare_binarized
+from recurnmt.cli import entry_point
+
+PROG = "python -m data_prep.wmt14"
 
 SOURCE = HubSource(
     dataset="wmt/wmt14",
@@ -73,7 +75,7 @@ def eval_recipe(lang: str, tokenize: bool) -> MosesRecipe:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse the command line."""
-    parser = argparse.ArgumentParser(prog="python -m data_prep.wmt14", description=__doc__,
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_hub_arguments(parser, DEFAULTS)
     return parser.parse_args(argv)
@@ -115,11 +117,16 @@ def prepare(args: argparse.Namespace) -> Path:
     return prepare_binarized(request, write_inputs)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code."""
-    args = parse_args(argv)
-    return run_cli(lambda: prepare(args), "data_prep.wmt14")
+def main(argv: list[str] | None = None) -> Path:
+    """Prepares the data set; returns the output directory.
 
+    Raises:
+        PrepError: a step failed (names it); a partial output is removed.
+    """
+    return prepare(parse_args(argv))
+
+
+cli = entry_point(main, PROG)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

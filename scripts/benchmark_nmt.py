@@ -38,6 +38,7 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     run_workers,
     sync,
 )
+from recurnmt.cli import entry_point  # noqa: E402
 from recurnmt.nmt.results import FAMILY_ORDER  # noqa: E402
 
 BASELINE = "transformer"
@@ -136,8 +137,8 @@ def worker(opts: argparse.Namespace) -> dict:
     from fairseq import utils
     from fairseq.sequence_generator import SequenceGenerator
 
-    from recurnmt.analysis.params import count_parameters
     from recurnmt.nmt.build import build_model
+    from recurnmt.parameters import parameter_report
 
     torch.manual_seed(opts.seed)
     if opts.threads:
@@ -149,7 +150,7 @@ def worker(opts: argparse.Namespace) -> dict:
     _, test_batches = load_batches(opts.data, "test", 100000, 1, opts.seed)
     model, args, _ = build_model(opts.arch, model_flags(opts.arch, opts), task.source_dictionary)
     model.to(device)
-    params = count_parameters(model)
+    params = parameter_report(model)
     criterion = task.build_criterion(args)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
 
@@ -218,8 +219,11 @@ def worker(opts: argparse.Namespace) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+PROG = "python scripts/benchmark_nmt.py"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--archs", nargs="+", default=DEFAULT_ARCHS)
     parser.add_argument("--data", type=Path, default=ROOT / "data-bin/lohelp_de_en")
     parser.add_argument("--device", default="cpu")
@@ -238,11 +242,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json-out", type=Path, help="also write the results as JSON")
     parser.add_argument("--arch", help=argparse.SUPPRESS)  # worker mode
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
 
     if opts.arch:
         emit(worker(opts))
         return
+    from recurnmt.nmt.build import check_arch  # fairseq: not before a worker needs it
+
+    for arch in opts.archs:
+        check_arch(arch)  # before any data preparation or worker
     if not (opts.data / "dict.en.txt").exists():
         subprocess.run(
             [sys.executable, "-m", "data_prep.embedded", "prepare", "--out", str(opts.data)],
@@ -274,4 +282,4 @@ def print_table(results: list[dict], opts: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(entry_point(main, PROG)())

@@ -41,6 +41,7 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     run_workers,
     sync,
 )
+from recurnmt.cli import entry_point  # noqa: E402
 
 BASELINE = "torch_vit"
 WORKER_OPTIONS = (
@@ -211,8 +212,11 @@ def worker(opts: argparse.Namespace) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+PROG = "python scripts/benchmark_vision.py"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--embed-dim", type=int, default=192)
@@ -228,7 +232,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json-out", type=Path, help="also write the results as JSON")
     parser.add_argument("--model", help=argparse.SUPPRESS)  # worker mode
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
 
     if opts.model:
         emit(worker(opts))
@@ -256,4 +260,4 @@ def print_table(results: list[dict], opts: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(entry_point(main, PROG)())

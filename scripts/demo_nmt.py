@@ -23,22 +23,38 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from recurnmt.cli import UserError, entry_point  # noqa: E402
+
+PROG = "python scripts/demo_nmt.py"
 
 
 def run(cmd: list[str], stdout=None) -> None:
+    """Prints and runs one step; its own output says why it failed.
+
+    Raises:
+        UserError: the step failed.
+    """
     print(f"\n$ {shlex.join(cmd)}", flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=stdout)
+    status = subprocess.run(cmd, cwd=ROOT, stdout=stdout).returncode
+    if status:
+        raise UserError(f"step failed with exit status {status}: {shlex.join(cmd)}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="ringformer_iwslt_de_en")
     parser.add_argument("--max-update", type=int, default=600)
     parser.add_argument("--levels", type=int, default=3, help="levels N of each side")
     parser.add_argument("--data", default="data-bin/lohelp_de_en")
     parser.add_argument("--work", default="work/demo_nmt", help="checkpoints and outputs")
     parser.add_argument("--fresh", action="store_true", help="delete earlier demo checkpoints")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    from recurnmt.nmt.build import check_arch
+
+    check_arch(args.arch)  # before preparing data and training
 
     start = time.time()
     work = ROOT / args.work
@@ -160,4 +176,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(entry_point(main, PROG)())

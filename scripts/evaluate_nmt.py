@@ -1,6 +1,6 @@
 """Evaluate a trained translation model the standard way for its dataset.
 
-Runs the three commands of :func:`recurnmt.nmt.evaluate.evaluation_steps` (each printed
+Runs the three commands of :func:`recurnmt.nmt.evaluation.evaluation_steps` (each printed
 first): average the last checkpoints (fairseq's average_checkpoints logic), fairseq-generate
 with the dataset's beam and length penalty (IWSLT14: 5 / 1.0; WMT14: 4 / 0.6), and scoring:
 detokenized sacrebleu with its signature, tokenized BLEU (compound-split for WMT14), parameter
@@ -21,12 +21,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from recurnmt.nmt.evaluate import PRESETS, EvalSettings, evaluation_steps  # noqa: E402
-from recurnmt.nmt.launch import run_steps  # noqa: E402
+from recurnmt.cli import entry_point  # noqa: E402
+from recurnmt.nmt.evaluation import EvalSettings, evaluation_steps  # noqa: E402
+from recurnmt.nmt.presets import PRESETS  # noqa: E402
+from recurnmt.nmt.steps import run_steps  # noqa: E402
+
+PROG = "python scripts/evaluate_nmt.py"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """Runs (or prints) the evaluation; returns the exit status of the step that failed.
+
+    Raises:
+        FileNotFoundError: the save or data directory does not exist (without ``--dry-run``).
+    """
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--save-dir", type=Path, required=True, help="fairseq's --save-dir")
     parser.add_argument("--data", type=Path, help="binarized data (default: the preset's)")
     parser.add_argument("--dataset", choices=sorted(PRESETS), required=True)
@@ -59,9 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     generate = {k: v for k, v in options if v is not None}
     meta = {"name": args.name or run_dir.name}
+    if not args.dry_run:
+        for flag, path in (("--save-dir", save_dir), ("--data", data)):
+            if not path.is_dir():
+                raise FileNotFoundError(f"{flag} {path} does not exist")
     steps = evaluation_steps(preset, data, save_dir, run_dir, settings, generate, meta)
     return run_steps(steps, dry_run=args.dry_run)
 
 
+cli = entry_point(main, PROG)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

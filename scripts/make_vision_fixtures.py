@@ -6,12 +6,14 @@
   upsampled to 32 x 32 and tinted, so the loader is exercised on real image content.
 * ``imagefolder/{train,val}/<class>/*.png``: an ImageNet-style folder of the same digits.
 
-Usage: ``python scripts/make_vision_fixtures.py``
+Usage: ``python scripts/make_vision_fixtures.py [--out DIR]``
 """
 
 from __future__ import annotations
 
+import argparse
 import pickle
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,14 @@ import torch.nn.functional as F
 from PIL import Image
 from sklearn.datasets import load_digits
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vision"
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from recurnmt.cli import entry_point  # noqa: E402
+
+PROG = "python scripts/make_vision_fixtures.py"
+OUT = ROOT / "tests" / "fixtures" / "vision"
 
 
 def rgb_digits(n: int, offset: int) -> tuple[np.ndarray, list[int]]:
@@ -40,8 +49,8 @@ def dump(path: Path, obj: dict) -> None:
     path.write_bytes(raw)
 
 
-def cifar10() -> None:
-    root = OUT / "cifar-10-batches-py"
+def cifar10(out: Path) -> None:
+    root = out / "cifar-10-batches-py"
     root.mkdir(parents=True, exist_ok=True)
     for i in range(1, 7):
         name = f"data_batch_{i}" if i < 6 else "test_batch"
@@ -72,8 +81,8 @@ def cifar10() -> None:
     )
 
 
-def cifar100() -> None:
-    root = OUT / "cifar-100-python"
+def cifar100(out: Path) -> None:
+    root = out / "cifar-100-python"
     root.mkdir(parents=True, exist_ok=True)
     for name, offset in (("train", 40), ("test", 50)):
         x, y = rgb_digits(5, offset)
@@ -97,20 +106,34 @@ def cifar100() -> None:
     )
 
 
-def image_folder() -> None:
+def image_folder(out: Path) -> None:
     d = load_digits()
     for split, skip in (("train", 0), ("val", 2)):
         for label in (0, 1, 2):
             picks = [i for i, t in enumerate(d.target) if t == label][skip : skip + 2]
-            folder = OUT / "imagefolder" / split / f"n0000000{label}"
+            folder = out / "imagefolder" / split / f"n0000000{label}"
             folder.mkdir(parents=True, exist_ok=True)
             for k, i in enumerate(picks):
                 img, _ = rgb_digits(1, i)
                 Image.fromarray(img[0].transpose(1, 2, 0)).save(folder / f"img{k}.png")
 
 
+def main(argv: list[str] | None = None) -> None:
+    """Writes the fixtures.
+
+    Raises:
+        NotADirectoryError: ``--out`` is a file.
+    """
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=OUT, help="default: tests/fixtures/vision")
+    out = parser.parse_args(argv).out
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a directory")
+    cifar10(out)
+    cifar100(out)
+    image_folder(out)
+    print(f"wrote fixtures to {out}")
+
+
 if __name__ == "__main__":
-    cifar10()
-    cifar100()
-    image_folder()
-    print(f"wrote fixtures to {OUT}")
+    sys.exit(entry_point(main, PROG)())

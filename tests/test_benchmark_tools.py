@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from recurnmt.analysis.benchmark import Column, forward_flags, ratio_table, run_workers
+from recurnmt.analysis.benchmark import (
+    Column,
+    WorkerError,
+    forward_flags,
+    ratio_table,
+    run_workers,
+)
 
 
 def test_ratio_table_divides_by_the_first_row():
@@ -51,5 +57,5 @@ def test_workers_run_in_their_own_processes(tmp_path: Path):
     a, b = run_workers(script, "--model", ["a", "b"], flags, cwd)
     assert (a["name"], b["name"], a["flag"]) == ("a", "b", "--embed-dim=8")
     assert a["pid"] != b["pid"]
-    with pytest.raises(SystemExit, match="bad failed:\n.*no such model"):
+    with pytest.raises(WorkerError, match="worker bad failed.*\n.*no such model"):
         run_workers(script, "--model", ["bad"], flags, cwd)

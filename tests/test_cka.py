@@ -151,14 +151,14 @@ def _save_nmt_checkpoint(path: Path, data: Path, arch: str) -> None:
     """An untrained checkpoint in fairseq's format (as fairseq-train would write one)."""
     from fairseq import tasks
 
-    from recurnmt.nmt.build import parse_train_args
+    from recurnmt.nmt.build import arch_train_args
 
     small = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16"]
     small += ["--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32"]
     small += ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
     small += ["--encoder-layers", "3", "--decoder-layers", "3", "--share-all-embeddings"]
     small += ["--source-lang", "de", "--target-lang", "en"]
-    args = parse_train_args(arch, small, data=str(data))
+    args = arch_train_args(arch, small, data=str(data))
     model = tasks.setup_task(args).build_model(args)
     history = [{"criterion_name": "x", "optimizer_name": "x", "lr_scheduler_state": {}}]
     state = {"args": args, "model": model.state_dict(), "optimizer_history": history}

@@ -124,14 +124,14 @@ def test_train_generate_interactive_and_resume(data, tmp_path):
     # the parameter count fairseq prints is P* + the (shared) embeddings
     from fairseq.data import Dictionary
 
-    from recurnmt.analysis.params import count_parameters
     from recurnmt.nmt.build import build_model
+    from recurnmt.parameters import parameter_report
 
     printed = int(re.search(r"num. shared model params: ([\d,]+)", full).group(1).replace(",", ""))
     model, _, _ = build_model(
         "ringformer_tiny", ["--share-all-embeddings"], Dictionary.load(str(data / "dict.de.txt"))
     )
-    report = count_parameters(model)
+    report = parameter_report(model)
     assert printed == report.p_star + report.embeddings + report.output_projection
 
     # resume: stop at 3 updates (mid-epoch), restart from checkpoint_last.pt, go on to 9
@@ -144,7 +144,7 @@ def test_train_generate_interactive_and_resume(data, tmp_path):
     out = generate(data, tmp_path / "a" / "checkpoint_last.pt", "--print-alignment")
     assert len(re.findall(r"^A-\d+\t", out, flags=re.M)) == SIZES["test"]
     assert re.search(r"Generate test with beam=3: BLEU = [\d.]+", out)
-    from recurnmt.nmt.evaluate import corpus_bleu, read_hypotheses
+    from recurnmt.nmt.scoring import corpus_bleu, read_hypotheses
 
     hyps = read_hypotheses(out.splitlines())
     refs = (data / "test.raw.en").read_text(encoding="utf-8").splitlines()

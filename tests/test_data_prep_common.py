@@ -12,11 +12,11 @@ from data_prep.atomic import atomic_output_dir
 from data_prep.binarize import preprocess_command
 from data_prep.checksums import MANIFEST_NAME, sha256_file, verify_manifest, write_manifest
 from data_prep.cleaning import FilterStats, PairFilter, filter_pairs
-from data_prep.cli import run_cli
 from data_prep.errors import IntegrityError, PrepError
 from data_prep.pipeline import PrepareRequest, prepare_binarized
 from data_prep.segment import SegmentationSpec
 from data_prep.textio import read_lines, write_lines
+from recurnmt.cli import run_cli
 
 
 def test_gzip_text_roundtrip_is_byte_reproducible(tmp_path: Path) -> None:
@@ -94,19 +94,22 @@ def test_pipeline_failure_midway_leaves_no_output(tmp_path: Path) -> None:
 
 
 def test_run_cli_turns_errors_and_sigterm_into_exit_codes(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def fails() -> None:
+    monkeypatch.delenv("RECURNMT_TRACEBACK", raising=False)
+
+    def fails(argv: list[str]) -> None:
         raise IntegrityError("x.gz: file is corrupt")
 
-    def terminated() -> None:
+    def terminated(argv: list[str]) -> None:
         signal.raise_signal(signal.SIGTERM)
 
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        assert run_cli(fails, "tool") == 1
-        assert "tool: error: x.gz: file is corrupt" in capsys.readouterr().err
-        assert run_cli(terminated, "tool") == 130
-        assert "interrupted" in capsys.readouterr().err
+        assert run_cli(fails, "tool", []) == 2
+        assert capsys.readouterr().err == "tool: error: x.gz: file is corrupt\n"
+        assert run_cli(terminated, "tool", []) == 130
+        assert "tool: interrupted" in capsys.readouterr().err
     finally:
         signal.signal(signal.SIGTERM, previous)
+    assert signal.getsignal(signal.SIGTERM) is previous

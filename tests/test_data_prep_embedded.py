@@ -10,7 +10,7 @@ import pytest
 
 from data_prep.checksums import MANIFEST_NAME, verify_manifest, write_manifest
 from data_prep.embedded import SHIPPED_DIR
-from data_prep.embedded.__main__ import main
+from data_prep.embedded.__main__ import cli
 from data_prep.embedded.build import write_corpus
 from data_prep.embedded.corpus import (
     DEFAULT_FILTER,
@@ -211,8 +211,8 @@ def test_prepare_cli_names_the_damaged_file(
 ) -> None:
     (tiny_corpus / "spm.model").write_bytes(b"not a model")
     out = tmp_path / "out"
-    code = main(["prepare", "--out", str(out), "--corpus-dir", str(tiny_corpus)])
-    assert code == 1
+    code = cli(["prepare", "--out", str(out), "--corpus-dir", str(tiny_corpus)])
+    assert code == 2
     err = capsys.readouterr().err
     assert "spm.model: file is corrupt" in err and "Traceback" not in err
     assert not out.exists()

@@ -112,9 +112,9 @@ def test_corrupt_local_file_fails_cleanly(
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     args = _args(iwslt14, tmp_path, "iwslt14")
     args[1] = str(local)
-    assert iwslt14.main(args) == 1
+    assert iwslt14.cli(args) == 2
     err = capsys.readouterr().err
-    assert "data_prep.iwslt14: error: cannot load" in err and "Traceback" not in err
+    assert "python -m data_prep.iwslt14: error: cannot load" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
 
 
@@ -125,7 +125,7 @@ def test_missing_local_split_names_the_pattern(
     next((local / "de-en").glob("test-*.parquet")).unlink()
     args = _args(wmt14, tmp_path, "wmt14")
     args[1] = str(local)
-    assert wmt14.main(args) == 1
+    assert wmt14.cli(args) == 2
     assert "de-en/test-*.parquet" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -142,8 +142,8 @@ def test_interrupt_while_processing_leaves_no_partial_output(
             yield pair
 
     monkeypatch.setattr(iwslt14, "iter_pairs", interrupted)
-    assert iwslt14.main(_args(iwslt14, tmp_path, "iwslt14")) == 130
-    assert "no partial output" in capsys.readouterr().err
+    assert iwslt14.cli(_args(iwslt14, tmp_path, "iwslt14")) == 130
+    assert "python -m data_prep.iwslt14: interrupted" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
 
 
@@ -154,7 +154,7 @@ def test_interrupt_while_processing_leaves_no_partial_output(
 def test_iwslt14_bpe_output_trains(tmp_path: Path) -> None:
     from data_prep.check import smoke_train
 
-    assert iwslt14.main(_args(iwslt14, tmp_path, "iwslt14")) == 0
+    assert iwslt14.cli(_args(iwslt14, tmp_path, "iwslt14")) == 0
     out = tmp_path / "out"
     stamp = json.loads((out / "prepare.json").read_text())
     assert stamp["lines"]["valid.de"] == 2 and stamp["lines"]["train.de"] == 46  # 48 - 48 // 23
@@ -162,7 +162,7 @@ def test_iwslt14_bpe_output_trains(tmp_path: Path) -> None:
     tokens = (out / "dict.en.txt").read_text()
     assert "&apos;" in tokens or "&quot;" in tokens or "@@" in tokens
     assert "done training" in smoke_train(out)
-    assert iwslt14.main(_args(iwslt14, tmp_path, "iwslt14")) == 0  # up to date: no-op
+    assert iwslt14.cli(_args(iwslt14, tmp_path, "iwslt14")) == 0  # up to date: no-op
 
 
 @pytest.mark.e2e
@@ -171,7 +171,7 @@ def test_wmt14_output_trains(tmp_path: Path, segmentation: str) -> None:
     from data_prep.check import smoke_train
 
     args = _args(wmt14, tmp_path, "wmt14", "--segmentation", segmentation, "--workers", "2")
-    assert wmt14.main(args) == 0
+    assert wmt14.cli(args) == 0
     out = tmp_path / "out"
     assert (out / "train.en-de.en.bin").is_file() and (out / "test.raw.de").is_file()
     model = "bpe.codes" if segmentation == "bpe" else "spm.model"

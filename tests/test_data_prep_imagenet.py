@@ -179,9 +179,9 @@ def test_cli_reports_errors_in_one_line(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip() == (
-        f"data_prep.imagenet: error: {source / imagenet.VAL_TAR} does not exist"
+        f"python -m data_prep.imagenet: error: {source / imagenet.VAL_TAR} does not exist"
     )
     assert not (tmp_path / "out").exists()
 

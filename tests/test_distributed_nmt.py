@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import recurnmt.nmt.checkpoint_safety  # noqa: F401  (fairseq checkpoints load weights-only)
-from recurnmt.nmt.launch import fairseq_tool, free_port, user_dir
+from recurnmt.nmt.launch import free_port
+from recurnmt.nmt.steps import fairseq_tool, user_dir
 from tests import nmt_fixtures
 
 pytestmark = [pytest.mark.dist, pytest.mark.e2e]

@@ -9,16 +9,16 @@ import torch
 import torch.nn.functional as F
 
 from recurnmt.modules.attention import AttentionTerms, SelfAttention
+from recurnmt.parameters import count_parameters
 from recurnmt.vision import create_model
 from recurnmt.vision.budget import (
-    ExitLogits,
     budget_table,
     candidate_thresholds,
     exit_costs,
     simulate,
     solve_thresholds,
 )
-from recurnmt.vision.flops import count_parameters
+from recurnmt.vision.exits import ExitLogits
 from recurnmt.vision.layers.reuse import FeatureReuse, RelationReuse, upsample_relations
 from recurnmt.vision.models.dvt import AllExits, DVTCascade
 
@@ -255,7 +255,7 @@ def test_train_and_budget_cli(tmp_path, capsys):
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert len(record["exit_top1"]) == 3 and record["top1"] == record["exit_top1"][-1]
     assert "exits" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--mixed-depth"):
+    with pytest.raises(ValueError, match="--mixed-depth"):
         train_cli.main([*flags, "--mixed-depth", "--output", str(tmp_path / "md")])
     # distillation: the teacher's logits are the target of every exit
     teacher = str(out / "checkpoint.pt")

@@ -17,11 +17,10 @@ from fairseq.data import Dictionary
 from fairseq.scoring import bleu as fairseq_bleu
 
 from recurnmt.nmt import evaluate
-from recurnmt.nmt.evaluate import (
-    PRESETS,
-    EvalSettings,
+from recurnmt.nmt.evaluation import EvalSettings, evaluation_steps
+from recurnmt.nmt.presets import PRESETS
+from recurnmt.nmt.scoring import (
     compound_split,
-    evaluation_steps,
     read_hypotheses,
     read_targets,
     score,
@@ -178,8 +177,10 @@ def test_truncated_output_is_reported(tmp_path, capsys):
     gen.write_text("\n".join(generate_output()[:4]) + "\n", encoding="utf-8")
     ref = tmp_path / "r.txt"
     ref.write_text("\n".join(REFS_RAW) + "\n", encoding="utf-8")
-    assert evaluate.main([str(gen), "--reference", str(ref)]) == 1
-    assert "error:" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="fairseq-generate output"):
+        evaluate.main([str(gen), "--reference", str(ref)])
+    assert evaluate.cli([str(gen), "--reference", str(ref)]) == 2
+    assert capsys.readouterr().err.startswith("python -m recurnmt.nmt.evaluate: error: ")
 
 
 # --- the evaluation commands of each dataset ---------------------------------------------------
@@ -239,8 +240,8 @@ def test_sentencepiece_data_is_scored_without_moses(tmp_path):
 
 def test_model_report_of_a_saved_model(tmp_path):
     """P* of a checkpoint's model, as RingFormer Table 1 counts it (no fairseq-train needed)."""
-    from recurnmt.analysis.params import count_parameters
     from recurnmt.nmt.build import build_model, toy_dictionary
+    from recurnmt.parameters import parameter_report
 
     model, args, _ = build_model("ringformer_tiny", ["--share-all-embeddings"], toy_dictionary(20))
     d = toy_dictionary(20)
@@ -252,4 +253,4 @@ def test_model_report_of_a_saved_model(tmp_path):
     torch.save({**state, "optimizer_history": [{**history, "num_updates": 0}]}, tmp_path / "c.pt")
     report = evaluate.model_report(tmp_path / "c.pt", tmp_path)
     assert report["arch"] == "ringformer_tiny"
-    assert report["params"]["p_star"] == count_parameters(model).p_star > 0
+    assert report["params"]["p_star"] == parameter_report(model).p_star > 0

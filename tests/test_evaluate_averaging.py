@@ -99,5 +99,5 @@ def test_command_line(tmp_path, capsys):
     out = tmp_path / "avg.pt"
     assert averaging.main(["--dir", str(tmp_path), "--last", "2", "--output", str(out)]) == 0
     assert out.is_file() and "averaging" in capsys.readouterr().out
-    assert averaging.main(["--dir", str(tmp_path), "--last", "3", "--output", str(out)]) == 1
+    assert averaging.cli(["--dir", str(tmp_path), "--last", "3", "--output", str(out)]) == 2
     assert "2 checkpoint_E_U.pt" in capsys.readouterr().err

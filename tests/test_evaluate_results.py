@@ -74,7 +74,7 @@ def test_command_line_writes_markdown_and_png(tmp_path, capsys):
     assert "| ringformer |" in md.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "empty").mkdir()
-    assert results.main([str(tmp_path / "empty")]) == 1
+    assert results.cli([str(tmp_path / "empty")]) == 2
     assert "no result.json" in capsys.readouterr().err
-    assert results.main([str(tmp_path / "missing")]) == 1
+    assert results.cli([str(tmp_path / "missing")]) == 2
     assert "No such file" in capsys.readouterr().err

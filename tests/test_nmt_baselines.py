@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recurnmt.analysis.params import count_parameters
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.criterion import RecurrentLabelSmoothedCrossEntropy, lrc_coefficients
+from recurnmt.parameters import parameter_report
 from tests.nmt_helpers import DICT, batch, build
 
 
@@ -22,7 +22,7 @@ from tests.nmt_helpers import DICT, batch, build
     ],
 )
 def test_table1_baselines(arch, paper):
-    assert count_parameters(build(arch)[0]).p_star == pytest.approx(paper, rel=0.01)
+    assert parameter_report(build(arch)[0]).p_star == pytest.approx(paper, rel=0.01)
 
 
 def test_universal_transformer_shares_one_block_and_adds_coordinates():

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from recurnmt.analysis.params import count_parameters
 from recurnmt.modules import ConfigError, StackConfig
 from recurnmt.nmt import options
+from recurnmt.parameters import parameter_report
 from tests.nmt_helpers import build
 
 
@@ -162,7 +162,7 @@ def test_bad_choices_are_refused_by_the_parser():
 
 
 def test_parameter_count_changes_with_rank():
-    small = count_parameters(build("ringformer_tiny", "--level-signal-rank", "2")[0]).p_star
-    large = count_parameters(build("ringformer_tiny", "--level-signal-rank", "8")[0]).p_star
+    small = parameter_report(build("ringformer_tiny", "--level-signal-rank", "2")[0]).p_star
+    large = parameter_report(build("ringformer_tiny", "--level-signal-rank", "8")[0]).p_star
     # 3 levels x 2 sides x 4 signals x 2 factors x 64 x (8 - 2)
     assert large - small == 3 * 2 * 4 * 2 * 64 * 6

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from recurnmt.analysis.params import count_parameters, main
+from recurnmt.analysis.params import main
+from recurnmt.parameters import parameter_report
 from tests.nmt_helpers import build
 
 
 def _p_star(arch: str, *flags: str) -> int:
-    return count_parameters(build(arch, *flags)[0]).p_star
+    return parameter_report(build(arch, *flags)[0]).p_star
 
 
 @pytest.mark.parametrize(
@@ -54,11 +55,11 @@ def test_table4_rank_variants(flags, paper):
 
 def test_embeddings_and_head_are_excluded():
     model, _, _ = build("ringformer_tiny")
-    report = count_parameters(model)
+    report = parameter_report(model)
     vocab = len(model.decoder.dictionary)
     assert report.embeddings == 2 * vocab * 64  # separate encoder and decoder embeddings
     assert report.output_projection == vocab * 64
-    tied = count_parameters(build("ringformer_tiny", "--share-all-embeddings")[0])
+    tied = parameter_report(build("ringformer_tiny", "--share-all-embeddings")[0])
     assert tied.embeddings == vocab * 64 and tied.output_projection == 0
     assert tied.p_star == report.p_star
 

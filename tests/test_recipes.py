@@ -18,13 +18,13 @@ from fairseq import tasks
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 
-from recurnmt.analysis.params import count_parameters
 from recurnmt.nmt import recipe as recipes
 from recurnmt.nmt import results
 from recurnmt.nmt.build import toy_dictionary
 from recurnmt.nmt.launch import LaunchPlan
 from recurnmt.nmt.model import RecurrentTransformerModel
 from recurnmt.nmt.recipe import RecipeError, load_recipe, train_argv, validate
+from recurnmt.parameters import parameter_report
 from tests import nmt_fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +106,7 @@ def test_recipe_expands_to_a_registered_arch_of_its_family(path, tmp_path):
     assert family_of_model(model) == family
     if family in TABLE1 and "_wmt14" in path.stem:
         want = TABLE1[family][1 if path.stem.endswith("_big") else 0]
-        assert count_parameters(model).p_star / 1e6 == pytest.approx(want, rel=0.01)
+        assert parameter_report(model).p_star / 1e6 == pytest.approx(want, rel=0.01)
 
 
 @pytest.mark.parametrize("name", ["sret_wmt14", "transformer_iwslt14", "sret_iwslt14"])
@@ -170,6 +170,9 @@ def test_unknown_fairseq_option_is_named_as_the_recipe_key(tmp_path):
         validate(load_recipe(path))
     with pytest.raises(RecipeError, match=r"generate.beem"):
         validate(load_recipe(path, ["train.lr_schedul=null", "generate.beem=3"]))
+    bad_value = ["train.lr_schedul=null", "train.max_update=many"]
+    with pytest.raises(RecipeError, match=r"rejected the train options: .*--max-update.*'many'"):
+        validate(load_recipe(path, bad_value))
 
 
 def test_other_mistakes(tmp_path):
@@ -193,7 +196,7 @@ def test_other_mistakes(tmp_path):
 
 def test_missing_data_directory_says_how_to_prepare_it(tmp_path, capsys):
     argv = ["run", "ringformer_wmt14", "--device", "cpu", "--override", f"data={tmp_path}/none"]
-    assert recipes.main(argv) == 2
+    assert recipes.cli(argv) == 2
     err = capsys.readouterr().err
     assert f"data directory {tmp_path}/none does not exist" in err
     assert f"python -m data_prep.wmt14 --src de --tgt en --out {tmp_path}/none" in err
@@ -249,7 +252,7 @@ def test_ringformer_wmt14_recipe_runs_end_to_end(wmt14_de_en_bpe, tmp_path):
         "train.max_update": 2,
         "train.warmup_updates": 1,
         "train.batch_size": 4,  # x update-freq 2: 4 updates per epoch (29 pairs <= 50)
-        "train.required_batch_size_multiple": 1,  # 7 valid sentences (see evaluate.py)
+        "train.required_batch_size_multiple": 1,  # 7 valid sentences (see evaluation.py)
         "train.save_interval_updates": 1,
         "train.keep_interval_updates": 2,
         "evaluate.average_last": 2,

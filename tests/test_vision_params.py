@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from recurnmt.parameters import count_parameters
 from recurnmt.vision import create_model
-from recurnmt.vision.flops import count_macs, count_parameters
+from recurnmt.vision.flops import count_macs
 
 
 def params(name: str, **kwargs) -> int:

@@ -6,13 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from data_prep.cli import run_cli
 from data_prep.embedded import SHIPPED_DIR
+from recurnmt.cli import entry_point
+
+PROG = "python -m data_prep.embedded"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the command line."""
-    parser = argparse.ArgumentParser(prog="python -m data_prep.embedded", description=__doc__)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     build = sub.add_parser("build", help="rebuild the shipped corpus from the Debian packages")
@@ -37,42 +39,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code."""
+def main(argv: list[str] | None = None) -> None:
+    """Builds or prepares the corpus.
+
+    Raises:
+        PrepError: a step failed (names it); a partial output is removed.
+    """
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.command == "build":
+        from data_prep.embedded.build import BuildOptions, build, format_command
 
-    def body() -> None:
-        if args.command == "build":
-            from data_prep.embedded.build import BuildOptions, build, format_command
-
-            build(
-                BuildOptions(
-                    out=args.out,
-                    deb_dir=args.deb_dir,
-                    work_dir=args.work_dir,
-                    allow_unpinned=args.allow_unpinned,
-                    vocab_size=args.vocab_size,
-                    valid_share=args.valid_share,
-                    test_share=args.test_share,
-                    command=format_command(argv),
-                )
+        build(
+            BuildOptions(
+                out=args.out,
+                deb_dir=args.deb_dir,
+                work_dir=args.work_dir,
+                allow_unpinned=args.allow_unpinned,
+                vocab_size=args.vocab_size,
+                valid_share=args.valid_share,
+                test_share=args.test_share,
+                command=format_command(argv),
             )
-        else:
-            from data_prep.embedded.prepare import prepare
+        )
+    else:
+        from data_prep.embedded.prepare import prepare
 
-            prepare(
-                args.out,
-                src=args.src,
-                tgt=args.tgt,
-                max_train=args.max_train,
-                workers=args.workers,
-                force=args.force,
-                corpus_dir=args.corpus_dir,
-            )
+        prepare(
+            args.out,
+            src=args.src,
+            tgt=args.tgt,
+            max_train=args.max_train,
+            workers=args.workers,
+            force=args.force,
+            corpus_dir=args.corpus_dir,
+        )
 
-    return run_cli(body, "data_prep.embedded")
 
+cli = entry_point(main, PROG)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -42,7 +42,9 @@ import torch
 from torch import Tensor, nn
 
 from recurnmt.analysis.attention_recorder import AttentionRecorder
-from recurnmt.cli import entry_point, run_cli
+from recurnmt.cli import entry_point
+
+PROG = "recurnmt-attention-distance"  # also python -m recurnmt.analysis.attention_distance
 
 
 def patch_distances(
@@ -215,8 +217,7 @@ def _load(
     from recurnmt.vision.registry import create_model
 
     if is_checkpoint:
-        from recurnmt.vision.checkpoint import load_checkpoint
-        from recurnmt.vision.train import model_from_checkpoint
+        from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
 
         ckpt = load_checkpoint(spec)
         return ckpt["model_name"], model_from_checkpoint(ckpt)
@@ -227,9 +228,7 @@ def _load(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m recurnmt.analysis.attention_distance", description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--checkpoint",
         nargs="+",
@@ -270,9 +269,9 @@ def main(argv: list[str] | None = None) -> dict[str, list[list[float]]]:
     args = build_parser().parse_args(argv)
     specs = [(c, True) for c in args.checkpoint] + [(m, False) for m in args.model]
     if not specs:
-        raise SystemExit("give --checkpoint and/or --model")
+        raise ValueError("give --checkpoint and/or --model")
     if args.labels and len(args.labels) != len(specs):
-        raise SystemExit(f"--labels needs {len(specs)} names")
+        raise ValueError(f"--labels needs {len(specs)} names, got {len(args.labels)}")
     from torch.utils.data import DataLoader, Subset
 
     from recurnmt.vision.data import build_dataset, data_spec
@@ -319,8 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[list[float]]]:
     return report
 
 
-cli = entry_point(main, "recurnmt-attention-distance")  # the console script
-
+cli = entry_point(main, PROG)  # the console script
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "python -m recurnmt.analysis.attention_distance"))
+    sys.exit(cli())

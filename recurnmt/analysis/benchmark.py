@@ -18,7 +18,13 @@ from pathlib import Path
 
 import torch
 
+from recurnmt.cli import UserError
+
 RESULT = "RESULT "
+
+
+class WorkerError(UserError):
+    """A benchmark worker failed; the message ends with its stderr."""
 
 
 def sync(device: torch.device) -> None:
@@ -43,7 +49,7 @@ def run_workers(
     """Runs ``script worker_flag NAME *flags`` for every name, one process each.
 
     Raises:
-        SystemExit: a worker failed; its stderr's end is shown.
+        WorkerError: a worker failed; the message ends with the end of its stderr.
     """
     results = []
     for name in names:
@@ -52,7 +58,8 @@ def run_workers(
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
         lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
         if proc.returncode or not lines:
-            sys.exit(f"{name} failed:\n{proc.stderr[-2000:]}")
+            tail = proc.stderr[-2000:].strip() or "(no output)"
+            raise WorkerError(f"benchmark worker {name} failed (exit {proc.returncode}):\n{tail}")
         results.append(json.loads(lines[-1][len(RESULT) :]))
     return results
 

@@ -44,9 +44,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from recurnmt.cli import entry_point, run_cli
+from recurnmt.cli import entry_point
 from recurnmt.modules.hooks import LevelOutputs
 
+PROG = "recurnmt-cka"  # also python -m recurnmt.analysis.cka
 SIDES = ("encoder", "decoder")
 
 # ---------------------------------------------------------------------------------- linear CKA
@@ -292,9 +293,8 @@ def vision_cka(
     """
     from torch.utils.data import DataLoader, Subset
 
-    from recurnmt.vision.checkpoint import load_checkpoint
+    from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
     from recurnmt.vision.data import build_dataset
-    from recurnmt.vision.train import model_from_checkpoint
 
     ckpts = [load_checkpoint(p) for p in paths]
     models = [model_from_checkpoint(c).to(device).eval() for c in ckpts]
@@ -376,9 +376,7 @@ def _diagonal(mat: Tensor) -> list[float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m recurnmt.analysis.cka", description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--reference",
         nargs="+",
@@ -418,9 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     if len(args.reference) < 2:
-        raise SystemExit("--reference needs the reference checkpoint and at least one more")
+        raise ValueError("--reference needs the reference checkpoint and at least one more")
     if args.labels and len(args.labels) != len(args.reference):
-        raise SystemExit(f"--labels needs {len(args.reference)} names")
+        raise ValueError(f"--labels needs {len(args.reference)} names, got {len(args.labels)}")
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     )
@@ -451,8 +449,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
-cli = entry_point(main, "recurnmt-cka")  # the console script
-
+cli = entry_point(main, PROG)  # the console script
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "python -m recurnmt.analysis.cka"))
+    sys.exit(cli())

@@ -1,9 +1,7 @@
-"""Parameter accounting, P* of the RingFormer paper.
+"""``recurnmt-params``: parameter counts (RingFormer P*) of fairseq architectures.
 
-RingFormer Table 1 reports P*: every parameter except the encoder and decoder token
-embeddings and the vocabulary head (output projection). Positional embeddings are embeddings
-too and are excluded (the paper's models use sinusoidal ones, which have no parameters).
-Shared parameters count once: a tensor used by six levels is one tensor.
+Builds each architecture as ``fairseq-train --arch ARCH`` would, on a toy vocabulary, and
+prints its counts from :func:`recurnmt.parameters.parameter_report`.
 
 Command line::
 
@@ -16,56 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
-from torch import nn
-
-# names of the submodules that P* leaves out, in fairseq's transformer and in ours
-EXCLUDED_MODULES = ("embed_tokens", "embed_positions", "output_projection")
-
-
-@dataclass(frozen=True)
-class ParamReport:
-    """Parameter counts of a model.
-
-    Attributes:
-        total: all distinct parameters (what fairseq prints as "num. shared model params").
-        embeddings: token and position embeddings (shared ones once).
-        output_projection: the vocabulary head, 0 when tied to the embeddings.
-        p_star: ``total - embeddings - output_projection`` (RingFormer Table 1).
-    """
-
-    total: int
-    embeddings: int
-    output_projection: int
-    p_star: int
-
-
-def _distinct(params) -> dict[int, nn.Parameter]:
-    return {id(p): p for p in params}
-
-
-def count_parameters(model: nn.Module) -> ParamReport:
-    """Counts ``model``'s parameters the way RingFormer Table 1 does."""
-    everything = _distinct(model.parameters())
-    embeddings: dict[int, nn.Parameter] = {}
-    head: dict[int, nn.Parameter] = {}
-    for name, module in model.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in ("embed_tokens", "embed_positions"):
-            embeddings.update(_distinct(module.parameters()))
-        elif leaf == "output_projection" and module is not None:
-            head.update(_distinct(module.parameters()))
-    head = {k: v for k, v in head.items() if k not in embeddings}  # tied head counts once
-    total = sum(p.numel() for p in everything.values())
-    n_emb = sum(p.numel() for p in embeddings.values())
-    n_head = sum(p.numel() for p in head.values())
-    return ParamReport(total, n_emb, n_head, total - n_emb - n_head)
-
-
-def p_star(model: nn.Module) -> int:
-    """RingFormer's P*: parameters without embeddings and vocabulary head."""
-    return count_parameters(model).p_star
+from recurnmt.cli import entry_point
+from recurnmt.parameters import parameter_report
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     for arch in opts.archs:
         model, args, _ = build_model(arch, extra, toy_dictionary(opts.vocab))
-        report = count_parameters(model)
+        report = parameter_report(model)
         if opts.json:
             print(json.dumps({"arch": arch, **asdict(report)}))
             continue
@@ -104,5 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
 
+cli = entry_point(main, "recurnmt-params")  # the console script
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -19,7 +19,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from recurnmt.cli import entry_point, run_cli
+from recurnmt.cli import entry_point
 
 Series = dict[str, list[tuple[int, float]]]
 
@@ -128,6 +128,5 @@ def main(argv: list[str] | None = None) -> None:
 
 cli = entry_point(main, "recurnmt-plot-lrc")  # the console script
 
-
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "recurnmt-plot-lrc"))
+    sys.exit(cli())

@@ -37,6 +37,9 @@ from typing import Any
 import torch
 
 import recurnmt.nmt.checkpoint_safety  # noqa: F401  (fairseq checkpoints load weights-only)
+from recurnmt.cli import entry_point
+
+PROG = "python -m recurnmt.nmt.averaging"
 
 _PATTERNS = {
     "epoch": re.compile(r"checkpoint(\d+)\.pt"),
@@ -149,8 +152,14 @@ def save_atomically(state: dict[str, Any], output: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Averages checkpoints into ``--output``.
+
+    Raises:
+        OSError: a checkpoint or ``--dir`` is missing.
+        ValueError: too few checkpoints, or checkpoints that do not match.
+    """
     parser = argparse.ArgumentParser(
-        prog="python -m recurnmt.nmt.averaging",
+        prog=PROG,
         description="Average the weights of fairseq checkpoints.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
@@ -161,16 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upper-bound", type=int, help="ignore checkpoints numbered above")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
-    try:
-        paths = args.inputs or last_checkpoints(args.dir, args.last, args.by, args.upper_bound)
-        print("averaging " + " ".join(str(p) for p in paths), flush=True)
-        save_atomically(average_checkpoints(paths), args.output)
-    except (ValueError, OSError) as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 1
+    paths = args.inputs or last_checkpoints(args.dir, args.last, args.by, args.upper_bound)
+    print("averaging " + " ".join(str(p) for p in paths), flush=True)
+    save_atomically(average_checkpoints(paths), args.output)
     print(f"wrote {args.output}")
     return 0
 
 
+cli = entry_point(main, PROG)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -1,16 +1,19 @@
 """Build fairseq translation models from an architecture name, without a data directory.
 
-Used by the parameter accounting command, the benchmarks and the tests: it goes through
-fairseq's own argument parser and model registry, so the model is exactly the one
-``fairseq-train --arch ARCH FLAGS...`` would build.
+Used by the parameter accounting command, the launcher's checks, the benchmarks and the
+tests: it goes through fairseq's own argument parser and model registry, so the model is
+exactly the one ``fairseq-train --arch ARCH FLAGS...`` would build.
 """
 
 from __future__ import annotations
 
+import difflib
+from argparse import Namespace
 from collections.abc import Sequence
 
 from fairseq import options, tasks
 from fairseq.data import Dictionary
+from fairseq.models import ARCH_MODEL_REGISTRY
 
 import recurnmt.nmt  # noqa: F401  (registers the architectures)
 from recurnmt.nmt.model import RECURRENT_CRITERION
@@ -25,15 +28,35 @@ def toy_dictionary(size: int = 100) -> Dictionary:
     return d
 
 
-def parse_train_args(arch: str, extra: Sequence[str] = (), data: str = "<none>"):
-    """fairseq training arguments for ``--arch arch`` plus ``extra`` flags."""
-    parser = options.get_training_parser()
+def parse_train_args(argv: Sequence[str]) -> Namespace:
+    """fairseq's parsed training arguments of a ``fairseq-train`` command line.
+
+    Args:
+        argv: the arguments, data directory first; a ``--user-dir`` is imported.
+    """
+    return options.parse_args_and_arch(options.get_training_parser(), list(argv))
+
+
+def check_arch(arch: str) -> None:
+    """Raises ``ValueError`` naming ``arch`` (and close names) unless it is registered."""
+    if arch not in ARCH_MODEL_REGISTRY:
+        close = difflib.get_close_matches(arch, list(ARCH_MODEL_REGISTRY), n=4, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"architecture {arch!r} is not registered with fairseq{hint}")
+
+
+def arch_train_args(arch: str, extra: Sequence[str] = (), data: str = "<none>") -> Namespace:
+    """fairseq training arguments for ``--arch arch`` plus ``extra`` flags (translation task).
+
+    Raises:
+        ValueError: ``arch`` is not a registered architecture.
+    """
+    check_arch(arch)
     argv = [data, "--task", "translation", "--arch", arch]
     argv += ["--source-lang", "src", "--target-lang", "tgt"]
     if "--criterion" not in extra:
         argv += ["--criterion", RECURRENT_CRITERION]
-    argv += list(extra)
-    return options.parse_args_and_arch(parser, argv)
+    return parse_train_args([*argv, *extra])
 
 
 def build_model(
@@ -53,7 +76,7 @@ def build_model(
     Returns:
         ``(model, args, task)``.
     """
-    args = parse_train_args(arch, extra)
+    args = arch_train_args(arch, extra)
     src = dictionary or toy_dictionary()
     tgt = target_dictionary or src
     task = tasks.get_task("translation")(args, src, tgt)

@@ -1,24 +1,8 @@
 """Multi-process ``fairseq-train`` on CPUs (gloo) or GPUs (nccl), one node or several.
 
-fairseq trains on several processes only with the right combination of flags, and several
-wrong combinations fail silently or with unrelated-looking errors (seen on fairseq-fixed
-0.12.3.1, torch 2.13, CPU):
-
-* ``torchrun`` without ``--distributed-world-size``: every process trains its own model into
-  the same ``--save-dir`` (fairseq ignores torchrun's environment when the world size is 1);
-* ``--distributed-init-method`` without ``--distributed-no-spawn`` on CPU: fairseq spawns
-  ``min(#GPUs, world size) = 0`` processes and exits 0 without training;
-* ``torchrun ... --distributed-world-size N`` on CPU: ``ZeroDivisionError`` (fairseq takes the
-  rank modulo the GPU count);
-* the default ``--ddp-backend pytorch_ddp`` on CPU: a ``device_ids`` ValueError from
-  DistributedDataParallel; the default ``--distributed-backend nccl`` on CPU: no NCCL;
-* a criterion whose logging outputs cannot be summed (fairseq then gathers them with
-  ``all_gather_list``, which allocates a CUDA tensor): a crash after the first update on CPU;
-* ``--fp16`` / ``--bf16`` on CPU: ``Torch not compiled with CUDA`` or an ``xla_device`` error.
-
-:func:`check_distributed` refuses all of these with a message that says what to do instead;
-:class:`RecurrentTransformerModel` calls it when fairseq builds the model, and the launcher
-calls it before it starts any process. The launcher builds the flags that work:
+Before it starts any process, the launcher refuses the flag combinations that fail silently
+or obscurely (:func:`recurnmt.nmt.distributed_checks.check_distributed`), then builds the
+flags that work:
 
 * ``--launcher fairseq`` (default): one ``fairseq-train`` per local rank with explicit
   ``--distributed-world-size/--distributed-rank/--distributed-init-method tcp://...
@@ -55,8 +39,12 @@ from typing import Any
 
 import torch
 
+from recurnmt.cli import entry_point
 from recurnmt.modules import ConfigError
+from recurnmt.nmt.distributed_checks import check_distributed
+from recurnmt.nmt.steps import fairseq_tool
 
+PROG = "python -m recurnmt.nmt.launch"
 DEVICES = ("cpu", "cuda")
 LAUNCHERS = ("fairseq", "torchrun")
 # flags the launcher owns: a user value would contradict the processes it starts
@@ -68,242 +56,7 @@ OWNED_FLAGS = (
     "--distributed-port",
     "--device-id",
 )
-PRECISION_FLAGS = ("fp16", "bf16", "memory_efficient_fp16", "memory_efficient_bf16", "amp")
 _BIN = Path(sys.executable).parent
-
-
-def fairseq_tool(tool: str) -> list[str]:
-    """The command that runs ``fairseq-{tool}`` with this interpreter."""
-    script = _BIN / f"fairseq-{tool}"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", f"fairseq_cli.{tool}"]
-
-
-def user_dir() -> Path:
-    """Absolute path of the ``--user-dir`` shim that registers recurnmt with fairseq.
-
-    Raises:
-        ConfigError: the shim is missing (recurnmt installed without its source tree).
-    """
-    path = Path(__file__).resolve().parents[2] / "user_dir"
-    if not (path / "__init__.py").is_file():
-        raise ConfigError(
-            f"fairseq's --user-dir shim {path} is missing: install recurnmt from its source "
-            "tree (pip install -e .) so that user_dir/ sits beside the package"
-        )
-    return path
-
-
-def fairseq_flags(options: Mapping[str, Any]) -> list[str]:
-    """Command-line flags of a ``{option: value}`` mapping, fairseq's spelling.
-
-    ``lr_scheduler: cosine`` -> ``--lr-scheduler cosine``; ``True`` -> the bare flag;
-    ``False`` / ``None`` -> nothing; a list -> the flag followed by its items.
-    """
-    flags: list[str] = []
-    for key, value in options.items():
-        if value is None or value is False:
-            continue
-        flag = "--" + str(key).replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif isinstance(value, list | tuple):
-            flags += [flag, *(str(v) for v in value)]
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
-@dataclass(frozen=True)
-class Step:
-    """One command of a workflow, with an optional file that receives its stdout."""
-
-    argv: tuple[str, ...]
-    stdout: Path | None = None
-
-    def __str__(self) -> str:
-        line = shlex.join(self.argv)
-        return f"{line} > {shlex.quote(str(self.stdout))}" if self.stdout else line
-
-
-def run_steps(steps: Sequence[Step], dry_run: bool = False) -> int:
-    """Prints and runs ``steps`` in order; stops at the first failure.
-
-    Returns:
-        0, or the exit status of the step that failed.
-    """
-    for step in steps:
-        print(f"$ {step}", flush=True)
-        if dry_run:
-            continue
-        if step.stdout is None:
-            status = subprocess.run(step.argv).returncode
-        else:
-            step.stdout.parent.mkdir(parents=True, exist_ok=True)
-            with step.stdout.open("w", encoding="utf-8") as out:
-                status = subprocess.run(step.argv, stdout=out).returncode
-        if status:
-            print(f"step failed with exit status {status}: {step}", file=sys.stderr)
-            return status
-    return 0
-
-
-# --- the checks --------------------------------------------------------------------------------
-
-
-def _env_int(environ: Mapping[str, str], name: str) -> int | None:
-    value = environ.get(name)
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _runtime_world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _summable_logging(criterion: str | None) -> bool:
-    if criterion is None:
-        return True
-    from fairseq.criterions import CRITERION_REGISTRY
-
-    cls = CRITERION_REGISTRY.get(criterion)
-    return cls is None or bool(cls.logging_outputs_can_be_summed())
-
-
-def _launcher_hint(world: int) -> str:
-    return (
-        f"use `python -m recurnmt.nmt.launch --nproc {world} [--launcher torchrun] -- ARGS` "
-        "(scripts/train_nmt.py), which passes the world size and the ranks"
-    )
-
-
-def distributed_problems(
-    args: Any,
-    *,
-    world_size: int | None = None,
-    environ: Mapping[str, str] | None = None,
-    cuda_available: bool | None = None,
-) -> list[str]:
-    """What would make this fairseq training run fail or silently go wrong.
-
-    Args:
-        args: fairseq's parsed training arguments (``cfg.model`` of a legacy model holds them
-            all).
-        world_size: the number of processes about to be started (the launcher's view); when
-            ``None``, the running process group's (fairseq's ``build_model`` view: fairseq has
-            initialised it by then, and never does for generation).
-        environ: the process environment (``os.environ`` by default); torchrun's
-            ``WORLD_SIZE`` and SLURM's task count reveal a multi-process launch.
-        cuda_available: whether CUDA can be used (``torch.cuda.is_available()`` by default).
-
-    Returns:
-        One message per problem, empty when the configuration is fine.
-    """
-    runtime = world_size is None
-    world = _runtime_world_size() if runtime else world_size
-    environ = os.environ if environ is None else environ
-    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
-    explicit_cpu = bool(getattr(args, "cpu", False))
-    on_cpu = explicit_cpu or not cuda
-    problems: list[str] = []
-
-    launched = _env_int(environ, "WORLD_SIZE")
-    if launched is not None and launched > 1 and world != launched:
-        problems.append(
-            f"torchrun started {launched} processes (WORLD_SIZE={launched}) but fairseq "
-            f"trains in a world of {world}: each process would train its own model into the "
-            "same --save-dir and overwrite the others' checkpoints. "
-            + _launcher_hint(launched).capitalize()
-            + (
-                "; on GPUs, adding --distributed-world-size "
-                f"{launched} to fairseq-train also works (not on CPU: fairseq divides by the "
-                "GPU count)"
-            )
-        )
-    tasks = _env_int(environ, "SLURM_NTASKS")
-    if tasks is not None and tasks > 1 and "SLURM_PROCID" in environ and world == 1:
-        problems.append(
-            f"SLURM started {tasks} tasks but fairseq trains in a world of 1: each task would "
-            "train its own model into the same --save-dir. Pass --distributed-world-size "
-            f"{tasks} (fairseq then reads SLURM's ranks), or " + _launcher_hint(tasks)
-        )
-
-    # a checkpoint trained with --fp16 on GPUs may be decoded on a CPU machine, so outside
-    # training (no process group, not fairseq-train) only an explicit --cpu refuses it
-    training = "fairseq_cli.train" in sys.modules
-    wants_half = [f for f in PRECISION_FLAGS if getattr(args, f, False)]
-    if wants_half and on_cpu and (explicit_cpu or not runtime or world > 1 or training):
-        flags = " ".join("--" + f.replace("_", "-") for f in wants_half)
-        problems.append(
-            f"{flags} needs CUDA; on CPU fairseq fails with unrelated-looking errors "
-            "('Torch not compiled with CUDA enabled', an xla_device AttributeError). "
-            "Drop the flag or train on GPUs"
-        )
-
-    if world > 1 and on_cpu:
-        ddp = getattr(args, "ddp_backend", "pytorch_ddp")
-        if ddp in ("pytorch_ddp", "c10d", "fully_sharded"):
-            problems.append(
-                f"--ddp-backend {ddp} does not work on CPU (fairseq wraps the model with "
-                "device_ids=[device], which DistributedDataParallel rejects for CPU modules): "
-                "use --ddp-backend legacy_ddp"
-            )
-        if getattr(args, "distributed_backend", "nccl") == "nccl":
-            problems.append(
-                "--distributed-backend nccl needs GPUs (fairseq's default): use "
-                "--distributed-backend gloo on CPU"
-            )
-        if getattr(args, "distributed_init_method", None) and not getattr(
-            args, "distributed_no_spawn", False
-        ):
-            problems.append(
-                "--distributed-init-method without --distributed-no-spawn on CPU: fairseq "
-                "spawns one process per GPU, i.e. none, and exits 0 without training. Start "
-                "one process per rank with --distributed-rank R --distributed-no-spawn, or "
-                + _launcher_hint(world)
-            )
-        criterion = getattr(args, "criterion", None)
-        if not _summable_logging(criterion):
-            problems.append(
-                f"--criterion {criterion} has logging outputs that cannot be summed, so "
-                "fairseq gathers them across processes with all_gather_list, which allocates "
-                "a CUDA tensor: on CPU the run crashes after its first update. Train on GPUs, "
-                "in one process, or with a criterion whose logging_outputs_can_be_summed() is "
-                "True (e.g. label_smoothed_cross_entropy for models without ACT/mixed depth)"
-            )
-    return problems
-
-
-def check_distributed(
-    args: Any,
-    *,
-    world_size: int | None = None,
-    environ: Mapping[str, str] | None = None,
-    cuda_available: bool | None = None,
-) -> None:
-    """Refuses fairseq multi-process configurations that fail silently or obscurely.
-
-    Called with ``args`` alone from ``RecurrentTransformerModel.build_model`` (inside the
-    training process, after fairseq set up its process group) and with ``world_size`` by the
-    launcher before it starts any process. See :func:`distributed_problems` for the
-    arguments.
-
-    Raises:
-        ConfigError: naming every problem found and what to do instead.
-    """
-    problems = distributed_problems(
-        args, world_size=world_size, environ=environ, cuda_available=cuda_available
-    )
-    if problems:
-        raise ConfigError(
-            "refusing this fairseq training configuration:\n"
-            + "\n".join(f"  - {p}" for p in problems)
-        )
-
-
-# --- building the commands ---------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -350,15 +103,6 @@ class LaunchPlan:
 
 def _has_flag(argv: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
-
-
-def _flag_value(argv: Sequence[str], flag: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
 
 
 def device_flags(plan: LaunchPlan, argv: Sequence[str]) -> list[str]:
@@ -483,14 +227,6 @@ def worker_argv(
     ]
 
 
-def parse_train_args(argv: Sequence[str]) -> Any:
-    """fairseq's parsed training arguments of ``argv`` (imports ``--user-dir``)."""
-    from fairseq import options
-
-    parser = options.get_training_parser()
-    return options.parse_args_and_arch(parser, list(argv))
-
-
 def check_launch(plan: LaunchPlan, argv: Sequence[str]) -> None:
     """Refuses a launch before any process starts (see :func:`check_distributed`).
 
@@ -509,6 +245,8 @@ def check_launch(plan: LaunchPlan, argv: Sequence[str]) -> None:
     full = [*argv, *device_flags(plan, argv)]
     if plan.world_size > 1:
         full += rank_flags(plan, 0, f"tcp://{plan.master_addr}:1")
+    from recurnmt.nmt.build import parse_train_args  # fairseq: only when checking
+
     args = parse_train_args(full)
     check_distributed(
         args, world_size=plan.world_size, environ={}, cuda_available=plan.device == "cuda"
@@ -628,11 +366,15 @@ def _split_dashes(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m recurnmt.nmt.launch [OPTIONS] -- FAIRSEQ_TRAIN_ARGS``."""
+    """``python -m recurnmt.nmt.launch [OPTIONS] -- FAIRSEQ_TRAIN_ARGS``; the exit status.
+
+    Raises:
+        ConfigError: a plan or flags that cannot work (names the option).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, train_argv = _split_dashes(argv)
     parser = argparse.ArgumentParser(
-        prog="python -m recurnmt.nmt.launch",
+        prog=PROG,
         description="Start fairseq-train on one or several processes (CPU gloo / CUDA nccl).",
         epilog="Arguments after -- go to fairseq-train (the data directory first).",
     )
@@ -642,19 +384,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(ours)
     if not train_argv:
         parser.error("give the fairseq-train arguments after --")
-    try:
-        if args.torchrun_worker:
-            from fairseq_cli.train import cli_main
+    if args.torchrun_worker:
+        from fairseq_cli.train import cli_main
 
-            device = args.device or "cpu"
-            sys.argv = ["fairseq-train", *worker_argv(train_argv, device)]
-            cli_main()
-            return 0
-        return launch(plan_from_args(args), train_argv, dry_run=args.dry_run)
-    except ConfigError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+        device = args.device or "cpu"
+        sys.argv = ["fairseq-train", *worker_argv(train_argv, device)]
+        cli_main()
+        return 0
+    return launch(plan_from_args(args), train_argv, dry_run=args.dry_run)
 
+
+cli = entry_point(main, PROG)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -15,8 +15,8 @@ from fairseq.models.transformer import TransformerModel
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.decoder import RecurrentDecoder
 from recurnmt.nmt.defaults import fill_arch_defaults
+from recurnmt.nmt.distributed_checks import check_distributed
 from recurnmt.nmt.encoder import RecurrentEncoder
-from recurnmt.nmt.launch import check_distributed
 from recurnmt.nmt.options import add_recurrent_args, stack_configs
 from recurnmt.nmt.registry import MODEL_NAME, RECURRENT_CRITERION, register_model_once
 

@@ -160,7 +160,7 @@ def check_supported(args: Any) -> None:
     """Raises :class:`ConfigError` for settings that cannot work.
 
     Covers fairseq options the recurrent models do not implement. Half precision without
-    CUDA and multi-process mistakes are refused by :func:`recurnmt.nmt.launch.check_distributed`.
+    CUDA and multi-process mistakes are refused by :func:`recurnmt.nmt.distributed_checks.check_distributed`.
     """
     for name, what in _UNSUPPORTED.items():
         value = getattr(args, name, None)

@@ -3,7 +3,7 @@
 A recipe names a dataset preset, an architecture and the papers' training settings as
 ``fairseq-train`` / ``fairseq-generate`` options; ``run`` expands it into the commands and
 runs them: training (one process or several, through :mod:`recurnmt.nmt.launch`), then the
-evaluation of :func:`recurnmt.nmt.evaluate.evaluation_steps` (checkpoint averaging,
+evaluation of :func:`recurnmt.nmt.evaluation.evaluation_steps` (checkpoint averaging,
 ``fairseq-generate``, scoring into ``result.json``). The recipes live in ``configs/nmt/``
 (see its README for the papers' settings and every choice the papers leave open).
 
@@ -12,14 +12,14 @@ Format (YAML)::
     extends: _a1_wmt14.yaml            # optional: file(s) merged first, relative to this one
     description: RingFormer, base size, WMT14 En-De
     paper: RingFormer appendix A.1
-    dataset: wmt14                     # a preset of recurnmt.nmt.evaluate.PRESETS
+    dataset: wmt14                     # a preset of recurnmt.nmt.presets.PRESETS
     data: data-bin/wmt14_en_de         # optional, the preset's by default
     run_dir: runs/{name}               # optional: checkpoints/, generate output, result.json
     arch: ringformer_wmt_en_de
     paper_world_size: 2                # processes of the paper's batch (sets --update-freq)
     train: {lr: 7.0e-4, lr_scheduler: cosine, ...}   # fairseq-train options
     generate: {beam: 4}                # fairseq-generate options over the preset's
-    evaluate: {average_last: 5}        # recurnmt.nmt.evaluate.EvalSettings
+    evaluate: {average_last: 5}        # recurnmt.nmt.evaluation.EvalSettings
 
 Option names are fairseq's flags with underscores; ``true`` is a bare flag, ``null`` removes
 an inherited option; strings may use ``{name}``, ``{run_dir}`` and ``{data}``. Unknown keys
@@ -36,8 +36,10 @@ Command line (``scripts/run_nmt_recipe.py`` is the same)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
+import io
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,18 +48,14 @@ from typing import Any
 
 import yaml
 
+from recurnmt.cli import entry_point
 from recurnmt.modules import ConfigError
-from recurnmt.nmt.evaluate import PRESETS, DatasetPreset, EvalSettings, evaluation_steps
-from recurnmt.nmt.launch import (
-    LaunchPlan,
-    add_plan_arguments,
-    fairseq_flags,
-    launch,
-    plan_from_args,
-    run_steps,
-    user_dir,
-)
+from recurnmt.nmt.evaluation import EvalSettings, evaluation_steps
+from recurnmt.nmt.launch import LaunchPlan, add_plan_arguments, launch, plan_from_args
+from recurnmt.nmt.presets import PRESETS, DatasetPreset
+from recurnmt.nmt.steps import fairseq_flags, run_steps, user_dir
 
+PROG = "python -m recurnmt.nmt.recipe"
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "nmt"
 TOP_KEYS = {
     "extends": "base recipe file(s), merged first",
@@ -353,11 +351,19 @@ def validate(recipe: Recipe) -> Any:
     )
     parsed = None
     for section, make_parser, argv in checks:
+        usage = io.StringIO()  # argparse prints its usage and why, then exits
         try:
-            args, extra = options.parse_args_and_arch(make_parser(), argv, parse_known=True)
-        except SystemExit as e:  # argparse printed why
+            with contextlib.redirect_stderr(usage):
+                args, extra = options.parse_args_and_arch(make_parser(), argv, parse_known=True)
+        except SystemExit as e:
+            why = [
+                line.split("error: ", 1)[1]
+                for line in usage.getvalue().splitlines()
+                if "error: " in line
+            ]
             raise RecipeError(
-                f"{recipe.path}: fairseq-{section} rejected the {section} options (see above)"
+                f"{recipe.path}: fairseq-{section} rejected the {section} options: "
+                + (why[-1] if why else usage.getvalue().strip())
             ) from e
         if extra:
             keys = ", ".join(f"{section}.{f[2:].replace('-', '_')}" for f in _unknown_flags(extra))
@@ -454,8 +460,14 @@ def _show(recipe: Recipe) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Lists, shows or runs recipes; returns the exit status of a run.
+
+    Raises:
+        RecipeError: a recipe that cannot run (names the file and the key).
+        ConfigError: a launch that cannot work (names the option).
+    """
     parser = argparse.ArgumentParser(
-        prog="python -m recurnmt.nmt.recipe",
+        prog=PROG,
         description="Run the papers' translation recipes (configs/nmt/*.yaml).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -477,25 +489,23 @@ def main(argv: list[str] | None = None) -> int:
             )
             add_plan_arguments(p)
     args = parser.parse_args(argv)
-    try:
-        if args.command == "list":
-            for path in recipe_files():
-                r = load_recipe(path)
-                print(f"{r.name:36s} {r.description}")
-            return 0
-        recipe = load_recipe(args.recipe, args.override)
-        if args.command == "show":
-            print(_show(recipe), end="")
-            return 0
-        stages = [s.strip() for s in args.steps.split(",") if s.strip()]
-        bad = sorted(set(stages) - {"train", "evaluate"})
-        if bad:
-            parser.error(f"--steps: unknown step(s) {', '.join(bad)}")
-        return run(recipe, plan_from_args(args), stages, dry_run=args.dry_run)
-    except ConfigError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    if args.command == "list":
+        for path in recipe_files():
+            r = load_recipe(path)
+            print(f"{r.name:36s} {r.description}")
+        return 0
+    recipe = load_recipe(args.recipe, args.override)
+    if args.command == "show":
+        print(_show(recipe), end="")
+        return 0
+    stages = [s.strip() for s in args.steps.split(",") if s.strip()]
+    bad = sorted(set(stages) - {"train", "evaluate"})
+    if bad:
+        parser.error(f"--steps: unknown step(s) {', '.join(bad)}")
+    return run(recipe, plan_from_args(args), stages, dry_run=args.dry_run)
 
+
+cli = entry_point(main, PROG)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

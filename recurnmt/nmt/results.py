@@ -20,7 +20,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from recurnmt.nmt.evaluate import PRESETS
+from recurnmt.cli import entry_point
+from recurnmt.nmt.presets import PRESETS
+
+PROG = "python -m recurnmt.nmt.results"
 
 # family order of the table: the two baselines, then the papers' models
 FAMILY_ORDER = (
@@ -64,7 +67,10 @@ def load_results(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     """
     results = []
     for path in find_results(paths):
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
+        try:
+            record = json.loads(Path(path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not JSON: {e}") from e
         if "sacrebleu" not in record or "arch" not in record:
             raise ValueError(f"{path} is not a recurnmt evaluation result (no sacrebleu/arch)")
         family, size = split_arch(record["arch"])
@@ -178,22 +184,25 @@ def bar_chart(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Writes the table (and chart) of the results under ``paths``.
+
+    Raises:
+        OSError: a given path does not exist.
+        ValueError: no results, a file that is not a result (names it), two results for one
+            cell of the table.
+    """
     parser = argparse.ArgumentParser(
-        prog="python -m recurnmt.nmt.results",
+        prog=PROG,
         description="Results table (markdown) and bar chart (PNG) of NMT evaluations.",
     )
     parser.add_argument("paths", nargs="+", help="result.json files or directories holding them")
     parser.add_argument("--markdown", type=Path, help="write the table here (default: stdout)")
     parser.add_argument("--png", type=Path, help="write the bar chart here")
     args = parser.parse_args(argv)
-    try:
-        results = load_results(args.paths)
-        if not results:
-            raise ValueError(f"no result.json under {' '.join(args.paths)}")
-        table = markdown_table(results)
-    except (ValueError, OSError, json.JSONDecodeError) as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 1
+    results = load_results(args.paths)
+    if not results:
+        raise ValueError(f"no result.json under {' '.join(args.paths)}")
+    table = markdown_table(results)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(table, encoding="utf-8")
@@ -205,5 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+cli = entry_point(main, PROG)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

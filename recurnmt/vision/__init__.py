@@ -10,6 +10,7 @@ Training and evaluation: ``python -m recurnmt.vision.train`` and
 also registered with timm (see :mod:`recurnmt.vision.registry`).
 """
 
+from recurnmt.vision import models  # noqa: F401  (the model files register themselves)
 from recurnmt.vision.registry import create_model, list_models, register_with_timm
 
 register_with_timm()

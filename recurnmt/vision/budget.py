@@ -34,68 +34,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
-from recurnmt.cli import run_cli
-from recurnmt.vision.distributed import DistInfo, all_reduce_sum
-from recurnmt.vision.engine import Precision
+from recurnmt.cli import entry_point
+from recurnmt.vision.exits import ExitLogits, collect_exit_logits
 from recurnmt.vision.flops import count_macs
 from recurnmt.vision.models.dvt import DVTCascade
-
-
-@dataclass
-class ExitLogits:
-    """Every exit's logits on a data set: ``logits`` K x N x C and ``targets`` N."""
-
-    logits: Tensor
-    targets: Tensor
-
-    @property
-    def confidence(self) -> Tensor:
-        """K x N largest softmax probability (DVT sec. 3.3)."""
-        return self.logits.float().softmax(-1).amax(-1)
-
-    @property
-    def correct(self) -> Tensor:
-        """K x N: the exit's prediction is right."""
-        return self.logits.argmax(-1).eq(self.targets)
-
-    def accuracy(self) -> list[float]:
-        """Top-1 (%) of each exit when every image runs the whole cascade."""
-        return (100 * self.correct.float().mean(1)).tolist()
-
-    def subset(self, index: Tensor) -> ExitLogits:
-        return ExitLogits(self.logits[:, index], self.targets[index])
-
-
-@torch.no_grad()
-def collect_exit_logits(
-    model: DVTCascade,
-    loader: Iterable,
-    device: torch.device,
-    precision: Precision | None = None,
-) -> ExitLogits:
-    """Runs the full cascade on ``loader``; all exits' logits (float, on the CPU)."""
-    model.eval()
-    precision = precision or Precision()
-    logits, targets = [], []
-    for images, target in loader:
-        with precision.autocast(device):
-            outs = model.forward_exits(images.to(device))
-        logits.append(torch.stack(outs).float().cpu())  # K x B x C
-        targets.append(target)
-    return ExitLogits(torch.cat(logits, dim=1), torch.cat(targets))
-
-
-def evaluate_exits(
-    model: DVTCascade,
-    loader: Iterable,
-    info: DistInfo,
-    precision: Precision | None = None,
-) -> list[float]:
-    """Top-1 (%) of every exit over all ranks' shards (the training command's per-exit line)."""
-    exits = collect_exit_logits(model, loader, info.device, precision)
-    counts = exits.correct.sum(1).double().tolist() + [float(exits.targets.numel())]
-    counts = all_reduce_sum(counts, info)
-    return [100 * c / max(counts[-1], 1.0) for c in counts[:-1]]
 
 
 class _Prefix(nn.Module):
@@ -336,9 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from recurnmt.vision.checkpoint import load_checkpoint
+    from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
     from recurnmt.vision.data import build_dataset
-    from recurnmt.vision.train import model_from_checkpoint
 
     args = build_parser().parse_args(argv)
     device = torch.device(args.device)
@@ -347,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
     ckpt = load_checkpoint(args.checkpoint)
     model = model_from_checkpoint(ckpt).to(device).eval()
     if not isinstance(model, DVTCascade):
-        raise SystemExit(f"{ckpt['model_name']} is not a DVT cascade")
+        raise ValueError(f"{args.checkpoint}: {ckpt['model_name']} is not a DVT cascade")
     data = args.data or ckpt.get("data", {}).get("name", "digits")
     root = args.data_root or ckpt.get("args", {}).get("data_root")
     img_size = tuple(ckpt["model_kwargs"].get("img_size") or model.img_size)
@@ -392,5 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
+cli = entry_point(main, "python -m recurnmt.vision.budget")
+
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "python -m recurnmt.vision.budget"))
+    sys.exit(cli())

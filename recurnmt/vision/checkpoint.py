@@ -6,6 +6,9 @@ Restoring all of them at an epoch boundary continues the run with the same data 
 sampler reshuffles from seed + epoch), the same augmentations and dropout masks, hence the same
 losses as a run that never stopped.
 
+:func:`model_from_checkpoint` rebuilds the model of a checkpoint (its registered name and
+keyword arguments) for the commands that evaluate, analyse or distil from one.
+
 Everything stored is a tensor or a plain Python value, so checkpoints load with
 ``torch.load(weights_only=True)``: a checkpoint from elsewhere cannot run code.
 """
@@ -20,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
+from recurnmt.vision.registry import create_model
 
 
 def rng_state() -> dict[str, Any]:
@@ -58,6 +63,17 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Reads a checkpoint on the CPU with the weights-only (code-free) unpickler."""
     return torch.load(Path(path), map_location="cpu", weights_only=True)
+
+
+def model_from_checkpoint(ckpt: dict[str, Any]) -> nn.Module:
+    """Rebuilds the model stored in a checkpoint of ``recurnmt.vision.train`` with its weights.
+
+    Raises:
+        KeyError: the checkpoint names a model that is not registered.
+    """
+    model = create_model(ckpt["model_name"], **ckpt["model_kwargs"])
+    model.load_state_dict(ckpt["model"])
+    return model
 
 
 def unwrap(model: nn.Module) -> nn.Module:

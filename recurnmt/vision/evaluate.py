@@ -14,14 +14,14 @@ import sys
 
 from torch.utils.data import DataLoader, Subset
 
-from recurnmt.cli import run_cli
-from recurnmt.vision.checkpoint import load_checkpoint
+from recurnmt.cli import entry_point
+from recurnmt.parameters import count_parameters
+from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
 from recurnmt.vision.data import build_dataset
 from recurnmt.vision.distributed import process_group
 from recurnmt.vision.engine import Precision, evaluate
-from recurnmt.vision.flops import count_macs, count_parameters, throughput
+from recurnmt.vision.flops import count_macs, throughput
 from recurnmt.vision.options import parse_size
-from recurnmt.vision.train import model_from_checkpoint
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,5 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
         return report
 
 
+cli = entry_point(main, "python -m recurnmt.vision.evaluate")
+
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "python -m recurnmt.vision.evaluate"))
+    sys.exit(cli())

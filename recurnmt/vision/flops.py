@@ -1,4 +1,4 @@
-"""Model cost: parameters, multiply-accumulates and throughput.
+"""Model cost: multiply-accumulates and throughput (parameters: :mod:`recurnmt.parameters`).
 
 FLOPs are counted by running one forward pass under ``torch.utils.flop_counter.FlopCounterMode``,
 which counts 2 floating-point operations per multiply-accumulate of every matrix product,
@@ -17,11 +17,6 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Distinct parameters: a tensor shared by several levels counts once."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
 @torch.no_grad()

@@ -4,6 +4,11 @@ Every model family registers thin entry points (one function per named configura
 :func:`register_model`. The entry points accept keyword overrides (image size, number of
 classes, widths, loops, ...), so a registered name is a set of defaults, never a cage.
 
+The model files register themselves when :mod:`recurnmt.vision.models` imports. The package
+``recurnmt.vision`` imports it, and Python runs a package before any of its modules, so every
+importer of this registry finds every model (the registry imports no model file: they import
+it).
+
 When timm imports, :func:`register_with_timm` makes every model reachable through
 ``timm.create_model``. Several of our baseline names (``deit_tiny_patch16_224``,
 ``vit_base_patch16_224``) exist in timm already; overwriting timm's own entries would silently
@@ -40,7 +45,6 @@ def register_model(fn: ModelFn) -> ModelFn:
 
 def list_models(pattern: str = "*") -> list[str]:
     """Sorted names of the registered models that match the shell-style ``pattern``."""
-    _import_families()
     return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
 
 
@@ -50,7 +54,6 @@ def create_model(name: str, **kwargs) -> nn.Module:
     Raises:
         KeyError: no model of that name; the message lists close names.
     """
-    _import_families()
     if name not in _MODELS:
         close = [n for n in _MODELS if name.split("_")[0] in n] or sorted(_MODELS)
         raise KeyError(f"unknown vision model {name!r}; known models include {', '.join(close)}")
@@ -68,7 +71,6 @@ def register_with_timm() -> list[str]:
         from timm.models import register_model as timm_register
     except Exception:  # timm missing, or broken (it needs torchvision)
         return []
-    _import_families()
     registered = []
     for name, fn in _MODELS.items():
         targets = [TIMM_PREFIX + name] + ([] if is_model(name) else [name])
@@ -92,8 +94,3 @@ def _timm_entry(fn: ModelFn, name: str) -> ModelFn:
 
     entry.__name__ = entry.__qualname__ = name
     return entry
-
-
-def _import_families() -> None:
-    # the model files register themselves on import
-    import recurnmt.vision.models  # noqa: F401

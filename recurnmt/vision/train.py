@@ -31,13 +31,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from recurnmt.cli import run_cli
+from recurnmt.cli import entry_point
+from recurnmt.parameters import count_parameters
 from recurnmt.vision.checkpoint import (
     load_checkpoint,
+    model_from_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -46,7 +47,7 @@ from recurnmt.vision.checkpoint import (
 from recurnmt.vision.data import DataSpec, Mixup, build_dataset, data_spec
 from recurnmt.vision.distributed import DistInfo, check_batch_size, process_group
 from recurnmt.vision.engine import Precision, evaluate, train_one_epoch
-from recurnmt.vision.flops import count_parameters
+from recurnmt.vision.exits import evaluate_exits
 from recurnmt.vision.losses import ClassificationLoss
 from recurnmt.vision.mixed_depth import MixedDepth
 from recurnmt.vision.models.dvt import AllExits, DVTCascade
@@ -61,13 +62,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
-
-
-def model_from_checkpoint(ckpt: dict) -> nn.Module:
-    """Rebuilds the model stored in a checkpoint of this command and loads its weights."""
-    model = create_model(ckpt["model_name"], **ckpt["model_kwargs"])
-    model.load_state_dict(ckpt["model"])
-    return model
 
 
 def _spec_with_overrides(args: Namespace) -> DataSpec:
@@ -93,7 +87,7 @@ def _build_model(args: Namespace, spec: DataSpec, img_size: tuple[int, int], log
         }
         return create_model(args.model, **kwargs), args.model, kwargs
     if args.model_args:
-        raise SystemExit("--model-arg cannot change the architecture of a --finetune checkpoint")
+        raise ValueError("--model-arg cannot change the architecture of a --finetune checkpoint")
     ckpt = load_checkpoint(args.finetune)
     model = model_from_checkpoint(ckpt)
     kwargs = dict(ckpt["model_kwargs"])
@@ -172,7 +166,7 @@ def run(args: Namespace, info: DistInfo) -> dict:
     eval_loader = DataLoader(shard, batch_size=per_rank, num_workers=args.workers, pin_memory=pin)
     steps = len(train_loader) // args.accum_steps  # optimiser updates per epoch
     if steps == 0:
-        raise SystemExit(f"--batch-size {args.batch_size} exceeds the {len(train_set)} images")
+        raise ValueError(f"--batch-size {args.batch_size} exceeds the {len(train_set)} images")
 
     optimizer = build_optimizer(model, args.lr, args.weight_decay)
     scheduler = cosine_with_warmup(
@@ -227,7 +221,7 @@ def run(args: Namespace, info: DistInfo) -> dict:
     net = MixedDepth(model) if args.mixed_depth else model
     if isinstance(model, DVTCascade):  # DVT eq. 1: the loss is summed over every exit
         if args.mixed_depth:
-            raise SystemExit(
+            raise ValueError(
                 "--mixed-depth (SReT's shallow branch) does not apply to DVT cascades, "
                 "which train every exit instead"
             )
@@ -281,8 +275,6 @@ def run(args: Namespace, info: DistInfo) -> dict:
             ev = evaluate(net, eval_loader, info, precision)
             record.update(top1=ev.top1, top5=ev.top5, eval_loss=ev.loss)
             if isinstance(model, DVTCascade):
-                from recurnmt.vision.budget import evaluate_exits
-
                 record["exit_top1"] = evaluate_exits(model, eval_loader, info, precision)
             if writer is not None:
                 writer.add_scalar("eval/top1", ev.top1, epoch + 1)
@@ -337,5 +329,7 @@ def main(argv: list[str] | None = None) -> None:
         run(args, info)
 
 
+cli = entry_point(main, "python -m recurnmt.vision.train")
+
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "python -m recurnmt.vision.train"))
+    sys.exit(cli())

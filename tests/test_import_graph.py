@@ -1,0 +1,148 @@
+"""No import cycles: shared pieces live below the commands that use them.
+
+The graph is read from the source with ``ast``, so it covers every file, whatever is
+installed: an edge ``a -> b`` for each ``import b`` / ``from b import x`` in ``a`` (also inside
+functions: a lazy import is a dependency too), ``from p import m`` naming the submodule
+``p.m`` when there is one, relative imports resolved. Imports under ``if TYPE_CHECKING:`` are
+left out (they never run). Importing ``p.m`` also runs ``p/__init__.py``; those implicit
+edges are left out too, since a package that imports its own submodules would otherwise
+always be a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("recurnmt", "data_prep")
+
+
+def module_names(package: str) -> dict[str, Path]:
+    """``{dotted name: file}`` of every module of ``package``, packages included."""
+    found = {}
+    for path in sorted((REPO / package).rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(node: ast.AST):
+    """The import statements under ``node``, skipping ``if TYPE_CHECKING:`` bodies."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for sub in child.orelse:
+                yield from _import_nodes_of(sub)
+            continue
+        yield from _import_nodes_of(child)
+
+
+def _import_nodes_of(node: ast.AST):
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        yield node
+    yield from _import_nodes(node)
+
+
+def _known(name: str, modules: dict[str, Path]) -> str | None:
+    """``name`` or its longest prefix that is one of ``modules``."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``modules`` that ``name`` (the file ``path``) imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(filter(None, (_known(a.name, modules) for a in node.names)))
+            continue
+        base = node.module or ""
+        if node.level:  # relative: from . import x, from ..a import b
+            parent = package.split(".")
+            parent = parent[: len(parent) - (node.level - 1)]
+            base = ".".join(parent + ([base] if base else []))
+        for alias in node.names:
+            target = f"{base}.{alias.name}"
+            targets.add(target if target in modules else _known(base, modules) or "")
+    targets.discard("")
+    targets.discard(name)
+    return targets
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    modules = module_names(package)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path ``[a, b, ..., a]``, or ``None`` (iterative DFS)."""
+    state: dict[str, str] = {}  # "open": on the current path, "done": fully explored
+    for root in sorted(graph):
+        if root in state:
+            continue
+        path, stack = [root], [iter(sorted(graph[root]))]
+        state[root] = "open"
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = "done"
+                stack.pop()
+            elif state.get(nxt) == "open":
+                return path[path.index(nxt) :] + [nxt]
+            elif nxt not in state:
+                state[nxt] = "open"
+                path.append(nxt)
+                stack.append(iter(sorted(graph.get(nxt, ()))))
+    return None
+
+
+def test_the_graph_sees_lazy_relative_and_submodule_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from . import b\n")
+    (pkg / "a.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pkg import c\n"
+        "def f():\n    from pkg.sub import b\n"
+    )
+    (pkg / "sub" / "b.py").write_text("from ..a import f\nimport pkg.c\n")
+    (pkg / "c.py").write_text("from pkg.sub import missing_name\n")
+    modules = {
+        "pkg": pkg / "__init__.py",
+        "pkg.sub": pkg / "sub" / "__init__.py",
+        "pkg.a": pkg / "a.py",
+        "pkg.sub.b": pkg / "sub" / "b.py",
+        "pkg.c": pkg / "c.py",
+    }
+    graph = {n: imports_of(n, p, modules) for n, p in modules.items()}
+    assert graph == {
+        "pkg": set(),
+        "pkg.sub": {"pkg.sub.b"},
+        "pkg.a": {"pkg.sub.b"},  # lazy import counted, TYPE_CHECKING one not
+        "pkg.sub.b": {"pkg.a", "pkg.c"},
+        "pkg.c": {"pkg.sub"},  # a name of the package: its __init__
+    }
+    assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.a"]
+    del graph["pkg.sub.b"]
+    assert find_cycle(graph) is None
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycles(package):
+    graph = import_graph(package)
+    assert len(graph) > 5  # the scan found the package
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
