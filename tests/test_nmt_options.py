@@ -120,6 +120,12 @@ def test_impossible_settings_fail_naming_the_flag(flags, message):
         build("ringformer_tiny", *flags)
 
 
+def test_errors_from_building_a_stack_name_the_flag():
+    message = "--encoder-attn-groups=(2,): gives a setting for 1 loop(s)"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build("sret_tiny", "--encoder-attn-groups", "2")  # every block loops twice
+
+
 def test_config_errors_carry_the_flag_and_value():
     with pytest.raises(ConfigError) as err:
         build("ringformer_tiny", "--encoder-unique-layers", "4")

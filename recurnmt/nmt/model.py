@@ -17,7 +17,7 @@ from recurnmt.nmt.decoder import RecurrentDecoder
 from recurnmt.nmt.defaults import fill_arch_defaults
 from recurnmt.nmt.distributed_checks import check_distributed
 from recurnmt.nmt.encoder import RecurrentEncoder
-from recurnmt.nmt.options import add_recurrent_args, stack_configs
+from recurnmt.nmt.options import add_recurrent_args, flags_in_errors, stack_configs
 from recurnmt.nmt.registry import MODEL_NAME, RECURRENT_CRITERION, register_model_once
 
 __all__ = ["MODEL_NAME", "RECURRENT_CRITERION", "RecurrentTransformerModel"]
@@ -58,8 +58,10 @@ class RecurrentTransformerModel(TransformerModel):
             decoder_embed = cls.build_embedding(
                 args, tgt_dict, args.decoder_embed_dim, args.decoder_embed_path
             )
-        encoder = RecurrentEncoder(args, src_dict, encoder_embed, encoder_cfg)
-        decoder = RecurrentDecoder(args, tgt_dict, decoder_embed, decoder_cfg)
+        with flags_in_errors("encoder"):
+            encoder = RecurrentEncoder(args, src_dict, encoder_embed, encoder_cfg)
+        with flags_in_errors("decoder"):
+            decoder = RecurrentDecoder(args, tgt_dict, decoder_embed, decoder_cfg)
         model = cls(args, encoder, decoder)
         criterion = getattr(args, "criterion", None)
         on = [

@@ -9,6 +9,8 @@ place that reads them, and the tests check that each one changes the model.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from recurnmt.modules.config import (
@@ -239,7 +241,7 @@ def _side_config(args: Any, side: str) -> StackConfig:
 
     decoder = side == "decoder"
     normalize_before = arg("normalize_before")
-    try:
+    with flags_in_errors(side):
         return StackConfig(
             embed_dim=arg("embed_dim"),
             ffn_dim=arg("ffn_dim"),
@@ -277,5 +279,16 @@ def _side_config(args: Any, side: str) -> StackConfig:
             norm_eps=1e-5,  # fairseq's LayerNorm
             attn_permute=(),  # sliced encoder attention permutes at every loop (SReT "P")
         )
+
+
+@contextmanager
+def flags_in_errors(side: str) -> Iterator[None]:
+    """Re-raises a :class:`ConfigError` about a stack field naming its ``side`` flag instead.
+
+    Wraps whatever validates a side's stack: its config, and building the stack (plan-level
+    checks such as one ``--encoder-attn-groups`` entry per loop).
+    """
+    try:
+        yield
     except ConfigError as err:
         raise err.renamed(flags_of_fields(side)) from None
