@@ -38,7 +38,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from recurnmt.modules.attention import MemoryKV
 from recurnmt.modules.cache import StackCache
@@ -109,6 +111,19 @@ class RecurrentStack(nn.Module):
         self.levels = nn.ModuleList(levels)
         self.halting = halting
         self.final_norm = final_norm
+        self.grad_checkpointing = False
+        self.offload_activations = False
+
+    def set_grad_checkpointing(self, enable: bool = True, offload: bool = False) -> None:
+        """Activation checkpointing per level (timm's name; fairseq's
+        ``--checkpoint-activations``): in training, each level keeps only its input and
+        recomputes its block in the backward pass, so activation memory holds one level's
+        intermediates instead of every level's. ``offload`` also moves the kept level inputs
+        to CPU memory (fairseq's ``--offload-activations``). Losses and gradients are those
+        of the plain pass (the random state of dropout is replayed).
+        """
+        self.grad_checkpointing = enable or offload
+        self.offload_activations = offload
 
     @property
     def num_levels(self) -> int:
@@ -170,7 +185,8 @@ class RecurrentStack(nn.Module):
             if halting is not None:
                 weights = halting.weights(self.halting(x), last=step == len(order) - 1)
             b = self.plan.block_of_level[i]
-            x = self.blocks[b](
+            x = self._run_block(
+                self.blocks[b],
                 x,
                 parts,
                 padding_mask=padding_mask,
@@ -192,6 +208,16 @@ class RecurrentStack(nn.Module):
             x = self.final_norm(x)
         return StackOutput(x, ponder)
 
+    def _run_block(self, block: nn.Module, x: Tensor, parts: LevelParts, **kwargs) -> Tensor:
+        if not (self.grad_checkpointing and self.training and torch.is_grad_enabled()):
+            return block(x, parts, **kwargs)
+        if kwargs.get("cache") is not None:
+            raise ValueError("activation checkpointing is for training, not incremental decoding")
+        if not self.offload_activations:
+            return checkpoint(block, x, parts, use_reentrant=False, **kwargs)
+        with torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda):
+            return checkpoint(block, x, parts, use_reentrant=False, **kwargs)
+
     def untied(self) -> RecurrentStack:
         """A copy in which every level has its own block, holding the same weights.
 
@@ -200,10 +226,12 @@ class RecurrentStack(nn.Module):
         several blocks (One Wide FFN) is copied into each.
         """
         blocks = [copy.deepcopy(self.block_of_level(i)) for i in range(self.num_levels)]
-        return RecurrentStack(
+        untied = RecurrentStack(
             blocks,
             copy.deepcopy(list(self.levels)),
             DepthPlan.build(self.num_levels),
             halting=copy.deepcopy(self.halting),
             final_norm=copy.deepcopy(self.final_norm),
         )
+        untied.set_grad_checkpointing(self.grad_checkpointing, self.offload_activations)
+        return untied

@@ -63,6 +63,12 @@ class RecurrentTransformerModel(TransformerModel):
         with flags_in_errors("decoder"):
             decoder = RecurrentDecoder(args, tgt_dict, decoder_embed, decoder_cfg)
         model = cls(args, encoder, decoder)
+        offload = bool(getattr(args, "offload_activations", False))
+        if offload or getattr(args, "checkpoint_activations", False):
+            # fairseq's flags, per level of our stacks (fairseq's --offload-activations
+            # implies --checkpoint-activations)
+            for side in (encoder, decoder):
+                side.stack.set_grad_checkpointing(True, offload=offload)
         criterion = getattr(args, "criterion", None)
         on = [
             f"--{f.replace('_', '-')} on"

@@ -148,8 +148,6 @@ _UNSUPPORTED = {
     "decoder_layers_to_keep": "layer pruning",
     "cross_self_attention": "cross+self attention",
     "no_cross_attention": "decoders without cross-attention",
-    "checkpoint_activations": "activation checkpointing",
-    "offload_activations": "activation offloading",
     "quant_noise_pq": "quantization noise",
     "encoder_layerdrop": "LayerDrop",
     "decoder_layerdrop": "LayerDrop",

@@ -170,6 +170,11 @@ class DVTCascade(nn.Module):
             f"stages.{k}.{name}" for k, s in enumerate(self.stages) for name in s.no_weight_decay()
         }
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing per level of every stage (timm's API)."""
+        for stage in self.stages:
+            stage.set_grad_checkpointing(enable)
+
     def reset_classifier(self, num_classes: int) -> None:
         """Fresh heads of ``num_classes`` outputs at every exit."""
         for s in self.stages:

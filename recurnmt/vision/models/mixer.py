@@ -130,6 +130,10 @@ class RecursiveMixer(nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing per level (timm's API)."""
+        self.stack.set_grad_checkpointing(enable)
+
     def reset_classifier(self, num_classes: int) -> None:
         """Replaces the head with a fresh one of ``num_classes`` outputs."""
         self.num_classes = num_classes

@@ -242,6 +242,11 @@ class SReT(nn.Module):
         self.img_size = to_2tuple(img_size)
         self.pos_embed.resize_(ConvStem.grid_size(self.img_size))
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing per level of every stage (timm's API)."""
+        for stage in self.stages:
+            stage.set_grad_checkpointing(enable)
+
     def reset_classifier(self, num_classes: int) -> None:
         """Replaces the head with a fresh one of ``num_classes`` outputs."""
         self.num_classes = num_classes

@@ -131,6 +131,10 @@ class VisionTransformer(nn.Module):
         self.img_size = to_2tuple(img_size)
         self.pos_embed.resize_(self.patch_embed.grid_size(self.img_size))
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing per level of the stack (timm's API)."""
+        self.stack.set_grad_checkpointing(enable)
+
     def reset_classifier(self, num_classes: int) -> None:
         """Replaces the head with a fresh one of ``num_classes`` outputs."""
         self.num_classes = num_classes

@@ -1,0 +1,93 @@
+"""Activation checkpointing per level: the same losses and gradients, less saved memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recurnmt.analysis.memory import saved_for_backward_bytes
+from recurnmt.nmt.architectures import FAMILIES
+from recurnmt.nmt.build import build_model
+from recurnmt.vision import list_models
+from tests.nmt_helpers import DICT, batch, train_signals
+from tests.test_vision_models import build_small
+
+
+def _loss_and_grads(model, forward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(123)  # dropout and stochastic depth draw the same masks
+    loss = forward()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+def _assert_same(plain, checkpointed) -> None:
+    (loss_a, grads_a), (loss_b, grads_b) = plain, checkpointed
+    torch.testing.assert_close(loss_b, loss_a, rtol=0, atol=1e-6)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def _nmt_forward(model):
+    src, lengths, prev = batch()
+    return lambda: model(src, lengths, prev)[0].float().logsumexp(-1).mean()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_nmt_checkpointed_training_equals_plain(family):
+    flags = ["--dropout", "0.2", "--attention-dropout", "0.1"]
+    model, _, _ = build_model(f"{family}_tiny", flags, DICT)
+    train_signals(model)
+    model.train()
+    forward = _nmt_forward(model)
+    plain = _loss_and_grads(model, forward)
+    saved_plain = saved_for_backward_bytes(forward)[1]
+    for side in (model.encoder, model.decoder):
+        side.stack.set_grad_checkpointing(True)
+    _assert_same(plain, _loss_and_grads(model, forward))
+    assert saved_for_backward_bytes(forward)[1] < saved_plain
+
+
+def test_fairseq_flags_turn_checkpointing_on():
+    model, _, _ = build_model("ringformer_tiny", ["--checkpoint-activations"], DICT)
+    assert model.encoder.stack.grad_checkpointing and model.decoder.stack.grad_checkpointing
+    assert not model.decoder.stack.offload_activations
+    model, _, _ = build_model("ringformer_tiny", ["--offload-activations"], DICT)
+    assert model.encoder.stack.grad_checkpointing and model.encoder.stack.offload_activations
+    model.train()
+    forward = _nmt_forward(model)
+    plain_model, _, _ = build_model("ringformer_tiny", [], DICT)
+    plain_model.load_state_dict(model.state_dict())
+    plain_model.train()
+    _assert_same(
+        _loss_and_grads(plain_model, _nmt_forward(plain_model)),
+        _loss_and_grads(model, forward),
+    )
+
+
+def test_checkpointing_stays_off_in_evaluation_and_decoding():
+    model, _, _ = build_model("ringformer_tiny", ["--checkpoint-activations"], DICT)
+    model.eval()
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        state: dict = {}
+        model.decoder(prev[:, :1], enc, incremental_state=state)  # no error: eval mode
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_vision_checkpointed_training_equals_plain(name):
+    extra = {} if "mixer" in name else {"drop_path_rate": 0.1}  # the Mixer has no drop path
+    model = build_small(name, **extra).train()
+    x = torch.randn(2, 3, 32, 32)
+    y = torch.tensor([1, 3])
+
+    def forward():
+        out = model(x)
+        return torch.nn.functional.cross_entropy(out, y)
+
+    plain = _loss_and_grads(model, forward)
+    model.set_grad_checkpointing(True)
+    _assert_same(plain, _loss_and_grads(model, forward))
