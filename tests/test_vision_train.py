@@ -144,6 +144,13 @@ def test_gradient_accumulation_matches_the_full_batch(tmp_path):
     assert accum[0]["top1"] == pytest.approx(full[0]["top1"])
 
 
+def test_grad_checkpointing_trains_the_same_run(tmp_path):
+    flags = ["--model", "ringformer_vit_mini_patch4", "--epochs", "1", "--limit-train", "64"]
+    plain = train(tmp_path / "plain", *flags)
+    checkpointed = train(tmp_path / "ckpt", *flags, "--grad-checkpointing")
+    assert checkpointed[0]["losses"] == pytest.approx(plain[0]["losses"], rel=1e-5)
+
+
 def test_distillation_finetuning_and_evaluation(tmp_path, capsys):
     base = ["--epochs", "1", "--limit-train", "64"]
     train(tmp_path / "teacher", *base, "--model", "vit_mini_patch4")

@@ -58,7 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="model_args",
         action="append",
         metavar="KEY=VALUE",
-        help="model setting (repeatable), e.g. loops=3",
+        help="model setting (repeatable), e.g. depth=12 or unique_layers=1",
+    )
+    g.add_argument(
+        "--grad-checkpointing",
+        action="store_true",
+        help="activation checkpointing per level (less memory, one more forward per level)",
     )
     g.add_argument(
         "--finetune",

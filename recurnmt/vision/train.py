@@ -132,6 +132,8 @@ def run(args: Namespace, info: DistInfo) -> dict:
     spec = _spec_with_overrides(args)
     img_size = tuple(args.img_size or spec.img_size)
     model, model_name, model_kwargs = _build_model(args, spec, img_size, log)
+    if args.grad_checkpointing:
+        model.set_grad_checkpointing(True)
     model.to(info.device)
 
     train_set, _ = build_dataset(
