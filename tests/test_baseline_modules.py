@@ -8,6 +8,8 @@ import torch
 from recurnmt.modules import (
     AddAtEveryLevel,
     ConfigError,
+    CrossAttentionWeights,
+    LevelOutputs,
     Memory,
     SignalConfig,
     StackCache,
@@ -91,3 +93,14 @@ def test_act_decoder_stops_early_only_without_cache(monkeypatch):
     calls.clear()
     stack(torch.randn(1, 1, 16), memory=mem, cache=StackCache())
     assert len(calls) == 4  # incremental decoding fills every level's cache
+    # positions at every level and recording the levels run do not keep ACT going ...
+    calls.clear()
+    x = torch.randn(1, 2, 16)
+    states = LevelOutputs()
+    stack(x, memory=mem, hooks=[AddAtEveryLevel(torch.zeros_like(x)), states])
+    assert len(calls) == 1 and len(states.outputs) == 1
+    # ... but a hook that reads a given level (the alignment of the last one) does
+    calls.clear()
+    alignment = CrossAttentionWeights(level=3)
+    stack(x, memory=mem, hooks=[alignment])
+    assert len(calls) == 4 and alignment.weights is not None

@@ -29,7 +29,14 @@ from recurnmt.modules.attention import AttentionTerms
 
 
 class LevelHook:
-    """Extends every level of one stack call; subclasses override what they need."""
+    """Extends every level of one stack call; subclasses override what they need.
+
+    Attributes:
+        needs_all_levels: the hook must see every level run, so ACT halting may not stop the
+            pass early (True unless a subclass says otherwise).
+    """
+
+    needs_all_levels = True
 
     def before_level(self, level: int, x: Tensor) -> Tensor:
         """The input of ``level`` (B x T x C), before its block."""
@@ -61,6 +68,8 @@ class AddAtEveryLevel(LevelHook):
         term: broadcastable to B x T x C (positions, B x T x C).
     """
 
+    needs_all_levels = False
+
     def __init__(self, term: Tensor) -> None:
         self.term = term
 
@@ -70,6 +79,8 @@ class AddAtEveryLevel(LevelHook):
 
 class LevelOutputs(LevelHook):
     """Records the output of every level that runs (``outputs[k]``: the k-th level run)."""
+
+    needs_all_levels = False
 
     def __init__(self) -> None:
         self.outputs: list[Tensor] = []

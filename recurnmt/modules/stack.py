@@ -177,6 +177,8 @@ class RecurrentStack(nn.Module):
         kv = self.memory_kv(memory, cache) if memory is not None else {}
         order = range(self.num_levels) if levels is None else levels
         halting = HaltingAccumulator(x, self.halting.threshold) if self.halting else None
+        # with a cache every level must fill its keys/values for later steps
+        may_stop = cache is None and not any(hook.needs_all_levels for hook in hooks)
         for step, i in enumerate(order):
             parts = self.levels[i]
             x = parts.enter(x)
@@ -198,8 +200,7 @@ class RecurrentStack(nn.Module):
                 x = hook.after_level(i, x)
             if halting is not None:
                 halting.accumulate(x, weights)
-                # with a cache or hooks every level must run (later steps, per-level reads)
-                if cache is None and not hooks and halting.all_halted():
+                if may_stop and halting.all_halted():
                     break
         ponder = None
         if halting is not None:
