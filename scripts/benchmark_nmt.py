@@ -10,7 +10,8 @@ figures and ratios to fairseq's ``transformer``:
 * generation sentences per second (beam search with the incremental decoder);
 * memory: on CUDA the peak ``max_memory_allocated`` of training; on CPU, where no allocator
   keeps a peak, the activations one training forward saves for backward
-  (:mod:`recurnmt.analysis.memory`), which is deterministic;
+  (:mod:`recurnmt.analysis.memory`), which is deterministic; ``ckpt mem`` is the same with
+  fairseq's ``--checkpoint-activations`` (per level in recurnmt's stacks);
 * parameters (all) and P* (without embeddings and output projection).
 
     python scripts/benchmark_nmt.py                      # CPU-sized default
@@ -131,6 +132,27 @@ def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int)
     return task, batches
 
 
+def training_memory_mb(model, criterion, sample, device) -> float:
+    """Memory of one training step: the CUDA peak, or on CPU the bytes saved for backward."""
+    import torch
+
+    if device.type == "cuda":
+        from fairseq import utils
+
+        sample = utils.move_to_cuda(sample, device)
+        torch.cuda.reset_peak_memory_stats(device)
+        criterion(model, sample)[0].backward()
+        model.zero_grad(set_to_none=True)
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    from recurnmt.analysis.memory import saved_for_backward_bytes
+
+    loss, saved = saved_for_backward_bytes(lambda: criterion(model, sample)[0])
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return saved / 2**20
+
+
 def worker(opts: argparse.Namespace) -> dict:
     """Benchmarks one architecture in this process; returns its figures."""
     import torch
@@ -166,22 +188,22 @@ def worker(opts: argparse.Namespace) -> dict:
     for sample in train_batches[: opts.warmup]:
         step(sample)
     sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     tokens, start = 0, time.perf_counter()
     for sample in train_batches[opts.warmup :]:
         tokens += step(sample)
     sync(device)
     train_time = time.perf_counter() - start
-    if device.type == "cuda":
-        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
-    else:
-        from recurnmt.analysis.memory import saved_for_backward_bytes
-
-        loss, saved = saved_for_backward_bytes(lambda: criterion(model, train_batches[-1])[0])
-        loss.backward()
-        optimizer.zero_grad(set_to_none=True)
-        peak_mb = saved / 2**20
+    peak_mb = training_memory_mb(model, criterion, train_batches[-1], device)
+    # the same weights with fairseq's --checkpoint-activations (per level in our stacks)
+    ckpt_model, _, _ = build_model(
+        opts.arch,
+        [*model_flags(opts.arch, opts), "--checkpoint-activations"],
+        task.source_dictionary,
+    )
+    ckpt_model.load_state_dict(model.state_dict())
+    ckpt_model.to(device).train()
+    ckpt_mb = training_memory_mb(ckpt_model, criterion, train_batches[-1], device)
+    del ckpt_model
 
     model.eval()
     sample = test_batches[0]
@@ -214,6 +236,7 @@ def worker(opts: argparse.Namespace) -> dict:
         "train_tokens_per_s": tokens / train_time,
         "gen_sentences_per_s": src.size(0) / gen_time,
         "peak_mem_mb": peak_mb,
+        "ckpt_mem_mb": ckpt_mb,
         "params": params.total,
         "p_star": params.p_star,
     }
@@ -275,6 +298,7 @@ def print_table(results: list[dict], opts: argparse.Namespace) -> None:
         Column("train tok/s", "train_tokens_per_s", ".0f"),
         Column("gen sent/s", "gen_sentences_per_s", ".1f"),
         Column("mem MB", "peak_mem_mb", ".0f"),
+        Column("ckpt mem MB", "ckpt_mem_mb", ".0f"),
         Column("params", "params", ".2f", ratio=False, scale=1e6, suffix="M"),
         Column("P*", "p_star", ".2f", scale=1e6, suffix="M"),
     ]

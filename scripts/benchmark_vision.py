@@ -13,7 +13,8 @@ peak memory is its own. The table reports absolute figures and ratios to ``torch
 * memory: on CUDA the peak ``max_memory_allocated`` of training; on CPU, where no allocator
   keeps a peak, the activations one training forward saves for backward (unique storages,
   counted with ``torch.autograd.graph.saved_tensors_hooks``), which is deterministic and is
-  what weight sharing and recursion change;
+  what weight sharing and recursion change; ``ckpt mem`` is the same with activation
+  checkpointing per level (``set_grad_checkpointing``; the reference ViT has none);
 * parameters.
 
     python scripts/benchmark_vision.py                     # CPU-sized default
@@ -144,10 +145,18 @@ def real_images(count: int, size: int):
     return (x.expand(-1, 3, -1, -1) - 0.5) / 0.5, torch.tensor(digits.target)[idx]
 
 
-def saved_activation_mb(model, x, y) -> float:
-    """MB of the distinct tensor storages one training forward saves for backward."""
+def training_memory_mb(model, x, y) -> float:
+    """Memory of one training step: the CUDA peak, or on CPU the MB of the distinct tensor
+    storages one training forward saves for backward."""
+    import torch
     import torch.nn.functional as F
 
+    if x.is_cuda:
+        torch.cuda.reset_peak_memory_stats(x.device)
+        F.cross_entropy(model(x), y).backward()
+        model.zero_grad(set_to_none=True)
+        sync(x.device)
+        return torch.cuda.max_memory_allocated(x.device) / 2**20
     from recurnmt.analysis.memory import saved_for_backward_bytes
 
     loss, saved = saved_for_backward_bytes(lambda: F.cross_entropy(model(x), y))
@@ -182,17 +191,18 @@ def worker(opts: argparse.Namespace) -> dict:
     for x, y in zip(images[: opts.warmup], labels[: opts.warmup], strict=True):
         step(x, y)
     sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     for x, y in zip(images[opts.warmup :], labels[opts.warmup :], strict=True):
         step(x, y)
     sync(device)
     train_time = time.perf_counter() - start
-    if device.type == "cuda":
-        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
-    else:
-        peak_mb = saved_activation_mb(model, images[0].to(device), labels[0].to(device))
+    x0, y0 = images[0].to(device), labels[0].to(device)
+    peak_mb = training_memory_mb(model, x0, y0)
+    ckpt_mb = peak_mb  # the reference ViT has no checkpointing: its figure stays
+    if hasattr(model, "set_grad_checkpointing"):
+        model.set_grad_checkpointing(True)
+        ckpt_mb = training_memory_mb(model, x0, y0)
+        model.set_grad_checkpointing(False)
     model.eval()
     with torch.no_grad():
         model(images[0].to(device))
@@ -208,6 +218,7 @@ def worker(opts: argparse.Namespace) -> dict:
         "train_images_per_s": seen / train_time,
         "infer_images_per_s": seen / infer_time,
         "peak_mem_mb": peak_mb,
+        "ckpt_mem_mb": ckpt_mb,
         "params": params,
     }
 
@@ -254,6 +265,7 @@ def print_table(results: list[dict], opts: argparse.Namespace) -> None:
         Column("train img/s", "train_images_per_s", ".1f"),
         Column("infer img/s", "infer_images_per_s", ".1f"),
         Column("mem MB", "peak_mem_mb", ".0f"),
+        Column("ckpt mem MB", "ckpt_mem_mb", ".0f"),
         Column("params", "params", ".2f", ratio=False, scale=1e6, suffix="M"),
     ]
     print(ratio_table(results, "model", columns))
