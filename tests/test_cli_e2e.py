@@ -201,6 +201,21 @@ def test_every_variant_trains_and_generates(data, tmp_path, variant):
         assert '"lrc_enc_b0_self_attn_' in log
     out = generate(data, tmp_path / "checkpoint_last.pt")
     assert "BLEU" in out
+    depth = {"universal_transformer_tiny": 5, "sret_tiny": 2}.get(variant[0])
+    if depth is not None and "cycle" not in variant:  # elastic depth of the trained model
+        levels = f"'encoder_levels': {depth}, 'decoder_levels': {depth}"
+        out = generate(data, tmp_path / "checkpoint_last.pt", "--model-overrides", f"{{{levels}}}")
+        assert "BLEU" in out
+        # fairseq applies the overrides to the saved arguments before building the model
+        from fairseq import checkpoint_utils
+
+        import recurnmt.nmt  # noqa: F401  (the plugin, and its safe checkpoint loading)
+
+        overrides = {"encoder_levels": depth, "decoder_levels": depth}
+        (model,), _ = checkpoint_utils.load_model_ensemble(
+            [str(tmp_path / "checkpoint_last.pt")], arg_overrides=overrides
+        )
+        assert len(model.encoder.stack.run_levels) == len(model.decoder.stack.run_levels) == depth
 
 
 def test_lrc_evolution_is_logged_and_plotted(data, tmp_path):

@@ -44,9 +44,11 @@ from torch.utils.checkpoint import checkpoint
 
 from recurnmt.modules.attention import MemoryKV
 from recurnmt.modules.cache import StackCache
+from recurnmt.modules.config import ConfigError
 from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.halting import HaltingAccumulator, HaltingUnit
 from recurnmt.modules.hooks import LevelHook
+from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 from recurnmt.modules.level_parts import LevelParts
 
 
@@ -113,6 +115,7 @@ class RecurrentStack(nn.Module):
         self.final_norm = final_norm
         self.grad_checkpointing = False
         self.offload_activations = False
+        self.run_levels: list[int] | None = None  # elastic depth (set_depth)
 
     def set_grad_checkpointing(self, enable: bool = True, offload: bool = False) -> None:
         """Activation checkpointing per level (timm's name; fairseq's
@@ -132,6 +135,79 @@ class RecurrentStack(nn.Module):
     def block_of_level(self, level: int) -> nn.Module:
         """The block object executed at ``level``."""
         return self.blocks[self.plan.block_of_level[level]]
+
+    def depth_levels(self, depth: int) -> list[int]:
+        """The levels to run for ``depth`` levels of a trained stack (elastic depth).
+
+        * A fully shared stack (one block) runs its first ``depth`` levels. Beyond the levels
+          it was built with, a level's parts must be definable from the formulas alone: parts
+          without parameters (the Universal Transformer's sinusoidal level embedding, UT
+          sec. 2.1, is defined for every step) are created by :meth:`set_depth`; learned
+          per-level parts (RingFormer's level signals and norms, SReT's NLLs) are not.
+        * A stack whose M blocks each run R times in a row (SReT's internal loop) runs every
+          block R' <= R times: ``depth = M * R'`` (R' = 1 is SReT's shallow branch).
+        * Other stacks (vanilla, One Wide FFN, cycle sharing) have no other depth.
+
+        Raises:
+            ConfigError: naming ``levels`` and why that depth is not defined.
+        """
+        n, m = self.num_levels, self.plan.num_unique
+        if not isinstance(depth, int) or depth <= 0:
+            raise ConfigError("levels", depth, "must be a positive integer")
+        if depth == n:
+            return list(range(n))
+        if m == 1:
+            if depth < n or not any(p.requires_grad for p in self.levels[-1].parameters()):
+                return list(range(depth))
+            raise ConfigError(
+                "levels",
+                depth,
+                f"this stack's per-level parts are learned (level signals or norms) and exist "
+                f"for its {n} levels only; choose levels <= {n}",
+            )
+        if m == n:
+            raise ConfigError(
+                "levels", depth, f"a stack of {n} unshared blocks runs at its own depth only"
+            )
+        loops = self.plan.num_loops
+        by_block = [self.plan.levels_of_block(b) for b in range(m)]
+        in_a_row = all(lv == list(range(lv[0], lv[0] + loops)) for lv in by_block)
+        if not (in_a_row and all(len(lv) == loops for lv in by_block)):
+            raise ConfigError(
+                "levels",
+                depth,
+                f"a stack of {m} unique blocks over {n} levels in this order runs at its own "
+                "depth only (elastic depth needs one shared block, or blocks looped in a row)",
+            )
+        if depth % m or depth // m > loops:
+            raise ConfigError(
+                "levels",
+                depth,
+                f"{m} blocks each looped R times in a row run {m} * R levels, R <= {loops}: "
+                f"choose one of {[m * r for r in range(1, loops + 1)]}",
+            )
+        return sorted(lv for levels in by_block for lv in levels[: depth // m])
+
+    def set_depth(self, depth: int | None) -> None:
+        """Runs ``depth`` levels from now on (None: the built depth); see :meth:`depth_levels`.
+
+        Levels beyond the built ones get parameter-free parts (a fully shared stack whose
+        parts hold no parameters), so the state dict is unchanged.
+        """
+        if depth is None:
+            self.run_levels = None
+            return
+        levels = self.depth_levels(depth)
+        for i in range(self.num_levels, depth):  # only reached where definable
+            last = self.levels[-1]
+            embedding = None
+            if last.level_embedding is not None:
+                c = last.level_embedding.numel()
+                embedding = sinusoidal_level_embedding(i + 1, c)[i].to(last.level_embedding)
+            self.levels.append(LevelParts(i, level_embedding=embedding))
+        if depth > self.plan.num_levels:
+            self.plan = DepthPlan((0,) * depth)
+        self.run_levels = levels
 
     def memory_kv(self, memory: Memory, cache: StackCache | None = None) -> dict[int, MemoryKV]:
         """Keys/values of the memory for every unique block, computed once.
@@ -175,6 +251,8 @@ class RecurrentStack(nn.Module):
             The output and, with ACT, the ponder cost.
         """
         kv = self.memory_kv(memory, cache) if memory is not None else {}
+        if levels is None:
+            levels = self.run_levels
         order = range(self.num_levels) if levels is None else levels
         halting = HaltingAccumulator(x, self.halting.threshold) if self.halting else None
         # with a cache every level must fill its keys/values for later steps
@@ -235,4 +313,5 @@ class RecurrentStack(nn.Module):
             final_norm=copy.deepcopy(self.final_norm),
         )
         untied.set_grad_checkpointing(self.grad_checkpointing, self.offload_activations)
+        untied.run_levels = self.run_levels
         return untied

@@ -118,7 +118,8 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         levels = self.stack.plan.first_loop_levels() if shallow else None
         alignment = None
         if not self.training:
-            alignment = CrossAttentionWeights(levels[-1] if levels else self.stack.num_levels - 1)
+            order = levels or self.stack.run_levels or range(self.stack.num_levels)
+            alignment = CrossAttentionWeights(order[-1])
             hooks.append(alignment)
         states = LevelOutputs()
         if return_all_hiddens:

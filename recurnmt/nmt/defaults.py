@@ -50,6 +50,8 @@ BASE: Defaults = {
     "nll_ratio": 0.0,
     "encoder_attn_groups": (),
     "mixed_depth": "off",
+    "encoder_levels": None,  # elastic depth: run at another depth (None: as built)
+    "decoder_levels": None,
 }
 
 

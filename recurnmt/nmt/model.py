@@ -69,6 +69,12 @@ class RecurrentTransformerModel(TransformerModel):
             # implies --checkpoint-activations)
             for side in (encoder, decoder):
                 side.stack.set_grad_checkpointing(True, offload=offload)
+        for side, name in ((encoder, "encoder_levels"), (decoder, "decoder_levels")):
+            depth = getattr(args, name, None)
+            try:
+                side.stack.set_depth(depth)
+            except ConfigError as err:
+                raise err.renamed({"levels": "--" + name.replace("_", "-")}) from None
         criterion = getattr(args, "criterion", None)
         on = [
             f"--{f.replace('_', '-')} on"

@@ -138,6 +138,16 @@ def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
         help="SReT mixed-depth training (appendix B): also train the shallow branch (every "
         "block once) under the same loss; needs the recurrent criterion",
     )
+    for side in ("encoder", "decoder"):
+        group.add_argument(
+            f"--{side}-levels",
+            type=int,
+            metavar="K",
+            help=f"run the {side} at K levels instead of --{side}-layers (elastic depth of a "
+            "trained shared model, e.g. fairseq-generate --model-overrides "
+            f"\"{{'{side}_levels': K}}\"); K beyond the built depth needs parameter-free "
+            "level parts (Universal Transformer)",
+        )
 
 
 # fairseq transformer options that the recurrent models do not implement: refusing them

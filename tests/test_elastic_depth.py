@@ -1,0 +1,89 @@
+"""Elastic depth: a trained shared stack run at another number of levels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recurnmt.modules import ConfigError, SignalConfig, StackConfig, build_stack
+from recurnmt.nmt.build import build_model
+from tests.nmt_helpers import DICT, batch, train_signals
+
+BASE = StackConfig(embed_dim=16, ffn_dim=32, num_heads=2, num_levels=4, dropout=0.0)
+UT = BASE.replace(num_unique=1, signal=SignalConfig(kind="static"))
+RING = BASE.replace(num_unique=1, norms_per_level=True, signal=SignalConfig(kind="lowrank", rank=2))
+SRET = BASE.replace(num_unique=2, sharing="sequence", nll_ratio=1.0, lrc="both")
+
+
+def test_fewer_levels_run_the_first_ones():
+    stack = build_stack(RING).eval()
+    x = torch.randn(2, 3, 16)
+    shallow = stack(x, levels=[0, 1]).output
+    stack.set_depth(2)
+    torch.testing.assert_close(stack(x).output, shallow)
+    stack.set_depth(None)
+    torch.testing.assert_close(stack(x).output, stack(x, levels=range(4)).output)
+
+
+def test_ut_runs_deeper_than_it_was_built_with_sinusoidal_level_embeddings():
+    stack = build_stack(UT).eval()
+    state = {k: v.clone() for k, v in stack.state_dict().items()}
+    stack.set_depth(7)
+    assert stack.num_levels == 7 and stack.state_dict().keys() == state.keys()
+    deep = build_stack(UT.replace(num_levels=7)).eval()
+    deep.load_state_dict(state)  # the same shared block, built for 7 levels
+    x = torch.randn(2, 3, 16)
+    torch.testing.assert_close(stack(x).output, deep(x).output)
+
+
+def test_sret_loops_each_block_fewer_times():
+    stack = build_stack(SRET)
+    assert stack.depth_levels(2) == [0, 2]  # the shallow branch (SReT appendix B)
+    assert stack.depth_levels(4) == [0, 1, 2, 3]
+    with pytest.raises(ConfigError, match=r"levels=3: .*choose one of \[2, 4\]"):
+        stack.depth_levels(3)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "depth", "message"),
+    [
+        (RING, 5, r"levels=5: .*learned .* choose levels <= 4"),
+        (SRET, 6, r"levels=6: .*choose one of \[2, 4\]"),
+        (BASE, 3, r"levels=3: a stack of 4 unshared blocks runs at its own depth only"),
+        (BASE.replace(num_unique=2, sharing="cycle"), 2, r"levels=2: .*own depth only"),
+        (UT, 0, r"levels=0: must be a positive integer"),
+    ],
+)
+def test_undefined_depths_are_refused_naming_the_setting(cfg, depth, message):
+    with pytest.raises(ConfigError, match=message):
+        build_stack(cfg).set_depth(depth)
+
+
+@pytest.mark.parametrize(
+    ("arch", "levels"),
+    [("universal_transformer_tiny", 5), ("ringformer_tiny", 2), ("sret_tiny", 2)],
+)
+def test_nmt_models_decode_step_by_step_at_another_depth(arch, levels):
+    flags = ["--encoder-levels", str(levels), "--decoder-levels", str(levels)]
+    model, _, _ = build_model(arch, ["--dropout", "0", *flags], DICT)
+    train_signals(model)
+    model.eval()
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        full, extra = model.decoder(prev, enc)
+        state: dict = {}
+        steps = [
+            model.decoder(prev[:, : t + 1], enc, incremental_state=state)[0]
+            for t in range(prev.size(1))
+        ]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
+    assert extra["attn"][0] is not None  # the alignment of the last level run
+    assert len(state) == 1
+    (cache,) = state.values()
+    assert len(cache.levels) == len(model.decoder.stack.run_levels)
+
+
+def test_nmt_flag_names_the_impossible_depth():
+    with pytest.raises(ConfigError, match=r"--decoder-levels=9: .*learned"):
+        build_model("ringformer_tiny", ["--decoder-levels", "9"], DICT)
