@@ -87,3 +87,28 @@ def test_nmt_models_decode_step_by_step_at_another_depth(arch, levels):
 def test_nmt_flag_names_the_impossible_depth():
     with pytest.raises(ConfigError, match=r"--decoder-levels=9: .*learned"):
         build_model("ringformer_tiny", ["--decoder-levels", "9"], DICT)
+
+
+def test_vision_models_run_at_another_depth():
+    from recurnmt.vision import create_model
+
+    small = dict(num_classes=5, img_size=32)
+    x = torch.randn(2, 3, 32, 32)
+    sret = create_model("sret_mini", **small).eval()  # 3 blocks x 2 loops
+    full = sret(x)
+    shallow = sret(x, shallow=True)
+    sret.set_depth(3)
+    torch.testing.assert_close(sret(x), shallow)
+    sret.set_depth(None)
+    torch.testing.assert_close(sret(x), full)
+    with pytest.raises(ConfigError, match=r"levels=4: .*one of \[3, 6\]"):
+        sret.set_depth(4)
+    mrla = create_model("ringformer_vit_mini_mrla_patch4", **small)
+    mrla.set_depth(3)
+    assert mrla(x).shape == (2, 5)
+    mixer = create_model("recursive_mixer_mini", **small).eval()
+    mixer.set_depth(3)
+    torch.testing.assert_close(mixer(x), mixer(x, shallow=True))
+    uit_mrla = create_model("uit_mini_patch4", mrla="light", global_pool="avg", class_token=False)
+    with pytest.raises(ConfigError, match=r"levels=8: MRLA exists for the 6 levels"):
+        uit_mrla.set_depth(8)

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from recurnmt.modules import ConfigError
 from recurnmt.vision import evaluate as evaluate_cli
 from recurnmt.vision import train as train_cli
 from recurnmt.vision.checkpoint import load_checkpoint
@@ -149,6 +150,31 @@ def test_grad_checkpointing_trains_the_same_run(tmp_path):
     plain = train(tmp_path / "plain", *flags)
     checkpointed = train(tmp_path / "ckpt", *flags, "--grad-checkpointing")
     assert checkpointed[0]["losses"] == pytest.approx(plain[0]["losses"], rel=1e-5)
+
+
+def test_evaluation_at_another_depth(tmp_path, capsys):
+    flags = ["--model", "uit_mini_patch4", "--epochs", "1", "--limit-train", "64"]
+    train(tmp_path / "uit", *flags)
+    ckpt = str(tmp_path / "uit" / "checkpoint.pt")
+    base = ["--batch-size", "64", "--json"]
+    reports = {}
+    for levels in (None, 3, 9):  # trained with 6; a UiT's level embeddings extend
+        extra = [] if levels is None else ["--levels", str(levels)]
+        evaluate_cli.main([ckpt, *base, *extra])
+        reports[levels] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert reports[3]["levels"] == 3 and reports[None]["levels"] is None
+    assert reports[3]["GMACs"] < reports[None]["GMACs"] < reports[9]["GMACs"]
+    train(
+        tmp_path / "rf",
+        "--model",
+        "ringformer_vit_mini_patch4",
+        "--epochs",
+        "1",
+        "--limit-train",
+        "64",
+    )
+    with pytest.raises(ConfigError, match="--levels=7: .*learned"):
+        evaluate_cli.main([str(tmp_path / "rf" / "checkpoint.pt"), "--levels", "7"])
 
 
 def test_distillation_finetuning_and_evaluation(tmp_path, capsys):

@@ -15,6 +15,7 @@ import sys
 from torch.utils.data import DataLoader, Subset
 
 from recurnmt.cli import entry_point
+from recurnmt.modules import ConfigError
 from recurnmt.parameters import count_parameters
 from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
 from recurnmt.vision.data import build_dataset
@@ -30,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="data set (default: the training data set)")
     p.add_argument("--data-root", help="data folder (not needed for digits)")
     p.add_argument("--img-size", help="evaluation resolution (default: the model's)")
+    p.add_argument(
+        "--levels",
+        type=int,
+        metavar="K",
+        help="run a weight-shared model at K levels instead of its trained depth (elastic "
+        "depth; SReT: K = loops x unique blocks)",
+    )
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--device", default="auto")
@@ -43,6 +51,13 @@ def main(argv: list[str] | None = None) -> dict:
     with process_group(args.device) as info:
         ckpt = load_checkpoint(args.checkpoint)
         model = model_from_checkpoint(ckpt).to(info.device).eval()
+        if args.levels is not None:
+            if not hasattr(model, "set_depth"):
+                raise ValueError(f"--levels: a {type(model).__name__} has no elastic depth")
+            try:
+                model.set_depth(args.levels)
+            except ConfigError as err:
+                raise err.renamed({"levels": "--levels"}) from None
         img_size = parse_size(args.img_size) or tuple(model.img_size)
         data = args.data or ckpt.get("data", {}).get("name", "digits")
         root = args.data_root or ckpt.get("args", {}).get("data_root")
@@ -53,6 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
         shape = (1, spec.in_chans, *img_size)
         report = {
             "model": ckpt["model_name"],
+            "levels": args.levels,
             "data": data,
             "images": result.images,
             "top1": round(result.top1, 3),
@@ -66,8 +82,9 @@ def main(argv: list[str] | None = None) -> dict:
             if args.json:
                 print(json.dumps(report))
             else:
+                depth = f" at {args.levels} levels" if args.levels else ""
                 print(
-                    f"{report['model']} on {data} ({report['images']} images, "
+                    f"{report['model']}{depth} on {data} ({report['images']} images, "
                     f"{img_size[0]}x{img_size[1]}): top-1 {report['top1']:.2f}%  "
                     f"top-5 {report['top5']:.2f}%  loss {report['loss']:.4f}\n"
                     f"parameters {report['params_M']:.3f}M  "

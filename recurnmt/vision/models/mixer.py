@@ -134,6 +134,10 @@ class RecursiveMixer(nn.Module):
         """Activation checkpointing per level (timm's API)."""
         self.stack.set_grad_checkpointing(enable)
 
+    def set_depth(self, depth: int | None) -> None:
+        """Runs ``depth`` levels: every block looped fewer times (elastic depth)."""
+        self.stack.set_depth(depth)
+
     def reset_classifier(self, num_classes: int) -> None:
         """Replaces the head with a fresh one of ``num_classes`` outputs."""
         self.num_classes = num_classes

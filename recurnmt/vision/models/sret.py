@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from recurnmt.modules import StackConfig, build_stack
+from recurnmt.modules import ConfigError, StackConfig, build_stack
 from recurnmt.vision.layers import PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.conv import ConvPooling, ConvStem
 from recurnmt.vision.layers.layer_attention import LayerAttention
@@ -246,6 +246,27 @@ class SReT(nn.Module):
         """Activation checkpointing per level of every stage (timm's API)."""
         for stage in self.stages:
             stage.set_grad_checkpointing(enable)
+
+    def set_depth(self, depth: int | None) -> None:
+        """Runs ``depth`` levels over all stages: every block looped R' times instead of
+        ``loops`` (``depth = R' * sum(unique_layers)``; R' = 1 is the shallow branch).
+
+        Raises:
+            ConfigError: naming ``levels``, a depth that is not such a multiple.
+        """
+        if depth is None:
+            for stage in self.stages:
+                stage.set_depth(None)
+            return
+        unique = sum(stage.plan.num_unique for stage in self.stages)
+        built = sum(stage.num_levels for stage in self.stages)
+        if not isinstance(depth, int) or depth <= 0 or depth % unique or depth > built:
+            choices = list(range(unique, built + 1, unique))
+            raise ConfigError(
+                "levels", depth, f"SReT runs each of its {unique} blocks R times: one of {choices}"
+            )
+        for stage in self.stages:
+            stage.set_depth(stage.plan.num_unique * (depth // unique))
 
     def reset_classifier(self, num_classes: int) -> None:
         """Replaces the head with a fresh one of ``num_classes`` outputs."""

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from recurnmt.modules import (
     AddAtEveryLevel,
+    ConfigError,
     LevelHook,
     RecurrentStack,
     SignalConfig,
@@ -134,6 +135,21 @@ class VisionTransformer(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Activation checkpointing per level of the stack (timm's API)."""
         self.stack.set_grad_checkpointing(enable)
+
+    def set_depth(self, depth: int | None) -> None:
+        """Runs ``depth`` levels of the trained stack (elastic depth; None: as built).
+
+        See :meth:`~recurnmt.modules.RecurrentStack.depth_levels` for the depths a stack has.
+
+        Raises:
+            ConfigError: naming ``levels``, a depth the stack or its MRLA does not define.
+        """
+        built = len(self.layer_attn.drop_path) if self.layer_attn is not None else None
+        if depth is not None and built is not None and depth > built:
+            raise ConfigError(
+                "levels", depth, f"MRLA exists for the {built} levels it was trained with"
+            )
+        self.stack.set_depth(depth)
 
     def reset_classifier(self, num_classes: int) -> None:
         """Replaces the head with a fresh one of ``num_classes`` outputs."""
