@@ -55,7 +55,7 @@ class MemoryKV(NamedTuple):
     padding_mask: Tensor | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compare by identity
 class AttentionTerms:
     """What a level and its extensions add to one attention call; ``a + b`` combines two.
 
