@@ -44,3 +44,17 @@ def batch(seed: int = 0, bsz: int = 3, src_len: int = 7, tgt_len: int = 6):
     prev = torch.randint(lo, hi, (bsz, tgt_len), generator=g)
     prev[:, 0] = DICT.eos()
     return src, lengths, prev
+
+
+def full_and_stepwise(model, src, lengths, prev):
+    """The decoder's full pass over ``prev`` and its step-by-step outputs (concatenated),
+    with the full pass's extra outputs and the incremental state after the last step."""
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        full, extra = model.decoder(prev, enc)
+        state: dict = {}
+        steps = [
+            model.decoder(prev[:, : t + 1], enc, incremental_state=state)[0]
+            for t in range(prev.size(1))
+        ]
+    return full, torch.cat(steps, dim=1), extra, state

@@ -7,7 +7,7 @@ import torch
 
 from recurnmt.modules import ConfigError, SignalConfig, StackConfig, build_stack
 from recurnmt.nmt.build import build_model
-from tests.nmt_helpers import DICT, batch, train_signals
+from tests.nmt_helpers import DICT, batch, full_and_stepwise, train_signals
 
 BASE = StackConfig(embed_dim=16, ffn_dim=32, num_heads=2, num_levels=4, dropout=0.0)
 UT = BASE.replace(num_unique=1, signal=SignalConfig(kind="static"))
@@ -68,16 +68,8 @@ def test_nmt_models_decode_step_by_step_at_another_depth(arch, levels):
     model, _, _ = build_model(arch, ["--dropout", "0", *flags], DICT)
     train_signals(model)
     model.eval()
-    src, lengths, prev = batch()
-    with torch.no_grad():
-        enc = model.encoder(src, lengths)
-        full, extra = model.decoder(prev, enc)
-        state: dict = {}
-        steps = [
-            model.decoder(prev[:, : t + 1], enc, incremental_state=state)[0]
-            for t in range(prev.size(1))
-        ]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
+    full, steps, extra, state = full_and_stepwise(model, *batch())
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-4)
     assert extra["attn"][0] is not None  # the alignment of the last level run
     assert len(state) == 1
     (cache,) = state.values()
