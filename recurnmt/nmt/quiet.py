@@ -23,6 +23,9 @@ FAIRSEQ_NOISE: tuple[tuple[type[Warning], str, str], ...] = (
     (UserWarning, r"\s*The strict flag in the compose API is deprecated", ""),
     # fairseq's data iterators always ask for pinned memory; on a CPU-only machine it is unused
     (UserWarning, r"'pin_memory' argument is set as true but no accelerator is found", ""),
+    # fairseq's MultiheadAttention (its own transformer) passes a bool padding mask with a
+    # float causal mask to torch
+    (UserWarning, r"Support for mismatched key_padding_mask and attn_mask is deprecated", ""),
     # fairseq's train step enters torch.cuda.amp.autocast(enabled=False) on every update
     (FutureWarning, r"`torch\.cuda\.amp\.autocast\(args\.\.\.\)` is deprecated", ""),
 )
