@@ -45,8 +45,9 @@ LABELS = {
 }
 
 
-def size_flags(args: argparse.Namespace) -> list[str]:
-    """Model size flags, the same for every architecture (both sides alike)."""
+def size_flags(args: argparse.Namespace, arch: str = "") -> list[str]:
+    """Model size flags, the same for every architecture (both sides alike); SReT runs its
+    levels as blocks looped twice (3 blocks x 2 loops for 6 levels)."""
     flags = []
     for side in ("encoder", "decoder"):
         flags += [f"--{side}-embed-dim", str(args.embed_dim)]
@@ -54,6 +55,8 @@ def size_flags(args: argparse.Namespace) -> list[str]:
         flags += [f"--{side}-attention-heads", str(args.heads)]
         if args.levels:
             flags += [f"--{side}-layers", str(args.levels)]
+            if arch == "sret":
+                flags += [f"--{side}-unique-layers", str(max(1, args.levels // 2))]
         if args.pre_ln:
             flags.append(f"--{side}-normalize-before")
     return flags
@@ -122,6 +125,8 @@ def valid_ppl(train_log: Path) -> float | None:
     for line in train_log.read_text(encoding="utf-8").splitlines():
         if "valid on 'valid' subset" in line and (m := re.search(r"\| ppl ([\d.]+)", line)):
             found = float(m.group(1))
+        elif "| valid |" in line and (m := re.search(r'"valid_ppl": "([\d.]+)"', line)):
+            found = float(m.group(1))  # --log-format json
     return found
 
 
@@ -157,7 +162,7 @@ def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[s
         "user_dir",
         "--arch",
         arch,
-        *size_flags(args),
+        *size_flags(args, arch),
         *recipe_flags(args),
         "--cpu",
         "--num-workers",
@@ -207,7 +212,7 @@ def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[s
     bleu_score, chrf_score = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
     result = {
         "arch": arch,
-        "p_star": p_star(arch, size_flags(args) + ["--share-all-embeddings"]),
+        "p_star": p_star(arch, size_flags(args, arch) + ["--share-all-embeddings"]),
         "bleu": round(bleu_score.score, 2),
         "bleu_text": str(bleu_score),
         "bleu_signature": str(bleu.get_signature()),
@@ -254,12 +259,15 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, plot: Path
         "| training | generation |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+
+    def num(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
     for r in results:
-        train_ppl = r["train"].get("ppl")
         lines.append(
             f"| {LABELS.get(r['arch'], r['arch'])} | `{r['arch']}` | {r['p_star'] / 1e6:.2f}M "
-            f"| {r['bleu']:.2f} | {r['chrf']:.2f} | {r['valid_ppl']:.2f} "
-            f"| {train_ppl:.2f} | {r['train_seconds'] / 60:.1f} min "
+            f"| {r['bleu']:.2f} | {r['chrf']:.2f} | {num(r['valid_ppl'])} "
+            f"| {num(r['train'].get('ppl'))} | {r['train_seconds'] / 60:.1f} min "
             f"| {r['sentences_per_second']:.1f} sent/s |"
         )
     lines += ["", f"![sacreBLEU against P*]({plot.name})", ""]
