@@ -49,6 +49,7 @@ BASE = _signature(build("ringformer_tiny")[0])
         ("--encoder-embed-dim", "128", "--decoder-embed-dim", "128"),
         ("--activation-fn", "relu"),
         ("--encoder-normalize-before",),
+        ("--coordinate-scale", "0.5"),
     ],
 )
 def test_flag_changes_the_built_model(flags):

@@ -76,7 +76,7 @@ def build_level_parts(cfg: StackConfig, plan: DepthPlan, level: int) -> LevelPar
     permute = cfg.attn_permute[loop] if cfg.attn_permute else True
     embedding = None
     if sig.kind == "static" or cfg.positions_every_level:
-        embedding = sinusoidal_level_embedding(cfg.num_levels, c)[level]
+        embedding = cfg.coordinate_scale * sinusoidal_level_embedding(cfg.num_levels, c)[level]
     return LevelParts(
         level,
         norms=_norms(cfg) if cfg.norms_per_level else None,

@@ -160,6 +160,11 @@ class StackConfig:
             attention everywhere.
         positions_every_level: the caller's position embeddings are added at every level
             together with the level embedding (Universal Transformer coordinate embedding).
+        coordinate_scale: factor on what is added at every level: the level embedding and,
+            with ``positions_every_level``, the positions (1: the full sinusoids of UT
+            sec. 2.1). In a post-LN stack the full sinusoids, re-added to a normalised state at
+            every level, outweigh the tokens: at initialisation the last level's output is
+            nearly the same for every sentence (``tests/test_ut_stability.py``).
         act: Adaptive Computation Time halting over the levels (Universal Transformer
             sec. 2.2).
         act_threshold: 1 - eps of ACT.
@@ -197,6 +202,7 @@ class StackConfig:
     nll_ratio: float = 0.0
     attn_groups: tuple[int, ...] = ()
     positions_every_level: bool = False
+    coordinate_scale: float = 1.0
     act: bool = False
     act_threshold: float = 0.99
     act_bias_init: float = 1.0
@@ -267,6 +273,8 @@ class StackConfig:
             raise ConfigError("level_drop_path", self.level_drop_path, "must lie in [0, 1)")
         if any(not isinstance(p, bool) for p in self.attn_permute):
             raise ConfigError("attn_permute", self.attn_permute, "must be booleans, one per loop")
+        if self.coordinate_scale < 0:
+            raise ConfigError("coordinate_scale", self.coordinate_scale, "must be >= 0")
         if self.norm_eps <= 0:
             raise ConfigError("norm_eps", self.norm_eps, "must be positive")
         for name in ("dropout", "attention_dropout", "activation_dropout", "drop_path"):

@@ -2,10 +2,15 @@
 
 Importing this package registers the ``recurrent_transformer`` model and its architectures
 (``ringformer_wmt_en_de``, ...) with fairseq, and lets fairseq's checkpoints load under
-torch's weights-only unpickler.
+torch's weights-only unpickler. It also silences the deprecation warnings that fairseq's own
+code raises on every run (:mod:`recurnmt.nmt.quiet`).
 """
 
-from recurnmt.nmt import architectures, checkpoint_safety, criterion  # noqa: F401  (registration)
-from recurnmt.nmt.model import RecurrentTransformerModel
+from recurnmt.nmt.quiet import silence_fairseq_noise
+
+silence_fairseq_noise()  # before fairseq composes its config (fairseq-train imports us first)
+
+from recurnmt.nmt import architectures, checkpoint_safety, criterion  # noqa: E402, F401
+from recurnmt.nmt.model import RecurrentTransformerModel  # noqa: E402
 
 __all__ = ["RecurrentTransformerModel"]

@@ -113,7 +113,9 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             self_padding_mask = None  # generated prefixes hold no padding
         else:
             self_padding_mask = _interior_padding(prev_output_tokens, self.padding_idx)
-        hooks = [AddAtEveryLevel(positions)] if self.positions_every_level else []
+        hooks = []
+        if self.positions_every_level:  # UT: positions join the level embedding at every level
+            hooks.append(AddAtEveryLevel(self.stack_cfg.coordinate_scale * positions))
         # like fairseq's transformer: alignment weights of the last level in evaluation
         levels = self.stack.plan.first_loop_levels() if shallow else None
         alignment = None

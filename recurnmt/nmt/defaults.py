@@ -43,6 +43,7 @@ BASE: Defaults = {
     "encoder_ffn_sharing": "block",
     "decoder_ffn_sharing": "block",
     "positions": "input",
+    "coordinate_scale": 1.0,
     "act": "off",
     "act_threshold": 0.99,
     "act_bias_init": 1.0,

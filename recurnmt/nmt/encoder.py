@@ -61,7 +61,9 @@ class RecurrentEncoder(FairseqEncoder):
         x, embedded, positions = self.embed(src_tokens)  # B x T x C
         if has_pads:
             x = x * (~padding_mask).unsqueeze(-1).type_as(x)
-        hooks = [AddAtEveryLevel(positions)] if self.positions_every_level else []
+        hooks = []
+        if self.positions_every_level:  # UT: positions join the level embedding at every level
+            hooks.append(AddAtEveryLevel(self.stack_cfg.coordinate_scale * positions))
         states = LevelOutputs()
         if return_all_hiddens:
             hooks.append(states)

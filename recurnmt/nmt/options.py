@@ -105,6 +105,12 @@ def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
         "the level embedding (Universal Transformer coordinate embedding)",
     )
     group.add_argument(
+        "--coordinate-scale",
+        type=float,
+        help="scale of the coordinate embedding added at every level (level embedding, and "
+        "positions with --positions every-level); 1 is the UT paper's full sinusoid",
+    )
+    group.add_argument(
         "--act",
         choices=("on", "off"),
         help="Adaptive Computation Time halting over the levels (Universal Transformer); "
@@ -202,6 +208,7 @@ ARG_OF_FIELD: dict[str, str] = {
     "nll_ratio": "nll_ratio",
     "attn_groups": "encoder_attn_groups",
     "positions_every_level": "positions",
+    "coordinate_scale": "coordinate_scale",
     "act": "act",
     "act_threshold": "act_threshold",
     "act_bias_init": "act_bias_init",
@@ -278,6 +285,7 @@ def _side_config(args: Any, side: str) -> StackConfig:
             # sliced group attention is for the encoder only (a causal stack refuses it)
             attn_groups=() if decoder else tuple(arg("attn_groups") or ()),
             positions_every_level=arg("positions_every_level") == "every-level",
+            coordinate_scale=arg("coordinate_scale"),
             act=arg("act") == "on",
             act_threshold=arg("act_threshold"),
             act_bias_init=arg("act_bias_init"),

@@ -1,0 +1,37 @@
+"""Silences the warnings that fairseq's own code raises and no user can act on.
+
+fairseq-fixed 0.12.3.1 composes its configuration through Hydra 1.0-era APIs, asks PyTorch
+for pinned memory on machines without an accelerator and enters ``torch.cuda.amp.autocast``
+on every step, so every ``fairseq-train`` / ``fairseq-generate`` printed about a dozen
+deprecation warnings that say nothing about the user's command. Each filter below matches one
+such message exactly (and its category); any other warning, and every error, still shows.
+The plugin installs them when it is imported (``--user-dir user_dir``), which is before
+fairseq composes its configuration and builds its data loaders.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+# (category, regular expression matching the start of the message, where it comes from)
+FAIRSEQ_NOISE: tuple[tuple[type[Warning], str, str], ...] = (
+    # fairseq.dataclass.utils composes its config with Hydra's pre-1.1 API
+    (UserWarning, r"hydra\.experimental\.(initialize|compose)\(\) is no longer experimental", ""),
+    (UserWarning, r"\s*The version_base parameter is not specified", ""),
+    (UserWarning, r"In '\w+': Usage of deprecated keyword in package header", ""),
+    (UserWarning, r"\s*'\w+' is validated against ConfigStore schema with the same name", ""),
+    (UserWarning, r"\s*The strict flag in the compose API is deprecated", ""),
+    # fairseq's data iterators always ask for pinned memory; on a CPU-only machine it is unused
+    (UserWarning, r"'pin_memory' argument is set as true but no accelerator is found", ""),
+    # fairseq's MultiheadAttention (its own transformer) passes a bool padding mask with a
+    # float causal mask to torch
+    (UserWarning, r"Support for mismatched key_padding_mask and attn_mask is deprecated", ""),
+    # fairseq's train step enters torch.cuda.amp.autocast(enabled=False) on every update
+    (FutureWarning, r"`torch\.cuda\.amp\.autocast\(args\.\.\.\)` is deprecated", ""),
+)
+
+
+def silence_fairseq_noise() -> None:
+    """Ignores exactly the warnings of :data:`FAIRSEQ_NOISE` (idempotent)."""
+    for category, message, module in FAIRSEQ_NOISE:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)

@@ -1,0 +1,370 @@
+"""The translation families compared on real text: same size, budget, seed and recipe.
+
+Trains fairseq's ``transformer`` and recurnmt's ``ringformer``, ``universal_transformer``,
+``owf`` and ``sret`` on the embedded German-English corpus with one ``fairseq-train`` recipe
+at RingFormer's Table 4 size by default (H=128, FF=512, 6 levels, 8 heads, post-LN, Adam at
+lr 1e-3, 800 updates), each in its own process; translates the test set with each (beam 4);
+and writes a Markdown table (sacreBLEU, chrF, validation perplexity, P*, training time,
+generation speed) and a BLEU-vs-P* plot. Finished runs are kept (``OUT/ARCH/result.json``)
+and reused unless ``--fresh``; the table records the full settings.
+
+Run from the repository root::
+
+    python scripts/compare_nmt.py                       # Table 4 size, 800 updates
+    python scripts/compare_nmt.py --max-update 300 --archs transformer ringformer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from recurnmt.cli import UserError, entry_point  # noqa: E402
+
+PROG = "python scripts/compare_nmt.py"
+ARCHS = ("transformer", "ringformer", "universal_transformer", "owf", "sret")
+LABELS = {
+    "transformer": "fairseq transformer (vanilla)",
+    "ringformer": "RingFormer",
+    "universal_transformer": "Universal Transformer",
+    "owf": "One Wide FFN",
+    "sret": "SReT",
+}
+
+
+def size_flags(args: argparse.Namespace, arch: str = "") -> list[str]:
+    """Model size flags, the same for every architecture (both sides alike); SReT runs its
+    levels as blocks looped twice (3 blocks x 2 loops for 6 levels)."""
+    flags = []
+    for side in ("encoder", "decoder"):
+        flags += [f"--{side}-embed-dim", str(args.embed_dim)]
+        flags += [f"--{side}-ffn-embed-dim", str(args.ffn_dim)]
+        flags += [f"--{side}-attention-heads", str(args.heads)]
+        if args.levels:
+            flags += [f"--{side}-layers", str(args.levels)]
+            if arch == "sret":
+                flags += [f"--{side}-unique-layers", str(max(1, args.levels // 2))]
+        if args.pre_ln:
+            flags.append(f"--{side}-normalize-before")
+    return flags
+
+
+def recipe_flags(args: argparse.Namespace) -> list[str]:
+    """The training recipe shared by every architecture."""
+    flags = [
+        "--share-all-embeddings",
+        "--dropout",
+        str(args.dropout),
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--clip-norm",
+        "1.0",
+        "--lr",
+        str(args.lr),
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        str(args.warmup),
+        "--criterion",
+        "recurrent_label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--max-update",
+        str(args.max_update),
+        "--seed",
+        str(args.seed),
+    ]
+    return flags
+
+
+def run_logged(cmd: list[str], log: Path, stdout: Path | None = None) -> float:
+    """Runs ``cmd`` with its output in ``log`` (stdout in ``stdout`` if given).
+
+    Returns:
+        The wall time in seconds.
+
+    Raises:
+        UserError: the command failed.
+    """
+    t0 = time.time()
+    with log.open("w", encoding="utf-8") as log_f:
+        log_f.write(f"$ {shlex.join(cmd)}\n")
+        log_f.flush()
+        out_f = stdout.open("w", encoding="utf-8") if stdout else log_f
+        try:
+            status = subprocess.run(cmd, cwd=ROOT, stdout=out_f, stderr=log_f).returncode
+        finally:
+            if stdout:
+                out_f.close()
+    if status:
+        tail = "\n".join(log.read_text(encoding="utf-8").splitlines()[-10:])
+        raise UserError(f"{cmd[0]} failed with exit status {status} (log: {log}):\n{tail}")
+    return time.time() - t0
+
+
+def valid_ppl(train_log: Path) -> float | None:
+    """Validation perplexity at the last validation of a ``fairseq-train`` log."""
+    found = None
+    for line in train_log.read_text(encoding="utf-8").splitlines():
+        if "valid on 'valid' subset" in line and (m := re.search(r"\| ppl ([\d.]+)", line)):
+            found = float(m.group(1))
+        elif "| valid |" in line and (m := re.search(r'"valid_ppl": "([\d.]+)"', line)):
+            found = float(m.group(1))  # --log-format json
+    return found
+
+
+def train_stats(train_log: Path) -> dict[str, float]:
+    """Training loss and perplexity at the last logged update (json log lines)."""
+    stats: dict[str, float] = {}
+    for line in train_log.read_text(encoding="utf-8").splitlines():
+        start = line.find("{")
+        if "| train_inner |" in line and start >= 0:
+            record = json.loads(line[start:])
+            stats = {k: float(record[k]) for k in ("num_updates", "loss", "ppl") if k in record}
+    return stats
+
+
+def p_star(arch: str, flags: list[str]) -> int:
+    """P* (RingFormer Table 1) of ``arch`` built with ``flags``."""
+    from recurnmt.nmt.build import build_model
+    from recurnmt.parameters import parameter_report
+
+    return parameter_report(build_model(arch, flags)[0]).p_star
+
+
+def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+    """Trains ``arch``, translates the test set and scores it; writes ``result.json``."""
+    import sacrebleu
+
+    from recurnmt.nmt.scoring import read_hypotheses
+
+    train = [
+        str(BIN / "fairseq-train"),
+        args.data,
+        "--user-dir",
+        "user_dir",
+        "--arch",
+        arch,
+        *size_flags(args, arch),
+        *recipe_flags(args),
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--save-dir",
+        str(run_dir / "checkpoints"),
+        "--no-epoch-checkpoints",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "25",
+    ]
+    print(f"[{arch}] training {args.max_update} updates ...", flush=True)
+    train_s = run_logged(train, run_dir / "train.log")
+    gen_out = run_dir / "generate-test.txt"
+    generate = [
+        str(BIN / "fairseq-generate"),
+        args.data,
+        "--user-dir",
+        "user_dir",
+        "--path",
+        str(run_dir / "checkpoints" / "checkpoint_last.pt"),
+        "--gen-subset",
+        "test",
+        "--beam",
+        str(args.beam),
+        "--lenpen",
+        str(args.lenpen),
+        "--max-len-a",
+        "1.5",
+        "--max-len-b",
+        "10",  # an undertrained model's runaway output stops at 1.5 x source + 10 tokens
+        "--max-tokens",
+        "8000",
+        "--required-batch-size-multiple",
+        "1",
+        "--post-process",
+        "sentencepiece",
+        "--cpu",
+    ]
+    print(f"[{arch}] translating the test set ...", flush=True)
+    gen_s = run_logged(generate, run_dir / "generate.log", stdout=gen_out)
+    hyps = read_hypotheses(gen_out.read_text(encoding="utf-8").splitlines(), "D")
+    refs = (ROOT / args.data / "test.raw.en").read_text(encoding="utf-8").splitlines()
+    bleu = sacrebleu.metrics.BLEU()
+    chrf = sacrebleu.metrics.CHRF()
+    bleu_score, chrf_score = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
+    result = {
+        "arch": arch,
+        "p_star": p_star(arch, size_flags(args, arch) + ["--share-all-embeddings"]),
+        "bleu": round(bleu_score.score, 2),
+        "bleu_text": str(bleu_score),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf": round(chrf_score.score, 2),
+        "chrf_signature": str(chrf.get_signature()),
+        "valid_ppl": valid_ppl(run_dir / "train.log"),
+        "train": train_stats(run_dir / "train.log"),
+        "train_seconds": round(train_s, 1),
+        "test_sentences": len(refs),
+        "generate_seconds": round(gen_s, 1),
+        "sentences_per_second": round(len(refs) / gen_s, 1),
+        "train_command": shlex.join(train),
+        "generate_command": shlex.join(generate),
+    }
+    (run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(
+        f"[{arch}] BLEU {result['bleu']:.2f}, valid ppl {result['valid_ppl']}, "
+        f"{train_s / 60:.1f} min training",
+        flush=True,
+    )
+    return result
+
+
+def markdown(results: list[dict[str, Any]], args: argparse.Namespace, plot: Path) -> str:
+    """The comparison table and its settings, as Markdown."""
+    size = f"H={args.embed_dim}, FF={args.ffn_dim}, {args.heads} heads"
+    size += f", {args.levels} levels" if args.levels else ""
+    lines = [
+        "# The translation families on the embedded corpus",
+        "",
+        f"Written by `{shlex.join([*PROG.split(), *args.argv])}` (one run of every model).",
+        "",
+        f"Data: `{args.data}` (LibreOffice help, German -> English: 32,194 training pairs, "
+        f"{results[0]['test_sentences']:,} test sentences). Every model: {size}, "
+        f"{'pre' if args.pre_ln else 'post'}-LN, shared embeddings, Adam (0.9, 0.98), "
+        f"lr {args.lr} with inverse-sqrt decay after {args.warmup} warm-up updates, dropout "
+        f"{args.dropout}, label smoothing 0.1, {args.max_update} updates of {args.max_tokens} "
+        f"tokens, seed {args.seed}, one process on this machine's CPU. Test set translated "
+        f"with beam {args.beam}, length penalty {args.lenpen}; detokenized sacreBLEU and chrF "
+        f"against the raw references ({results[0]['bleu_signature']}). P* counts every "
+        "parameter except the token embeddings and the vocabulary head (RingFormer Table 1).",
+        "",
+        "| model | `--arch` | P* | sacreBLEU | chrF | valid ppl | train ppl (last) "
+        "| training | generation |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def num(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    for r in results:
+        lines.append(
+            f"| {LABELS.get(r['arch'], r['arch'])} | `{r['arch']}` | {r['p_star'] / 1e6:.2f}M "
+            f"| {r['bleu']:.2f} | {r['chrf']:.2f} | {num(r['valid_ppl'])} "
+            f"| {num(r['train'].get('ppl'))} | {r['train_seconds'] / 60:.1f} min "
+            f"| {r['sentences_per_second']:.1f} sent/s |"
+        )
+    lines += ["", f"![sacreBLEU against P*]({plot.name})", ""]
+    return "\n".join(lines)
+
+
+def plot_bleu_vs_pstar(results: list[dict[str, Any]], path: Path) -> None:
+    """A scatter plot of sacreBLEU against P*, one labelled point per model."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend state
+
+    fig = Figure(figsize=(6, 4), dpi=120)
+    ax = fig.add_subplot()
+    for r in results:
+        x = r["p_star"] / 1e6
+        ax.scatter([x], [r["bleu"]], s=36)
+        ax.annotate(
+            LABELS.get(r["arch"], r["arch"]),
+            (x, r["bleu"]),
+            xytext=(5, 4),
+            fontsize=8,
+            textcoords="offset points",
+        )
+    ax.set_xlabel("P* (millions of parameters, embeddings and head excluded)")
+    ax.set_ylabel("sacreBLEU (test)")
+    ax.set_title("Translation families on the embedded de-en corpus")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; its defaults are RingFormer's Table 4 setting."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--archs", nargs="+", default=list(ARCHS))
+    parser.add_argument("--data", default="data-bin/lohelp_de_en")
+    parser.add_argument("--out", type=Path, default=Path("work/compare_nmt"), help="runs")
+    parser.add_argument("--doc", type=Path, default=Path("docs/compare_nmt.md"))
+    parser.add_argument("--embed-dim", type=int, default=128)
+    parser.add_argument("--ffn-dim", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument(
+        "--levels", type=int, default=6, help="levels per side (0: each family's default)"
+    )
+    parser.add_argument("--pre-ln", action="store_true", help="pre-LN (Table 4 is post-LN)")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--max-update", type=int, default=800)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--lenpen", type=float, default=1.0)
+    parser.add_argument("--fresh", action="store_true", help="retrain finished runs")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+
+    import logging
+
+    logging.basicConfig(handlers=[logging.NullHandler()])  # fairseq's import-time notes
+    from recurnmt.nmt.build import check_arch
+
+    for arch in args.archs:
+        check_arch(arch)
+    data = ROOT / args.data
+    if not (data / "dict.en.txt").exists():
+        prep = [str(BIN / "python"), "-m", "data_prep.embedded", "prepare", "--out", args.data]
+        subprocess.run(prep, cwd=ROOT, check=True)
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+
+    results = []
+    for arch in args.archs:
+        run_dir = ROOT / args.out / arch
+        done = run_dir / "result.json"
+        if done.exists() and not args.fresh:
+            print(f"[{arch}] reusing {done.relative_to(ROOT)}", flush=True)
+            results.append(json.loads(done.read_text(encoding="utf-8")))
+            continue
+        if run_dir.exists():
+            import shutil
+
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        results.append(train_and_test(arch, args, run_dir))
+
+    doc = ROOT / args.doc
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    plot = doc.with_suffix(".png")
+    plot_bleu_vs_pstar(results, plot)
+    doc.write_text(markdown(results, args, plot), encoding="utf-8")
+    (doc.with_suffix(".json")).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {doc.relative_to(ROOT)}, {plot.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    sys.exit(entry_point(main, PROG)())
