@@ -25,12 +25,14 @@ def test_fewer_levels_run_the_first_ones():
     torch.testing.assert_close(stack(x).output, stack(x, levels=range(4)).output)
 
 
-def test_ut_runs_deeper_than_it_was_built_with_sinusoidal_level_embeddings():
-    stack = build_stack(UT).eval()
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+def test_ut_runs_deeper_than_it_was_built_with_sinusoidal_level_embeddings(scale):
+    cfg = UT.replace(coordinate_scale=scale)
+    stack = build_stack(cfg).eval()
     state = {k: v.clone() for k, v in stack.state_dict().items()}
     stack.set_depth(7)
     assert stack.num_levels == 7 and stack.state_dict().keys() == state.keys()
-    deep = build_stack(UT.replace(num_levels=7)).eval()
+    deep = build_stack(cfg.replace(num_levels=7)).eval()
     deep.load_state_dict(state)  # the same shared block, built for 7 levels
     x = torch.randn(2, 3, 16)
     torch.testing.assert_close(stack(x).output, deep(x).output)

@@ -202,8 +202,12 @@ class RecurrentStack(nn.Module):
             last = self.levels[-1]
             embedding = None
             if last.level_embedding is not None:
-                c = last.level_embedding.numel()
-                embedding = sinusoidal_level_embedding(i + 1, c)[i].to(last.level_embedding)
+                # the same sinusoid at level i, scaled as the built ones are (coordinate_scale)
+                c, n = last.level_embedding.numel(), len(self.levels)
+                table = sinusoidal_level_embedding(i + 1, c).to(last.level_embedding)
+                ref = table[n - 1]
+                scale = (last.level_embedding @ ref) / (ref @ ref)
+                embedding = scale * table[i]
             self.levels.append(LevelParts(i, level_embedding=embedding))
         if depth > self.plan.num_levels:
             self.plan = DepthPlan((0,) * depth)
