@@ -123,3 +123,12 @@ def entry_point(main: Callable[[list[str]], object], prog: str) -> Callable[...,
 
     cli.__doc__ = f"``{prog}``: runs :func:`main` under :func:`recurnmt.cli.run_cli`."
     return cli
+
+
+def split_extra_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``argv`` split at ``--``: (the command's own arguments, the ones to pass on)."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]

@@ -31,7 +31,7 @@ BIN = Path(sys.executable).parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from recurnmt.cli import UserError, entry_point  # noqa: E402
+from recurnmt.cli import UserError, entry_point, split_extra_args  # noqa: E402
 
 PROG = "python scripts/demo_nmt.py"
 
@@ -144,11 +144,7 @@ def minutes(seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
+    argv, extra = split_extra_args(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="ringformer_iwslt_de_en")
     parser.add_argument("--max-update", type=int, default=MAX_UPDATE)

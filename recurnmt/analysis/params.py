@@ -16,17 +16,13 @@ import json
 import sys
 from dataclasses import asdict
 
-from recurnmt.cli import entry_point
+from recurnmt.cli import entry_point, split_extra_args
 from recurnmt.parameters import parameter_report
 
 
 def main(argv: list[str] | None = None) -> None:
     """``recurnmt-params ARCH [ARCH ...] [-- FLAGS]``: prints P* of architectures."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
+    argv, extra = split_extra_args(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="recurnmt-params",
         description="Parameter counts (RingFormer P*) of fairseq architectures; "
