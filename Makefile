@@ -8,7 +8,7 @@ STAMP := $(VENV)/.recurnmt-installed
 
 # fairseq-fixed compiles C extensions against the torch/numpy/cython already installed
 # (--no-build-isolation), so those come first; setup.cfg pins the rest.
-BUILD_DEPS := torch==2.13.0 numpy==2.4.6 cython==3.3.1 setuptools==84.2.1 wheel==0.48.0
+BUILD_DEPS := torch==2.14.1 numpy==2.4.6 cython==3.3.1 setuptools==84.2.1 wheel==0.48.0
 FAIRSEQ := fairseq-fixed==0.12.3.1 hydra-core==1.3.2 omegaconf==2.3.0
 
 .PHONY: setup demo test test-fast test-e2e lint format benchmark clean

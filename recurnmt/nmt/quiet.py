@@ -28,6 +28,9 @@ FAIRSEQ_NOISE: tuple[tuple[type[Warning], str, str], ...] = (
     (UserWarning, r"Support for mismatched key_padding_mask and attn_mask is deprecated", ""),
     # fairseq's train step enters torch.cuda.amp.autocast(enabled=False) on every update
     (FutureWarning, r"`torch\.cuda\.amp\.autocast\(args\.\.\.\)` is deprecated", ""),
+    # fairseq scripts a few helpers with torch.jit.script when its modules import (deprecated
+    # since torch 2.14)
+    (FutureWarning, r"`torch\.jit\.script` is deprecated", ""),
 )
 
 
