@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from recurnmt.modules import AttentionTerms, CrossAttention, CrossAttentionWeights, SelfAttention
+from recurnmt.modules import (
+    AttentionTerms,
+    CrossAttention,
+    CrossAttentionWeights,
+    KVCache,
+    SelfAttention,
+)
 
 
 def naive_attention(q, k, v, allowed):
@@ -72,10 +78,10 @@ def test_incremental_cache_equals_full_causal_pass():
     x = torch.randn(2, 6, 16)
     attn.causal = True
     full = attn(x)
-    cache: dict = {}
+    cache = KVCache()
     steps = [attn(x[:, t : t + 1], cache=cache) for t in range(6)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-6, rtol=1e-5)
-    assert cache["k"].shape == (2, 4, 6, 4)
+    assert cache.keys.shape == (2, 4, 6, 4)
 
 
 def test_left_padded_causal_rows_stay_finite():

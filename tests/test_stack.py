@@ -96,7 +96,7 @@ def test_memory_is_projected_once_per_unique_block(monkeypatch):
         stack(torch.randn(1, 1, 32), memory=mem, cache=cache)
     assert len(calls) == 1
     assert set(cache.memory) == {0} and set(cache.levels) == {0, 1, 2, 3}
-    assert all(cache.levels[i]["k"].size(2) == 3 for i in range(4))  # B x H x steps x D
+    assert all(cache.levels[i].keys.size(2) == 3 for i in range(4))  # B x H x steps x D
 
 
 def test_static_signal_adds_a_level_embedding():

@@ -24,6 +24,7 @@ from recurnmt.modules.cache import StackCache
 from recurnmt.modules.config import ConfigError, SignalConfig, StackConfig
 from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.feedforward import FeedForward
+from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.hooks import AddAtEveryLevel, CrossAttentionWeights, LevelHook, LevelOutputs
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 from recurnmt.modules.level_parts import LevelParts
@@ -42,6 +43,7 @@ __all__ = [
     "FullRankSignal",
     "LevelHook",
     "LevelOutputs",
+    "KVCache",
     "LevelParts",
     "LowRankSignal",
     "Memory",

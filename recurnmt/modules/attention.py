@@ -2,7 +2,7 @@
 
 Shape legend: B batch, T query length, S key length, C width, H heads, D = C / H head width.
 Tensors are batch-first (B x T x C); keys and values are kept split by head (B x H x S x D),
-which is also the layout of the incremental decoding cache.
+which is also the layout of the incremental decoding cache (:mod:`recurnmt.modules.kv_cache`).
 
 Self-attention computes Q, K and V with one fused projection. Everything a level or an
 extension adds to one attention call arrives as one :class:`AttentionTerms` object, so this
@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.sliced_attention import SlicedGroups
 
-KVCache = dict[str, Tensor]
 Probe = Callable[[Tensor], None]
 
 
@@ -274,8 +274,8 @@ class SelfAttention(_Attention):
         Args:
             key_padding_mask: B x S, True at padding keys.
             terms: what the level and its extensions add (:class:`AttentionTerms`).
-            cache: incremental decoding state of this level; keys and values of earlier steps
-                are read from and appended to ``cache["k"]`` / ``cache["v"]``.
+            cache: incremental decoding state of this level; the new keys and values are
+                appended to it and attention reads all of them.
         """
         terms = NO_TERMS if terms is None else terms
         q, k, v = self.project(x, terms).chunk(3, dim=-1)
@@ -291,10 +291,7 @@ class SelfAttention(_Attention):
             out = terms.slicing(q, k, v, key_padding_mask, p, self.training)
             return self.out_proj(_merge_heads(out))
         if cache is not None:
-            if "k" in cache:
-                k = torch.cat([cache["k"], k], dim=2)
-                v = torch.cat([cache["v"], v], dim=2)
-            cache["k"], cache["v"] = k, v
+            k, v = cache.append(k, v)
         t, s = q.size(2), k.size(2)
         causal = self.causal and t > 1
         if causal and key_padding_mask is None and t == s and terms.bias is None:
@@ -330,11 +327,15 @@ class CrossAttention(_Attention):
                 nn.init.zeros_(lin.bias)
 
     def project_memory(self, memory: Tensor, padding_mask: Tensor | None = None) -> MemoryKV:
-        """Keys and values of the memory (B x S x C_mem), each B x H x S x D."""
+        """Keys and values of the memory (B x S x C_mem), each B x H x S x D.
+
+        They are stored contiguous: they are read at every level and decoding step, and a
+        head-split view would make every read that materialises logits (fairseq's alignment
+        at the last level, probes) copy K^T and V first.
+        """
         k, v = self.kv_proj(memory).chunk(2, dim=-1)
-        return MemoryKV(
-            _split_heads(k, self.num_heads), _split_heads(v, self.num_heads), padding_mask
-        )
+        k, v = (_split_heads(t, self.num_heads).contiguous() for t in (k, v))
+        return MemoryKV(k, v, padding_mask)
 
     def forward(
         self, x: Tensor, memory: MemoryKV, *, terms: AttentionTerms | None = None

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from recurnmt.modules.attention import KVCache, MemoryKV
+from recurnmt.modules.attention import MemoryKV
+from recurnmt.modules.kv_cache import KVCache
 
 
 class StackCache:
     """Self-attention keys/values per level and memory keys/values per unique block.
 
     Attributes:
-        levels: ``levels[i]`` holds level i's ``"k"`` and ``"v"``, each B x H x T x D.
+        levels: ``levels[i]`` holds level i's keys and values (:class:`KVCache`).
         memory: ``memory[b]`` is unique block b's projected memory.
     """
 
@@ -32,7 +33,9 @@ class StackCache:
 
     def level(self, index: int) -> KVCache:
         """Level ``index``'s state (created empty at the first step)."""
-        return self.levels.setdefault(index, {})
+        if index not in self.levels:
+            self.levels[index] = KVCache()
+        return self.levels[index]
 
     def reorder(self, new_order: Tensor) -> StackCache:
         """The cache with its batch rows selected by ``new_order`` (beam search).
@@ -42,10 +45,7 @@ class StackCache:
         sentence) it is left as is, as fairseq does for encoder-decoder attention; it is
         selected only when finished sentences leave the batch.
         """
-        levels = {
-            i: {key: t.index_select(0, new_order) for key, t in kv.items()}
-            for i, kv in self.levels.items()
-        }
+        levels = {i: kv.reorder(new_order) for i, kv in self.levels.items()}
         memory = {}
         for b, kv in self.memory.items():
             if kv.k.size(0) == new_order.numel():

@@ -99,20 +99,22 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         """
         if encoder_out is None or not encoder_out["encoder_out"]:
             raise ValueError("the recurrent decoder needs the encoder output")
-        memory = encoder_out["encoder_out"][0].transpose(0, 1)  # B x S x C
-        memory_padding_mask = None
-        if encoder_out.get("encoder_padding_mask"):
-            memory_padding_mask = encoder_out["encoder_padding_mask"][0]
-            if not memory_padding_mask.any():
-                memory_padding_mask = None
-
-        x, _, positions = self.embed(prev_output_tokens, incremental_state)  # B x T x C
         cache = None
         if incremental_state is not None:
             cache = self.get_incremental_state(incremental_state, _CACHE) or StackCache()
             self_padding_mask = None  # generated prefixes hold no padding
         else:
             self_padding_mask = _interior_padding(prev_output_tokens, self.padding_idx)
+        memory = encoder_out["encoder_out"][0].transpose(0, 1)  # B x S x C
+        memory_padding_mask = None
+        if encoder_out.get("encoder_padding_mask") and not (cache is not None and cache.memory):
+            # read once per sentence: later steps take the projected memory (and its mask)
+            # from the cache, so no step waits on a device-to-host check
+            memory_padding_mask = encoder_out["encoder_padding_mask"][0]
+            if not memory_padding_mask.any():
+                memory_padding_mask = None
+
+        x, _, positions = self.embed(prev_output_tokens, incremental_state)  # B x T x C
         hooks = []
         if self.positions_every_level:  # UT: positions join the level embedding at every level
             hooks.append(AddAtEveryLevel(self.stack_cfg.coordinate_scale * positions))

@@ -1,0 +1,71 @@
+"""One level's self-attention keys and values during incremental decoding.
+
+Keys and values live in one preallocated buffer, 2 x B x H x capacity x D, that grows by
+doubling: a step writes its new positions in place instead of concatenating (which would copy
+the whole history at every step), and beam search reorders keys and values together with one
+``index_select`` per level.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+MIN_CAPACITY = 16  # positions allocated at the first step
+
+
+class KVCache:
+    """Keys and values of earlier steps for one level.
+
+    Attributes:
+        buffer: 2 x B x H x capacity x D (keys, then values); None before the first step.
+        length: positions filled.
+    """
+
+    def __init__(self, buffer: Tensor | None = None, length: int = 0) -> None:
+        self.buffer = buffer
+        self.length = length
+
+    @property
+    def keys(self) -> Tensor:
+        """B x H x length x D (a view of the buffer)."""
+        return self._filled(0)
+
+    @property
+    def values(self) -> Tensor:
+        """B x H x length x D (a view of the buffer)."""
+        return self._filled(1)
+
+    def _filled(self, which: int) -> Tensor:
+        if self.buffer is None:
+            raise ValueError("the cache is empty: no step has run yet")
+        return self.buffer[which, :, :, : self.length]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Writes the new positions' keys and values (B x H x T x D each).
+
+        Returns:
+            All keys and all values so far, each B x H x (length + T) x D, as views.
+        """
+        end = self.length + k.size(2)
+        if self.buffer is None or end > self.buffer.size(3):
+            self._grow(k, end)
+        self.buffer[0, :, :, self.length : end] = k
+        self.buffer[1, :, :, self.length : end] = v
+        self.length = end
+        return self.keys, self.values
+
+    def _grow(self, k: Tensor, needed: int) -> None:
+        b, h, _, d = k.shape
+        capacity = max(needed, MIN_CAPACITY)
+        if self.buffer is not None:
+            capacity = max(capacity, 2 * self.buffer.size(3))
+        grown = k.new_empty(2, b, h, capacity, d)
+        if self.buffer is not None:
+            grown[:, :, :, : self.length] = self.buffer[:, :, :, : self.length]
+        self.buffer = grown
+
+    def reorder(self, new_order: Tensor) -> KVCache:
+        """The cache with its batch rows selected by ``new_order`` (one copy of K and V)."""
+        if self.buffer is None:
+            return KVCache()
+        return KVCache(self.buffer.index_select(1, new_order), self.length)

@@ -1,0 +1,71 @@
+"""The preallocated per-level key/value cache of incremental decoding."""
+
+from __future__ import annotations
+
+import torch
+
+from recurnmt.modules import KVCache, SelfAttention, StackCache
+from recurnmt.modules.kv_cache import MIN_CAPACITY
+
+
+def kv(b: int = 2, t: int = 1, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, 3, t, 4, generator=g), torch.randn(b, 3, t, 4, generator=g)
+
+
+def test_steps_write_in_place_until_the_buffer_is_full():
+    cache = KVCache()
+    cache.append(*kv())
+    buffer = cache.buffer
+    assert buffer.shape == (2, 2, 3, MIN_CAPACITY, 4)
+    for step in range(1, MIN_CAPACITY):
+        cache.append(*kv(seed=step))
+        assert cache.buffer is buffer  # no concatenation, no new tensor
+    assert cache.length == MIN_CAPACITY
+
+
+def test_growing_keeps_every_position():
+    cache, ks, vs = KVCache(), [], []
+    for step in range(2 * MIN_CAPACITY + 3):
+        k, v = kv(seed=step)
+        ks.append(k)
+        vs.append(v)
+        keys, values = cache.append(k, v)
+    assert cache.buffer.size(3) == 4 * MIN_CAPACITY  # doubled twice
+    torch.testing.assert_close(keys, torch.cat(ks, 2), rtol=0, atol=0)
+    torch.testing.assert_close(values, torch.cat(vs, 2), rtol=0, atol=0)
+
+
+def test_reorder_selects_rows_of_keys_and_values_together():
+    cache = KVCache()
+    k, v = kv(b=3, t=5)
+    cache.append(k, v)
+    order = torch.tensor([2, 2, 0])
+    moved = cache.reorder(order)
+    torch.testing.assert_close(moved.keys, k[order], rtol=0, atol=0)
+    torch.testing.assert_close(moved.values, v[order], rtol=0, atol=0)
+    torch.testing.assert_close(cache.keys, k, rtol=0, atol=0)  # the old cache is untouched
+    moved.append(*kv(b=3, seed=9))
+    assert moved.length == 6
+
+
+def test_stack_cache_reorders_each_level_with_one_copy(monkeypatch):
+    cache = StackCache()
+    for level in range(3):
+        cache.level(level).append(*kv(b=2, t=2, seed=level))
+    calls = []
+    original = torch.Tensor.index_select
+    monkeypatch.setattr(
+        torch.Tensor, "index_select", lambda t, *a: calls.append(1) or original(t, *a)
+    )
+    cache.reorder(torch.tensor([1, 0]))
+    assert len(calls) == 3  # keys and values of a level move together
+
+
+def test_decoding_past_the_first_capacity_equals_the_full_pass():
+    attn = SelfAttention(16, 4, causal=True).eval()
+    steps = MIN_CAPACITY + 5
+    x = torch.randn(2, steps, 16)
+    cache = KVCache()
+    out = torch.cat([attn(x[:, t : t + 1], cache=cache) for t in range(steps)], 1)
+    torch.testing.assert_close(out, attn(x), atol=1e-5, rtol=1e-5)
