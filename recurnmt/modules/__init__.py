@@ -24,8 +24,8 @@ from recurnmt.modules.cache import StackCache
 from recurnmt.modules.config import ConfigError, SignalConfig, StackConfig
 from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.feedforward import FeedForward
-from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.hooks import AddAtEveryLevel, CrossAttentionWeights, LevelHook, LevelOutputs
+from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 from recurnmt.modules.level_parts import LevelParts
 from recurnmt.modules.level_signals import FullRankSignal, LowRankSignal, build_signal
