@@ -120,3 +120,65 @@ def test_a_100_level_shared_stack_trains_in_bounded_memory():
         optimizer.step()
         losses.append(loss.item())
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("arch", ["universal_transformer_tiny", "ringformer_tiny", "sret_tiny"])
+def test_sqrt_segments_train_like_the_plain_pass(arch):
+    """Segments of ceil(sqrt(N)) levels (reentrant) inside per-level checkpoints: the same
+    loss and gradients, the memory keys/values included (they are segment arguments)."""
+    flags = ["--dropout", "0.2", "--encoder-layers", "5", "--decoder-layers", "5"]
+    if arch == "sret_tiny":
+        flags = ["--dropout", "0.2"]
+    model, _, _ = build_model(arch, flags, DICT)
+    train_signals(model)
+    model.train()
+    forward = _nmt_forward(model)
+    plain = _loss_and_grads(model, forward)
+    for side in (model.encoder, model.decoder):
+        side.stack.set_grad_checkpointing(True, segment="sqrt")
+        assert side.stack._segment_length(torch.ones(1, requires_grad=True), 5, ()) == 3
+    _assert_same(plain, _loss_and_grads(model, forward))
+
+
+def test_segments_keep_fewer_level_inputs_than_per_level_checkpoints():
+    flags = ["--encoder-layers", "36", "--decoder-layers", "36"]
+    model, _, _ = build_model("universal_transformer_tiny", flags, DICT)
+    model.train()
+    forward = _nmt_forward(model)
+    kept = {}
+    for segment in (0, "sqrt"):
+        for side in (model.encoder, model.decoder):
+            side.stack.set_grad_checkpointing(True, segment=segment)
+        kept[segment] = saved_for_backward_bytes(forward)[1]
+        model.zero_grad(set_to_none=True)
+    assert kept["sqrt"] < kept[0] * 0.6  # 6 segment inputs per side instead of 36 level inputs
+
+
+def test_segments_step_aside_for_state_carried_between_levels():
+    model, _, _ = build_model("universal_transformer_act_tiny", [], DICT)
+    stack = model.encoder.stack
+    stack.set_grad_checkpointing(True, segment=2)
+    stack.train()
+    x = torch.ones(1, requires_grad=True)
+    assert stack._segment_length(x, 6, ()) == 0  # ACT halting accumulates across levels
+    model, _, _ = build_model("ringformer_tiny", [], DICT)
+    stack = model.encoder.stack
+    stack.set_grad_checkpointing(True, segment=2)
+    stack.train()
+    assert stack._segment_length(x, 6, ()) == 2
+    from recurnmt.modules import LevelOutputs
+
+    assert stack._segment_length(x, 6, (LevelOutputs(),)) == 0  # records every level
+
+
+def test_segment_setting_is_checked():
+    from recurnmt.modules import ConfigError
+
+    with pytest.raises(ConfigError, match="--checkpoint-segment"):
+        build_model(
+            "ringformer_tiny", ["--checkpoint-activations", "--checkpoint-segment", "x"], DICT
+        )
+    model, _, _ = build_model(
+        "ringformer_tiny", ["--checkpoint-activations", "--checkpoint-segment", "sqrt"], DICT
+    )
+    assert model.decoder.stack.checkpoint_segment == "sqrt"

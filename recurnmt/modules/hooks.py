@@ -34,9 +34,13 @@ class LevelHook:
     Attributes:
         needs_all_levels: the hook must see every level run, so ACT halting may not stop the
             pass early (True unless a subclass says otherwise).
+        recomputable: a checkpoint segment of several levels may run the hook again: its
+            calls have no side effects, carry no state from level to level, and use no
+            tensor that needs a gradient (False unless a subclass says otherwise).
     """
 
     needs_all_levels = True
+    recomputable = False
 
     def before_level(self, level: int, x: Tensor) -> Tensor:
         """The input of ``level`` (B x T x C), before its block."""
@@ -72,6 +76,7 @@ class AddAtEveryLevel(LevelHook):
 
     def __init__(self, term: Tensor) -> None:
         self.term = term
+        self.recomputable = not term.requires_grad  # fixed sinusoids; learned ones need grads
 
     def before_level(self, level: int, x: Tensor) -> Tensor:
         return x + self.term

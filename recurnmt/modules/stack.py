@@ -34,6 +34,7 @@ values, so levels never mix their states.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -115,18 +116,47 @@ class RecurrentStack(nn.Module):
         self.final_norm = final_norm
         self.grad_checkpointing = False
         self.offload_activations = False
+        self.checkpoint_segment = 0  # levels per outer checkpoint segment (0: none)
         self.run_levels: list[int] | None = None  # elastic depth (set_depth)
 
-    def set_grad_checkpointing(self, enable: bool = True, offload: bool = False) -> None:
+    def set_grad_checkpointing(
+        self, enable: bool = True, offload: bool = False, segment: int | str = 0
+    ) -> None:
         """Activation checkpointing per level (timm's name; fairseq's
         ``--checkpoint-activations``): in training, each level keeps only its input and
         recomputes its block in the backward pass, so activation memory holds one level's
         intermediates instead of every level's. ``offload`` also moves the kept level inputs
         to CPU memory (fairseq's ``--offload-activations``). Losses and gradients are those
         of the plain pass (the random state of dropout is replayed).
+
+        Per-level inputs still grow linearly with depth. ``segment`` (k levels, or
+        ``"sqrt"`` for k = ceil(sqrt(N))) nests a second checkpoint around every k levels
+        (Chen et al. 2016, "Training deep nets with sublinear memory cost", sec. 4): the
+        forward keeps only every k-th level input, and the backward pass of a segment
+        recomputes its k level inputs, then each level as before. Memory holds about
+        N / k + k level inputs and one level's intermediates (O(sqrt N) at k = sqrt N), for
+        one more forward pass of every level. It applies where levels carry no state from one
+        to the next besides x (no ACT halting; only hooks marked ``stateless``); elsewhere
+        the stack checkpoints per level.
         """
+        if segment != "sqrt" and not (isinstance(segment, int) and segment >= 0):
+            raise ConfigError(
+                "checkpoint_segment", segment, "must be a number of levels >= 0 or 'sqrt'"
+            )
         self.grad_checkpointing = enable or offload
         self.offload_activations = offload
+        self.checkpoint_segment = segment if self.grad_checkpointing else 0
+
+    def _segment_length(self, x: Tensor, levels: int, hooks: Sequence[LevelHook]) -> int:
+        """Levels per outer checkpoint segment of this call (0: per-level checkpoints only)."""
+        k = self.checkpoint_segment
+        if not k or not (self.training and torch.is_grad_enabled() and x.requires_grad):
+            return 0
+        if self.halting is not None or not all(hook.recomputable for hook in hooks):
+            return 0
+        if k == "sqrt":
+            k = math.ceil(math.sqrt(levels))
+        return k if 1 < k < levels else 0
 
     @property
     def num_levels(self) -> int:
@@ -261,6 +291,14 @@ class RecurrentStack(nn.Module):
         halting = HaltingAccumulator(x, self.halting.threshold) if self.halting else None
         # with a cache every level must fill its keys/values for later steps
         may_stop = cache is None and not any(hook.needs_all_levels for hook in hooks)
+        segment = 0 if cache is not None else self._segment_length(x, len(order), hooks)
+        if segment:
+            order = list(order)
+            for start in range(0, len(order), segment):
+                x = self._checkpoint_segment(
+                    x, order[start : start + segment], padding_mask, kv, hooks
+                )
+            order = ()
         for step, i in enumerate(order):
             parts = self.levels[i]
             x = parts.enter(x)
@@ -291,6 +329,59 @@ class RecurrentStack(nn.Module):
             x = self.final_norm(x)
         return StackOutput(x, ponder)
 
+    def _checkpoint_segment(
+        self,
+        x: Tensor,
+        levels: Sequence[int],
+        padding_mask: Tensor | None,
+        kv: dict[int, MemoryKV],
+        hooks: Sequence[LevelHook],
+    ) -> Tensor:
+        """Runs ``levels`` keeping only ``x`` for backward, which recomputes them level by
+        level under their own checkpoints.
+
+        The segment is a reentrant checkpoint: its forward runs without autograd, so the
+        per-level checkpoints inside it keep nothing, and its backward pass reruns it with
+        autograd, where they keep one input per level of this segment only (a non-reentrant
+        segment would keep every inner level's input alive from the first forward). A
+        reentrant checkpoint differentiates only into its tensor arguments, so the memory's
+        keys and values are passed as arguments.
+        """
+        blocks = sorted(kv)
+        masks = {b: kv[b].padding_mask for b in blocks}
+
+        def run(x: Tensor, *memory: Tensor) -> Tensor:
+            kv_in = {
+                b: MemoryKV(memory[2 * j], memory[2 * j + 1], masks[b])
+                for j, b in enumerate(blocks)
+            }
+            return self._run_levels(x, levels, padding_mask, kv_in, hooks)
+
+        memory = [t for b in blocks for t in (kv[b].k, kv[b].v)]
+        return checkpoint(run, x, *memory, use_reentrant=True, preserve_rng_state=True)
+
+    def _run_levels(
+        self,
+        x: Tensor,
+        levels: Sequence[int],
+        padding_mask: Tensor | None,
+        kv: dict[int, MemoryKV],
+        hooks: Sequence[LevelHook],
+    ) -> Tensor:
+        """One checkpoint segment: ``levels`` in order, each checkpointed on its own."""
+        for i in levels:
+            parts = self.levels[i]
+            x = parts.enter(x)
+            for hook in hooks:
+                x = hook.before_level(i, x)
+            b = self.plan.block_of_level[i]
+            x = self._run_block(
+                self.blocks[b], x, parts, padding_mask=padding_mask, memory=kv.get(b), hooks=hooks
+            )
+            for hook in hooks:
+                x = hook.after_level(i, x)
+        return x
+
     def _run_block(self, block: nn.Module, x: Tensor, parts: LevelParts, **kwargs) -> Tensor:
         if not (self.grad_checkpointing and self.training and torch.is_grad_enabled()):
             return block(x, parts, **kwargs)
@@ -316,6 +407,8 @@ class RecurrentStack(nn.Module):
             halting=copy.deepcopy(self.halting),
             final_norm=copy.deepcopy(self.final_norm),
         )
-        untied.set_grad_checkpointing(self.grad_checkpointing, self.offload_activations)
+        untied.set_grad_checkpointing(
+            self.grad_checkpointing, self.offload_activations, self.checkpoint_segment
+        )
         untied.run_levels = self.run_levels
         return untied

@@ -44,6 +44,7 @@ BASE: Defaults = {
     "decoder_ffn_sharing": "block",
     "positions": "input",
     "coordinate_scale": 1.0,
+    "checkpoint_segment": "0",
     "act": "off",
     "act_threshold": 0.99,
     "act_bias_init": 1.0,

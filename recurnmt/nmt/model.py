@@ -17,7 +17,12 @@ from recurnmt.nmt.decoder import RecurrentDecoder
 from recurnmt.nmt.defaults import fill_arch_defaults
 from recurnmt.nmt.distributed_checks import check_distributed
 from recurnmt.nmt.encoder import RecurrentEncoder
-from recurnmt.nmt.options import add_recurrent_args, flags_in_errors, stack_configs
+from recurnmt.nmt.options import (
+    add_recurrent_args,
+    checkpoint_segment,
+    flags_in_errors,
+    stack_configs,
+)
 from recurnmt.nmt.registry import MODEL_NAME, RECURRENT_CRITERION, register_model_once
 
 __all__ = ["MODEL_NAME", "RECURRENT_CRITERION", "RecurrentTransformerModel"]
@@ -67,8 +72,9 @@ class RecurrentTransformerModel(TransformerModel):
         if offload or getattr(args, "checkpoint_activations", False):
             # fairseq's flags, per level of our stacks (fairseq's --offload-activations
             # implies --checkpoint-activations)
+            segment = checkpoint_segment(getattr(args, "checkpoint_segment", "0"))
             for side in (encoder, decoder):
-                side.stack.set_grad_checkpointing(True, offload=offload)
+                side.stack.set_grad_checkpointing(True, offload=offload, segment=segment)
         for side, name in ((encoder, "encoder_levels"), (decoder, "decoder_levels")):
             depth = getattr(args, name, None)
             try:
@@ -100,13 +106,18 @@ class RecurrentTransformerModel(TransformerModel):
         src_tokens,
         src_lengths,
         prev_output_tokens,
-        return_all_hiddens: bool = True,
+        return_all_hiddens: bool = False,
         features_only: bool = False,
         alignment_layer: int | None = None,
         alignment_heads: int | None = None,
         shallow: bool = False,
     ):
-        """fairseq's encoder-decoder forward; ``shallow`` runs SReT's shallow branch."""
+        """fairseq's encoder-decoder forward; ``shallow`` runs SReT's shallow branch.
+
+        ``return_all_hiddens`` defaults to False where fairseq's transformer says True:
+        nothing in training reads every level's output, and keeping them all alive would
+        undo activation checkpointing (memory linear in depth whatever is recomputed).
+        """
         encoder_out = self.encoder(
             src_tokens, src_lengths, return_all_hiddens=return_all_hiddens, shallow=shallow
         )

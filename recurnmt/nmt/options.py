@@ -111,6 +111,14 @@ def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
         "positions with --positions every-level); 1 is the UT paper's full sinusoid",
     )
     group.add_argument(
+        "--checkpoint-segment",
+        metavar="K",
+        help="with --checkpoint-activations: also checkpoint every K levels as one segment "
+        "(Chen et al. 2016), K a number or 'sqrt' for ceil(sqrt(levels)): memory grows as "
+        "sqrt(levels) instead of linearly, for one more forward pass; 0 (default) "
+        "checkpoints each level only",
+    )
+    group.add_argument(
         "--act",
         choices=("on", "off"),
         help="Adaptive Computation Time halting over the levels (Universal Transformer); "
@@ -308,3 +316,17 @@ def flags_in_errors(side: str) -> Iterator[None]:
         yield
     except ConfigError as err:
         raise err.renamed(flags_of_fields(side)) from None
+
+
+def checkpoint_segment(value: Any) -> int | str:
+    """``--checkpoint-segment``: a number of levels >= 0, or ``"sqrt"``.
+
+    Raises:
+        ConfigError: anything else, naming the flag.
+    """
+    text = str(value).strip()
+    if text == "sqrt":
+        return text
+    if text.isdigit():
+        return int(text)
+    raise ConfigError("--checkpoint-segment", value, "must be a number of levels >= 0 or 'sqrt'")
