@@ -182,3 +182,39 @@ def test_segment_setting_is_checked():
         "ringformer_tiny", ["--checkpoint-activations", "--checkpoint-segment", "sqrt"], DICT
     )
     assert model.decoder.stack.checkpoint_segment == "sqrt"
+
+
+@pytest.mark.e2e  # about 20 s: two 108-level models, one of them 48M parameters
+def test_sret_108_pair_counts_and_trains_in_bounded_memory():
+    """SReT's extreme-depth pair: DeiT-108 and the recursive DeiT-Ti of 108 levels (36 blocks x
+    3 loops) at a third of its size; 16.39M is SReT Table 14's 36-layer DeiT-Ti."""
+    from recurnmt.parameters import count_parameters
+    from recurnmt.vision import create_model
+
+    deep = create_model("deit_tiny_d108_patch16_224")
+    recursive = create_model("deit_tiny_recursive_d108_patch16_224")
+    assert deep.stack.num_levels == recursive.stack.num_levels == 108
+    assert recursive.stack.plan.num_unique == 36
+    assert count_parameters(recursive) / 1e6 == pytest.approx(16.39, abs=0.005)
+    assert count_parameters(recursive) / count_parameters(deep) == pytest.approx(1 / 3, abs=0.01)
+    model = create_model(
+        "deit_tiny_recursive_d108_patch16_224", img_size=32, patch_size=8, num_classes=10
+    )
+    model.train()
+    images, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
+
+    def forward():
+        return torch.nn.functional.cross_entropy(model(images), labels)
+
+    plain = saved_for_backward_bytes(forward)[1]
+    model.zero_grad(set_to_none=True)
+    model.set_grad_checkpointing(True, segment="sqrt")
+    assert saved_for_backward_bytes(forward)[1] < plain / 20
+    model.zero_grad(set_to_none=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(2):
+        loss = forward()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    assert math.isfinite(loss.item())

@@ -132,9 +132,11 @@ class VisionTransformer(nn.Module):
         self.img_size = to_2tuple(img_size)
         self.pos_embed.resize_(self.patch_embed.grid_size(self.img_size))
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Activation checkpointing per level of the stack (timm's API)."""
-        self.stack.set_grad_checkpointing(enable)
+    def set_grad_checkpointing(self, enable: bool = True, segment: int | str = 0) -> None:
+        """Activation checkpointing per level of the stack (timm's API); ``segment`` (k levels
+        or ``"sqrt"``) also checkpoints every k levels as one segment (memory O(sqrt N)),
+        see :meth:`RecurrentStack.set_grad_checkpointing`."""
+        self.stack.set_grad_checkpointing(enable, segment=segment)
 
     def set_depth(self, depth: int | None) -> None:
         """Runs ``depth`` levels of the trained stack (elastic depth; None: as built).
@@ -387,6 +389,31 @@ def _recursive(defaults: dict, loops: int) -> dict:
     if not isinstance(loops, int) or loops <= 0:
         raise ValueError(f"loops={loops!r} must be a positive integer")
     return {**defaults, "unique_layers": defaults["depth"], "depth": defaults["depth"] * loops}
+
+
+# ---------------------------------------------------------------- extreme depth (SReT)
+
+# SReT's 108-layer pair (ECCV sec. 5 "Extremely deep transformers" and Fig. 9; ICLR draft
+# appendix B): DeiT-Ti deepened to 108 distinct layers, and a recursive DeiT-Ti of the same
+# depth whose size is "only one-third of DeiT-108". The paper prints no configuration beyond
+# that; at DeiT-Ti's width, one third is 36 unique blocks looped 3 times (108 / 3), which is
+# how the table's naive recursion deepens DeiT-Ti (blocks looped in a row). Train them with
+# set_grad_checkpointing (segments: the stack's ``checkpoint_segment``) and, for the
+# recursive one, SReT's mixed-depth training (appendix B).
+_DEIT_TINY_108 = {**_DEIT_TINY, "depth": 108}
+
+
+@register_model
+def deit_tiny_d108_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-108: DeiT-Ti with 108 distinct layers (SReT Fig. 9's baseline), 48.4M."""
+    return _create_vit(_DEIT_TINY_108, kwargs)
+
+
+@register_model
+def deit_tiny_recursive_d108_patch16_224(**kwargs) -> VisionTransformer:
+    """SReT's recursive 108-layer DeiT-Ti: 36 unique blocks, 3 loops each, 16.4M (a third
+    of DeiT-108, SReT ICLR draft appendix B)."""
+    return _create_vit({**_DEIT_TINY, "unique_layers": 36, "depth": 108}, kwargs)
 
 
 # ---------------------------------------------------------------- RingFormer-ViT
