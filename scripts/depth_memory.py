@@ -100,8 +100,11 @@ def run(opts: argparse.Namespace, levels: int, mode: str) -> dict:
 
 
 def plot(rows: dict[int, dict[str, dict]], path: Path, title: str) -> None:
+    import logging
+
     import matplotlib
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq sets the root to DEBUG
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
