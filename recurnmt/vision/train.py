@@ -250,24 +250,13 @@ def run(args: Namespace, info: DistInfo) -> dict:
     _check_settings(args, per_rank)
     if args.aug_repeats and not info.distributed:
         log("--aug-repeats: repeated augmentation needs several processes; not used in one")
+    place = dict(
+        rank=info.rank, world_size=info.world_size, workers=args.workers, device=info.device
+    )
     loader = train_loader(
-        train_set,
-        per_rank,
-        rank=info.rank,
-        world_size=info.world_size,
-        seed=args.seed,
-        workers=args.workers,
-        device=info.device,
-        aug_repeats=args.aug_repeats,
+        train_set, per_rank, seed=args.seed, aug_repeats=args.aug_repeats, **place
     )
-    evaluation = eval_loader(
-        eval_set,
-        per_rank,
-        rank=info.rank,
-        world_size=info.world_size,
-        workers=args.workers,
-        device=info.device,
-    )
+    evaluation = eval_loader(eval_set, per_rank, **place)
     steps = len(loader) // args.accum_steps  # optimiser updates per epoch
     if steps == 0:
         raise ValueError(f"--batch-size {args.batch_size} exceeds the {len(train_set)} images")

@@ -63,10 +63,15 @@ class DigitsDataset(Dataset):
         self.images, self.labels = load_digits_tensors(split, img_size)
         self.transform = transform
         self.classes = [str(i) for i in range(NUM_CLASSES)]
+        # 8-bit grey PIL images, as timm's transforms take them; made once (about a quarter of
+        # the per-image cost when made per call), the transforms return new images
+        self._pil = [tensor_to_pil(x) for x in self.images]
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[Tensor | Image.Image, int]:
-        img = tensor_to_pil(self.images[index])  # 8-bit grey, as timm's transforms take it
-        return (self.transform(img) if self.transform is not None else img), int(self.labels[index])
+        img = self._pil[index]
+        return (self.transform(img) if self.transform is not None else img), int(
+            self.labels[index]
+        )
