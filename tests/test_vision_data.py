@@ -117,6 +117,17 @@ def test_imagenet_training_transform_is_deits():
     assert x.shape == (3, 32, 32)
 
 
+def test_randaugment_posterize_at_the_top_magnitude_survives_pillow_13():
+    """timm's increasing posterize keeps 0 bits at magnitude 10, which Pillow 13 refuses; ours
+    gives the all-zero image that keeping no bits means."""
+    steps = build_transform(SPECS["imagenet"], (32, 32), train=True).transforms
+    (augment,) = [t for t in steps if isinstance(t, RandAugment)]
+    (op,) = [op for op in augment.ops if op.name == "PosterizeIncreasing"]
+    op.prob, op.magnitude, op.magnitude_std = 1.0, 10, 0.0
+    out = op(tensor_to_pil(torch.rand(3, 8, 8)))
+    assert out.mode == "RGB" and max(out.getextrema()[0]) == 0
+
+
 class _Draws(Dataset):
     """Returns what the global generators give, as an augmentation would draw them."""
 

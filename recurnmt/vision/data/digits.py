@@ -72,6 +72,4 @@ class DigitsDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor | Image.Image, int]:
         img = self._pil[index]
-        return (self.transform(img) if self.transform is not None else img), int(
-            self.labels[index]
-        )
+        return (self.transform(img) if self.transform is not None else img), int(self.labels[index])

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 from timm.data import create_transform
+from timm.data.auto_augment import RandAugment, posterize
 from torch import Tensor
 from torchvision.transforms.functional import to_pil_image
 
@@ -37,6 +38,26 @@ def tensor_to_pil(x: Tensor) -> Image.Image:
     return to_pil_image(x, mode="L" if x.size(0) == 1 else "RGB")
 
 
+def posterize_keeping_no_bits(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
+    """timm's posterize, also for 0 bits: an all-zero image, what Pillow up to 12 returned.
+
+    timm 1.0.31's ``rand-m9-mstd0.5-inc1`` asks for 0 bits whenever the drawn magnitude reaches
+    10 (N(9, 0.5) clipped to [0, 10]: 2.3 % of its draws); Pillow 13 refuses that with
+    "bits must be between or equal to 1 and 8", which would stop a training run.
+    """
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return posterize(img, bits_to_keep, **kwargs)
+
+
+def _posterize_safely(transform) -> None:
+    for step in getattr(transform, "transforms", []):
+        if isinstance(step, RandAugment):
+            for op in step.ops:
+                if op.aug_fn is posterize:
+                    op.aug_fn = posterize_keeping_no_bits
+
+
 def build_transform(spec: DataSpec, img_size: tuple[int, int], train: bool) -> Transform:
     """timm's training or evaluation transform for images of ``spec`` at ``img_size``."""
     common = dict(
@@ -47,7 +68,7 @@ def build_transform(spec: DataSpec, img_size: tuple[int, int], train: bool) -> T
     )
     if not train:
         return create_transform(**common, is_training=False, crop_pct=spec.crop_pct)
-    return create_transform(
+    transform = create_transform(
         **common,
         is_training=True,
         scale=spec.scale,
@@ -57,3 +78,5 @@ def build_transform(spec: DataSpec, img_size: tuple[int, int], train: bool) -> T
         re_prob=spec.erase,
         re_mode=spec.erase_mode,
     )
+    _posterize_safely(transform)
+    return transform
