@@ -1,12 +1,15 @@
-"""Speed and memory of recurnmt's image models against PyTorch's own Transformer encoder.
+"""Speed and memory of recurnmt's image models against timm's ViT / DeiT and PyTorch's encoder.
 
-The reference, ``torch_vit``, is a ViT assembled from ``torch.nn.TransformerEncoder`` (pre-LN,
-GELU, batch first): the same patch embedding, class token, position table and head as ours,
-but PyTorch's attention and layer code, so it measures our blocks against an independent
-implementation. Every model has the same width, FFN width, heads and number of levels (SReT-
-style naive recursion runs levels/2 blocks twice; One Wide FFN shares one FFN), sees the same
-real images (scikit-learn's handwritten digits, upsampled) and runs in a fresh process so that
-peak memory is its own. The table reports absolute figures and ratios to ``torch_vit``:
+The reference rows are the models a user would otherwise pick: timm's own ViT and DeiT
+(``timm.create_model("vit_small_patch16_224")`` and ``("deit_tiny_patch16_224")``, built at the
+benchmark's width, depth, heads, FFN ratio, image and patch size, which makes them the same
+architecture: pre-LN blocks with GELU, class token, learned positions), and ``torch_vit``, a
+ViT assembled from ``torch.nn.TransformerEncoder`` (the same patch embedding, class token,
+position table and head, PyTorch's attention and layer code). Every model has the same width,
+FFN width, heads and number of levels (SReT-style naive recursion runs levels/2 blocks twice;
+One Wide FFN shares one FFN), sees the same real images (scikit-learn's handwritten digits,
+upsampled) and runs in a fresh process so that peak memory is its own. The table reports
+absolute figures and ratios to ``--baseline`` (timm's ViT by default):
 
 * training images per second (forward + backward + AdamW step);
 * inference images per second (``torch.no_grad``, eval mode);
@@ -14,7 +17,7 @@ peak memory is its own. The table reports absolute figures and ratios to ``torch
   keeps a peak, the activations one training forward saves for backward (unique storages,
   counted with ``torch.autograd.graph.saved_tensors_hooks``), which is deterministic and is
   what weight sharing and recursion change; ``ckpt mem`` is the same with activation
-  checkpointing per level (``set_grad_checkpointing``; the reference ViT has none);
+  checkpointing per level (``set_grad_checkpointing``, timm's API; ``torch_vit`` has none);
 * parameters.
 
     python scripts/benchmark_vision.py                     # CPU-sized default
@@ -44,7 +47,11 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
 )
 from recurnmt.cli import entry_point  # noqa: E402
 
-BASELINE = "torch_vit"
+TORCH_VIT = "torch_vit"
+# name -> timm's registered model, rebuilt at the benchmark's sizes
+TIMM_MODELS = {"timm vit": "vit_small_patch16_224", "timm deit": "deit_tiny_patch16_224"}
+BASELINE = "timm vit"
+REFERENCES = [*TIMM_MODELS, TORCH_VIT]
 WORKER_OPTIONS = (
     "device",
     "embed_dim",
@@ -114,8 +121,23 @@ def resolve(overrides: dict, levels: int) -> dict:
 
 
 def build(name: str, opts: argparse.Namespace, num_classes: int):
-    if name == BASELINE:
+    if name == TORCH_VIT:
         return TorchViT.build(opts, num_classes)
+    if name in TIMM_MODELS:
+        import timm
+
+        return timm.create_model(
+            TIMM_MODELS[name],
+            pretrained=False,
+            embed_dim=opts.embed_dim,
+            depth=opts.levels,
+            num_heads=opts.heads,
+            mlp_ratio=opts.ffn_dim / opts.embed_dim,
+            img_size=opts.img_size,
+            patch_size=opts.patch_size,
+            num_classes=num_classes,
+            drop_path_rate=0.0,
+        )
     from recurnmt.vision import create_model
 
     registered, overrides = MODELS[name]
@@ -229,6 +251,9 @@ PROG = "python scripts/benchmark_vision.py"
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument(
+        "--baseline", default=BASELINE, choices=REFERENCES, help="the row ratios refer to"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--embed-dim", type=int, default=192)
     parser.add_argument("--ffn-dim", type=int, default=768)
@@ -249,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
         emit(worker(opts))
         return
     shared = forward_flags(opts, WORKER_OPTIONS)
-    results = run_workers(Path(__file__), "--model", [BASELINE, *opts.models], shared, ROOT)
+    names = [opts.baseline, *(r for r in REFERENCES if r != opts.baseline), *opts.models]
+    results = run_workers(Path(__file__), "--model", names, shared, ROOT)
     print_table(results, opts)
     if opts.json_out:
         opts.json_out.write_text(json.dumps(results, indent=2))
@@ -259,7 +285,7 @@ def print_table(results: list[dict], opts: argparse.Namespace) -> None:
     print(
         f"\nD={opts.embed_dim} FF={opts.ffn_dim} heads={opts.heads} levels={opts.levels} "
         f"{opts.img_size}px/{opts.patch_size} batch={opts.batch_size} device={opts.device}; "
-        f"ratios are to `{BASELINE}` (torch.nn.TransformerEncoder)\n"
+        f"ratios are to `{opts.baseline}`\n"
     )
     columns = [
         Column("train img/s", "train_images_per_s", ".1f"),

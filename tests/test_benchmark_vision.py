@@ -23,10 +23,16 @@ def count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def test_reference_has_exactly_our_deit_parameters():
-    reference = bench.build(bench.BASELINE, OPTS, num_classes=10)
+@pytest.mark.parametrize("reference", bench.REFERENCES)
+def test_references_have_exactly_our_deit_parameters(reference):
+    """timm's ViT and DeiT rebuilt at the benchmark's sizes, and the torch encoder ViT, are
+    our DeiT's architecture: the same parameter count, the same number of blocks."""
+    model = bench.build(reference, OPTS, num_classes=10)
     ours = bench.build("deit (ours)", OPTS, num_classes=10)
-    assert count(reference) == count(ours)
+    assert count(model) == count(ours)
+    if reference in bench.TIMM_MODELS:
+        assert len(model.blocks) == OPTS.levels and model.embed_dim == OPTS.embed_dim
+        assert type(model).__module__ == "timm.models.vision_transformer"
 
 
 @pytest.mark.parametrize("name", list(bench.MODELS))

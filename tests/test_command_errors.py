@@ -160,6 +160,10 @@ BAD_INPUTS: dict[str, BadInput] = {
     "python scripts/compare_nmt.py": lambda tmp: (["--archs", "no_such_arch"], "no_such_arch"),
     "python scripts/depth_memory.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
     "python scripts/benchmark_vision.py": lambda tmp: (["--models", "vit_xl"], "vit_xl"),
+    "python scripts/benchmark_data.py": lambda tmp: (
+        ["--data-root", str(tmp / "no_images")],
+        "no_images",
+    ),
     "python scripts/demo_nmt.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
     "python scripts/make_vision_fixtures.py": lambda tmp: (
         ["--out", str(tmp / "bad_input.py")],

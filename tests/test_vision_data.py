@@ -1,22 +1,25 @@
-"""Data sets (digits, CIFAR pickles, image folders), tensor transforms and mixup/cutmix."""
+"""Data sets (digits, CIFAR pickles, image folders), timm's transforms as configured, seeded
+augmentation and the loaders."""
 
 from __future__ import annotations
 
 import pickle
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from timm.data.auto_augment import RandAugment
+from timm.data.random_erasing import RandomErasing
+from timm.data.transforms import RandomResizedCropAndInterpolation
+from torch.utils.data import DataLoader, Dataset
 
-from recurnmt.vision.data import SPECS, Mixup, build_dataset, data_spec, smooth_one_hot
+from recurnmt.vision.data import SPECS, build_dataset, data_spec
 from recurnmt.vision.data.cifar import read_batch
-from recurnmt.vision.data.transforms import (
-    RandomErasing,
-    RandomResizedCrop,
-    ResizeCenterCrop,
-    pil_to_tensor,
-    train_transform,
-)
+from recurnmt.vision.data.loader import train_loader
+from recurnmt.vision.data.seeded import EpochPositions, SeededSamples
+from recurnmt.vision.data.transforms import build_transform, tensor_to_pil
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vision"
 
@@ -86,58 +89,105 @@ def test_image_folder_layout():
     assert x.shape == (3, 24, 24) and y == 2
 
 
-def test_pil_to_tensor_keeps_channels_and_range():
-    from PIL import Image
+def test_tensor_to_pil_keeps_channels_and_range():
+    rgb = tensor_to_pil(
+        torch.tensor([255, 0, 128], dtype=torch.uint8).view(3, 1, 1).expand(3, 3, 5)
+    )
+    assert rgb.mode == "RGB" and rgb.size == (5, 3) and rgb.getpixel((0, 0)) == (255, 0, 128)
+    grey = tensor_to_pil(torch.full((1, 2, 2), 0.5))
+    assert grey.mode == "L" and grey.getpixel((1, 1)) == 128
 
-    img = Image.new("RGB", (5, 3), (255, 0, 128))
-    x = pil_to_tensor(img)
-    assert x.shape == (3, 3, 5)
-    torch.testing.assert_close(x[:, 0, 0], torch.tensor([1.0, 0.0, 128 / 255]))
+
+def test_imagenet_training_transform_is_deits():
+    """timm's pipeline with DeiT's settings: bicubic random resized crop, RandAugment
+    rand-m9-mstd0.5-inc1 (colour jitter off beside it, as in DeiT), pixel-mode erasing."""
+    steps = build_transform(SPECS["imagenet"], (32, 32), train=True).transforms
+    crop = next(t for t in steps if isinstance(t, RandomResizedCropAndInterpolation))
+    assert crop.scale == (0.08, 1.0) and "bicubic" in str(crop)
+    (augment,) = [t for t in steps if isinstance(t, RandAugment)]
+    assert augment.num_layers == 2 and len(augment.ops) == 15
+    assert all(op.magnitude == 9 and op.magnitude_std == 0.5 for op in augment.ops)
+    assert "Increasing" in " ".join(op.name for op in augment.ops)  # the inc1 operation set
+    assert not any("ColorJitter" in type(t).__name__ for t in steps)
+    (erase,) = [t for t in steps if isinstance(t, RandomErasing)]
+    assert erase.probability == 0.25 and erase.mode == "pixel"
+    x = build_transform(SPECS["imagenet"], (32, 32), train=True)(
+        tensor_to_pil(torch.rand(3, 40, 50))
+    )
+    assert x.shape == (3, 32, 32)
 
 
-def test_random_resized_crop_and_centre_crop_shapes():
+def test_randaugment_posterize_at_the_top_magnitude_survives_pillow_13():
+    """timm's increasing posterize keeps 0 bits at magnitude 10, which Pillow 13 refuses; ours
+    gives the all-zero image that keeping no bits means."""
+    steps = build_transform(SPECS["imagenet"], (32, 32), train=True).transforms
+    (augment,) = [t for t in steps if isinstance(t, RandAugment)]
+    (op,) = [op for op in augment.ops if op.name == "PosterizeIncreasing"]
+    op.prob, op.magnitude, op.magnitude_std = 1.0, 10, 0.0
+    out = op(tensor_to_pil(torch.rand(3, 8, 8)))
+    assert out.mode == "RGB" and max(out.getextrema()[0]) == 0
+
+
+class _Draws(Dataset):
+    """Returns what the global generators give, as an augmentation would draw them."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([random.random(), np.random.rand(), torch.rand(()).item(), index])
+
+
+def test_seeded_augmentation_is_the_same_with_any_number_of_workers():
+    """A sample's draws depend on (seed, rank, epoch, position) only: two workers give what the
+    main process gives, a new epoch or a repeated image gives new draws, and the main
+    process's own streams are left where they were."""
+    from torch.utils.data import SequentialSampler
+
+    def batches(workers: int, epoch: int) -> torch.Tensor:
+        sampler = EpochPositions(SequentialSampler(range(16)))
+        sampler.set_epoch(epoch)
+        loader = DataLoader(
+            SeededSamples(_Draws(), seed=5), batch_size=4, sampler=sampler, num_workers=workers
+        )
+        return torch.cat(list(loader))
+
     torch.manual_seed(0)
-    x = torch.rand(3, 40, 60)
-    assert RandomResizedCrop((16, 12))(x).shape == (3, 16, 12)
-    top, left, h, w = RandomResizedCrop((8, 8), scale=(0.5, 0.5)).box(40, 60)
-    assert 0 <= top <= 40 - h and 0 <= left <= 60 - w
-    assert abs(h * w / 2400 - 0.5) < 0.1
-    assert ResizeCenterCrop((32, 32), 0.875)(x).shape == (3, 32, 32)
+    before = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    SeededSamples(_Draws(), seed=5)[(0, 0, 3)]
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert (np.random.get_state()[1] == before[1]).all() and random.getstate() == before[2]
+    main = batches(0, epoch=0)
+    torch.testing.assert_close(batches(2, epoch=0), main)
+    assert not torch.equal(batches(0, epoch=1)[:, :3], main[:, :3])
+    assert len({tuple(row[:3].tolist()) for row in main}) == 16
 
 
-def test_augmentation_is_reproducible_from_the_generator_state():
-    t = train_transform((16, 16), (0.5,), (0.5,), erase=1.0)
-    x = torch.rand(1, 16, 16)
-    torch.manual_seed(3)
-    a = t(x)
-    torch.manual_seed(3)
-    torch.testing.assert_close(t(x), a)
-
-
-def test_random_erasing_changes_a_rectangle_only():
-    torch.manual_seed(1)
-    x = torch.zeros(3, 20, 20)
-    y = RandomErasing(p=1.0)(x)
-    changed = (y != 0).any(dim=0)
-    rows, cols = changed.any(dim=1).nonzero(), changed.any(dim=0).nonzero()
-    assert changed.sum() == (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)
-
-
-def test_smooth_one_hot():
-    t = smooth_one_hot(torch.tensor([2, 0]), 4, 0.1)
-    torch.testing.assert_close(t.sum(1), torch.ones(2))
-    assert t[0, 2] == pytest.approx(0.925) and t[0, 0] == pytest.approx(0.025)
-
-
-@pytest.mark.parametrize(("mix", "cut"), [(0.8, 0.0), (0.0, 1.0), (0.8, 1.0)])
-def test_mixup_and_cutmix_mix_images_and_labels_alike(mix, cut):
-    torch.manual_seed(0)
-    x = torch.stack([torch.zeros(1, 8, 8), torch.ones(1, 8, 8)])  # B = 2, partner = flip
-    y = torch.tensor([0, 1])
-    mixed, soft = Mixup(2, mix, cut, label_smoothing=0.0)(x, y)
-    torch.testing.assert_close(soft.sum(1), torch.ones(2))
-    # the share of image 1's pixels in sample 0 is the weight of label 1 in its target
-    torch.testing.assert_close(mixed[0].mean(), soft[0, 1])
+def test_repeated_augmentation_spreads_the_copies_over_the_processes():
+    """DeiT's sampler with 2 processes and 3 repeats: every image 3 times per epoch (the
+    copies on both processes), augmented differently on each."""
+    data = list(range(12))
+    seen = []
+    for rank in (0, 1):
+        loader = train_loader(
+            data,
+            2,
+            rank=rank,
+            world_size=2,
+            seed=0,
+            workers=0,
+            device=torch.device("cpu"),
+            aug_repeats=3,
+        )
+        keys = list(loader.sampler)
+        assert len(keys) == 6  # DeiT keeps an epoch at the data set's size (split by ranks)
+        seen += [index for _, _, index in keys]
+    counts = torch.bincount(torch.tensor(seen))
+    assert counts.max() <= 3 and counts.sum() == 12
+    plain = train_loader(
+        data, 2, rank=0, world_size=1, seed=0, workers=0, device=torch.device("cpu")
+    )
+    assert sorted(i for _, _, i in plain.sampler) == data
 
 
 def test_specs_do_not_flip_digits():

@@ -4,36 +4,33 @@ from __future__ import annotations
 
 import copy
 import sys
-import types
 
 import pytest
+import timm
 import torch
+from timm.data import resolve_data_config
+from timm.optim import create_optimizer_v2
 from torch import nn
 
-import recurnmt.vision.registry as registry
 from recurnmt.modules import AddAtEveryLevel, RecurrentStack
-from recurnmt.vision import create_model, list_models
+from recurnmt.vision import create_model, list_models, register_with_timm
 from recurnmt.vision.models import DVTCascade, RecursiveMixer, SReT
+from recurnmt.vision.models.vit import VisionTransformer
+from recurnmt.vision.registry import default_cfg
+from recurnmt.vision.timm_registry import TIMM_PREFIX
+from tests.vision_fixtures import small_kwargs
 
 NUM_CLASSES = 7
 
 
-def small_kwargs(name: str) -> dict:
-    """Shrinks widths and image size but keeps each model's structure (levels, sharing,
-    signals, NLL, LRC, groups), so every registered model runs in a fraction of a second."""
-    if name.startswith("sret"):
-        return dict(dims=(16, 32, 64), heads=(1, 2, 4), img_size=32, stem_dims=(8, 16))
-    if "mixer" in name:
-        return dict(embed_dim=32, token_dim=16, channel_dim=64, img_size=32, patch_size=8)
-    if name.startswith("dvt"):  # a DVT cascade of three such ViTs on 2x2 / 3x3 / 4x4 tokens
-        return dict(
-            embed_dim=32, ffn_dim=64, num_heads=2, img_size=32, patch_size=8, grids=(2, 3, 4)
-        )
-    return dict(embed_dim=32, ffn_dim=64, num_heads=2, img_size=32, patch_size=8)
-
-
 def build_small(name: str, **extra) -> nn.Module:
     return create_model(name, num_classes=NUM_CLASSES, **{**small_kwargs(name), **extra})
+
+
+def build_small_with_timm(name: str, **extra) -> nn.Module:
+    """The same small model, built by timm's factory from our prefixed name."""
+    kwargs = {**small_kwargs(name), **extra}
+    return timm.create_model(TIMM_PREFIX + name, num_classes=NUM_CLASSES, **kwargs)
 
 
 def stacks_of(model: nn.Module) -> list:
@@ -78,7 +75,7 @@ def test_registry_lists_every_family():
 
 @pytest.mark.parametrize("name", list_models())
 def test_forward_shape_finite_and_every_parameter_gets_a_gradient(name):
-    model = build_small(name).train()
+    model = build_small_with_timm(name).train()
     perturb_zero_parameters(model)
     # 4 images: with the paper models' stochastic depth (up to 0.2) a residual branch is
     # dropped for the whole batch, leaving its block without a gradient, with odds <= 0.2^4
@@ -223,23 +220,75 @@ def test_mixer_refuses_a_different_token_count():
         mixer(torch.randn(1, 3, 64, 64))
 
 
-def test_timm_registration_uses_prefixed_and_free_names(monkeypatch):
-    """With a timm that imports, every model is registered; timm's own names are not taken."""
-    entries: dict = {"deit_tiny_patch16_224": object()}
-    timm = types.ModuleType("timm")
-    models = types.ModuleType("timm.models")
-    models.is_model = lambda name: name in entries
-    models.register_model = lambda fn: entries.setdefault(fn.__name__, fn)
-    timm.models = models
-    monkeypatch.setitem(sys.modules, "timm", timm)
-    monkeypatch.setitem(sys.modules, "timm.models", models)
-    names = registry.register_with_timm()
-    assert "recurnmt_deit_tiny_patch16_224" in names and "deit_tiny_patch16_224" not in names
-    assert "sret_t" in names and "recurnmt_sret_t" in names
-    model = entries["recurnmt_vit_mini_patch4"](pretrained=False, num_classes=3)
-    assert model.num_classes == 3
-    with pytest.raises(ValueError, match="no pretrained weights"):
-        entries["sret_mini"](pretrained=True)
+def test_timm_registration_keeps_timm_names_and_adds_ours():
+    """Every model is timm's ``recurnmt_<name>``, and ``<name>`` where timm had no such model;
+    timm's own DeiT, ViT and Mixer stay timm's."""
+    for name in list_models():
+        assert timm.is_model(TIMM_PREFIX + name)
+    assert set(list_models("*ringformer*")) <= set(timm.list_models("*ringformer*"))
+    assert timm.list_models(module="timm_registry")  # listed as a module of its own
+    for owned, shallow in (("deit_tiny_patch16_224", "depth"), ("mixer_b16_224", None)):
+        with torch.device("meta"):  # which class is built is all that matters here
+            theirs = timm.create_model(owned, **({shallow: 1} if shallow else {}))
+            ours = timm.create_model(TIMM_PREFIX + owned)
+        assert type(theirs).__module__.startswith("timm.")
+        assert type(ours).__module__.startswith("recurnmt.")
+    assert isinstance(timm.create_model("sret_mini", num_classes=3), SReT)
+    assert register_with_timm() == []  # a second registration changes nothing
+    with pytest.raises(ValueError, match="no pretrained weights for sret_mini"):
+        timm.create_model("sret_mini", pretrained=True)
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_registered_input_size_is_the_built_one(name):
+    """The data configuration timm keeps for a name describes what the name builds."""
+    with torch.device("meta"):
+        model = create_model(name)
+    assert default_cfg(name)["input_size"] == (model.in_chans, *model.img_size)
+    cfg = timm.models.get_pretrained_cfg(TIMM_PREFIX + name)
+    assert cfg.input_size == default_cfg(name)["input_size"] and cfg.interpolation == "bicubic"
+
+
+@pytest.mark.parametrize("name", ["vit_mini_patch4", "sret_mini", "dvt_vit_mini_patch2"])
+def test_timm_model_api(name):
+    """What timm's train.py calls on a model: data config, checkpointing, classifier reset,
+    features / head, and weight-decay exemptions for its optimizer factory."""
+    model = build_small_with_timm(name, img_size=48)
+    assert model.default_cfg is model.pretrained_cfg
+    config = resolve_data_config({}, model=model)
+    assert config["input_size"] == (3, 48, 48) and config["crop_pct"] == 0.875
+    assert config["interpolation"] == "bicubic"
+    overlay = timm.create_model(
+        TIMM_PREFIX + name, pretrained_cfg_overlay={"crop_pct": 1.0}, **small_kwargs(name)
+    )
+    assert resolve_data_config({}, model=overlay)["crop_pct"] == 1.0
+    x = torch.randn(2, 3, 48, 48)
+    model.set_grad_checkpointing(True)
+    model.eval()
+    features = model.forward_features(x)
+    torch.testing.assert_close(model.forward_head(features), model(x))
+    model.reset_classifier(3)
+    assert model(x).shape == (2, 3)
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
+    params = dict(model.named_parameters())
+    exempt = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    for skipped in model.no_weight_decay():
+        assert id(params[skipped]) in exempt
+    assert any(g["weight_decay"] == 0.05 for g in optimizer.param_groups)
+
+
+def test_timm_checkpoint_path_loads_our_weights(tmp_path):
+    model = build_small("vit_mini_patch4")
+    torch.save({"model": model.state_dict()}, tmp_path / "weights.pt")
+    again = timm.create_model(
+        TIMM_PREFIX + "vit_mini_patch4",
+        num_classes=NUM_CLASSES,
+        checkpoint_path=str(tmp_path / "weights.pt"),
+        **small_kwargs("vit_mini_patch4"),
+    )
+    assert isinstance(again, VisionTransformer)
+    x = torch.randn(1, 3, 32, 32)
+    torch.testing.assert_close(again.eval()(x), model.eval()(x))
 
 
 def test_vision_does_not_import_fairseq():

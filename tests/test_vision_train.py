@@ -25,7 +25,7 @@ from recurnmt.vision.distributed import (
     init_distributed,
 )
 from recurnmt.vision.losses import ClassificationLoss, distillation_loss
-from recurnmt.vision.schedule import cosine_factor
+from recurnmt.vision.options import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = [
@@ -69,11 +69,35 @@ def test_mixed_depth_sums_the_branch_losses():
     torch.testing.assert_close(loss((deep, shallow), y), loss(deep, y) + loss(shallow, y))
 
 
-def test_cosine_schedule_with_warmup():
-    assert cosine_factor(0, 10, 100) == pytest.approx(0.1)
-    assert cosine_factor(9, 10, 100) == pytest.approx(1.0)
-    assert cosine_factor(55, 10, 100) == pytest.approx(0.5)
-    assert cosine_factor(100, 10, 100, min_ratio=0.01) == pytest.approx(0.01)
+def test_timm_optimizer_and_cosine_schedule_with_warmup():
+    """AdamW without decay on biases, norms, class token and position table; a linear warm-up
+    from --warmup-lr over 2 epochs, on a cosine over the whole run that ends at --min-lr
+    (DeiT's schedule: timm's, the warm-up not added to the epochs)."""
+    from recurnmt.vision import create_model
+
+    args = parse_args(["--lr", "1e-3", "--warmup-lr", "1e-6", "--min-lr", "1e-5"])
+    args.epochs, args.warmup_epochs = 10, 2
+    model = create_model("vit_mini_patch4", num_classes=3)
+    optimizer, scheduler = train_cli.build_optimization(model, args, steps=10)
+    exempt = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert id(model.cls_token) in exempt and id(model.pos_embed.weight) in exempt
+    assert id(model.head.bias) in exempt and id(model.head.weight) not in exempt
+
+    def lr(update: int) -> float:
+        scheduler.step_update(update)
+        return optimizer.param_groups[0]["lr"]
+
+    assert lr(0) == pytest.approx(1e-6)
+    assert lr(10) == pytest.approx(1e-6 + (1e-3 - 1e-6) / 2)
+    assert lr(20) == pytest.approx(1e-5 + (1e-3 - 1e-5) * (1 + math.cos(math.pi * 0.2)) / 2)
+    assert lr(100) == pytest.approx(1e-5)
+
+
+def test_lr_scaled_by_the_batch_and_conflicts_named():
+    args = parse_args(["--lr-base", "5e-4", "--batch-size", "1024"])
+    assert args.lr == pytest.approx(1e-3)  # DeiT: 5e-4 x 1024 / 512
+    with pytest.raises(ConfigError, match="--lr=0.1: give either it or --lr-base=0.0005"):
+        parse_args(["--lr", "0.1", "--lr-base", "5e-4"])
 
 
 def test_inconsistent_launches_are_refused(monkeypatch):
@@ -125,6 +149,37 @@ def test_resume_continues_the_same_run(tmp_path, model):
         assert a["top1"] == b["top1"]
     ckpt = load_checkpoint(tmp_path / "b" / "checkpoint.pt")  # weights-only load works
     assert ckpt["epoch"] == 3 and len(ckpt["rng"]) == 1
+
+
+def test_workers_ema_and_randaugment_resume_exactly(tmp_path):
+    """Two persistent data workers give the losses of none (every sample's augmentation is
+    seeded), and a run resumed with workers, RandAugment, erasing, mixup and a model EMA
+    continues as if it never stopped, EMA included."""
+    flags = [
+        "--model",
+        "vit_mini_patch4",
+        "--epochs",
+        "2",
+        "--limit-train",
+        "64",
+        "--aa",
+        "rand-m9-mstd0.5-inc1",
+        "--reprob",
+        "0.25",
+        "--mixup",
+        "0.8",
+        "--cutmix",
+        "1.0",
+        "--model-ema-decay",
+        "0.9",
+    ]
+    straight = train(tmp_path / "a", *flags)
+    train(tmp_path / "b", *flags, "--workers", "2", "--stop-after-epoch", "1")
+    resumed = train(tmp_path / "b", *flags, "--workers", "2", "--resume", "auto")
+    for a, b in zip(straight, resumed, strict=True):
+        assert a["losses"] == b["losses"]
+        assert a["ema_top1"] == b["ema_top1"]
+    assert "model_ema" in load_checkpoint(tmp_path / "b" / "checkpoint.pt")
 
 
 def test_gradient_accumulation_matches_the_full_batch(tmp_path):

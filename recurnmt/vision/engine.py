@@ -1,4 +1,9 @@
-"""One training epoch and one evaluation pass, on any device, in one or many processes."""
+"""One training epoch and one evaluation pass, on any device, in one or many processes.
+
+The pieces around the loop are timm's: the batch mixer (``timm.data.Mixup``), the learning-rate
+schedule (a ``timm.scheduler`` scheduler, set for every optimiser update from the update's
+number) and the model EMA (``timm.utils.ModelEmaV3``, updated after every update).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
+from timm.data import Mixup
+from timm.scheduler.scheduler import Scheduler
+from timm.utils import ModelEmaV3
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from recurnmt.vision.data.mixup import Mixup
+from recurnmt.vision.checkpoint import unwrap
 from recurnmt.vision.distributed import DistInfo, all_reduce_sum
 
 
@@ -53,27 +61,34 @@ def train_one_epoch(
     model: nn.Module,
     loader: Iterable,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scheduler: Scheduler | None,
     loss_fn: Callable[[Tensor, Tensor, Tensor], Tensor],
     info: DistInfo,
     precision: Precision,
     *,
     mixup: Mixup | None = None,
+    ema: ModelEmaV3 | None = None,
     clip_grad: float | None = None,
     accum_steps: int = 1,
     progress: bool = True,
     on_step: Callable[[int, float, float], None] | None = None,
     epoch: int = 0,
+    first_update: int = 0,
 ) -> EpochResult:
     """Trains ``model`` for one pass over ``loader``.
 
     Args:
+        scheduler: sets the learning rate of update ``n`` (``step_update(n)``) before it;
+            ``None`` keeps the optimiser's.
         loss_fn: ``loss_fn(logits, target, images)``; ``logits`` is a tuple when the model
             returns several branches (mixed-depth training, :mod:`.mixed_depth`).
+        mixup: timm's batch mixer (mixup / cutmix with label smoothing): soft targets.
+        ema: the model EMA, updated after every update with the update's number.
         accum_steps: micro-batches per optimiser update (gradient accumulation; RingFormer
             A.1 trains its 4096-image batches in 16 steps). A trailing partial group is
             dropped so that every update sees the same number of images.
         on_step: called with (update count, loss, learning rate) after every update.
+        first_update: the run's count of updates before this epoch.
 
     Returns:
         The mean loss and the per-update losses (each the mean over its micro-batches).
@@ -93,6 +108,8 @@ def train_one_epoch(
         dynamic_ncols=True,
     )
     running = 0.0
+    if scheduler is not None:
+        scheduler.step_update(first_update)
     for micro, (images, target) in enumerate(loader):
         if micro >= updates * accum_steps:
             break
@@ -130,13 +147,17 @@ def train_one_epoch(
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
         losses.append(running)
-        lr = optimizer.param_groups[0]["lr"]
+        done = first_update + len(losses)  # updates so far in the run
+        lr = optimizer.param_groups[0]["lr"]  # the rate this update used
+        if ema is not None:
+            ema.update(unwrap(model), step=done)
+        if scheduler is not None:
+            scheduler.step_update(done)
         bar.update()
         bar.set_postfix(loss=f"{running:.4f}", lr=f"{lr:.2e}")
         if on_step is not None:
-            on_step(scheduler.last_epoch, running, lr)
+            on_step(done, running, lr)
         running = 0.0
     bar.close()
     total, count = all_reduce_sum([sum(losses), float(len(losses))], info)

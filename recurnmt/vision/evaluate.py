@@ -12,13 +12,12 @@ import argparse
 import json
 import sys
 
-from torch.utils.data import DataLoader, Subset
-
 from recurnmt.cli import entry_point
 from recurnmt.modules import ConfigError
 from recurnmt.parameters import count_parameters
 from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
 from recurnmt.vision.data import build_dataset
+from recurnmt.vision.data.loader import eval_loader
 from recurnmt.vision.distributed import process_group
 from recurnmt.vision.engine import Precision, evaluate
 from recurnmt.vision.flops import count_macs, throughput
@@ -62,8 +61,14 @@ def main(argv: list[str] | None = None) -> dict:
         data = args.data or ckpt.get("data", {}).get("name", "digits")
         root = args.data_root or ckpt.get("args", {}).get("data_root")
         dataset, spec = build_dataset(data, "eval", root=root, img_size=img_size)
-        shard = Subset(dataset, range(info.rank, len(dataset), info.world_size))
-        loader = DataLoader(shard, batch_size=args.batch_size, num_workers=args.workers)
+        loader = eval_loader(
+            dataset,
+            args.batch_size,
+            rank=info.rank,
+            world_size=info.world_size,
+            workers=args.workers,
+            device=info.device,
+        )
         result = evaluate(model, loader, info, Precision.build(args.amp, info.device))
         shape = (1, spec.in_chans, *img_size)
         report = {

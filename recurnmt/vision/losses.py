@@ -2,7 +2,8 @@
 
 * Cross-entropy with label smoothing (Szegedy et al. 2016), eps = 0.1 in DeiT and SReT
   (SReT Table 10).
-* Soft-target cross-entropy ``-sum_k y_k log p_k`` for mixup/cutmix targets.
+* Soft-target cross-entropy ``-sum_k y_k log p_k`` for mixup/cutmix targets (timm's
+  ``SoftTargetCrossEntropy``; timm's ``Mixup`` makes the targets, label smoothing included).
 * Soft distillation (SReT eq. 17): L = -1/N sum_i P_T(z_i) . log P_S(z_i), the cross-entropy
   from the teacher's softmax to the student's, with no one-hot term (SReT appendix E,
   "Distillation Strategy"; following MEAL V2). The teacher's probabilities are a plain softmax
@@ -14,12 +15,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor, nn
+
+_soft_target_cross_entropy = SoftTargetCrossEntropy()
 
 
 def soft_target_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
-    """Mean over the batch of ``-sum_k target_k log softmax(logits)_k``; both B x K."""
-    return torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+    """Mean over the batch of ``-sum_k target_k log softmax(logits)_k``; both B x K, in fp32."""
+    return _soft_target_cross_entropy(logits.float(), target.float())
 
 
 def distillation_loss(student: Tensor, teacher: Tensor, temperature: float = 1.0) -> Tensor:

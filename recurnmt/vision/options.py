@@ -13,6 +13,10 @@ import ast
 from pathlib import Path
 from typing import Any
 
+from recurnmt.modules import ConfigError
+
+DEFAULT_LR = 2e-3  # the digits recipe's
+
 
 def parse_model_args(items: list[str] | dict | None) -> dict[str, Any]:
     """``["loops=3", "embed_dim=96"]`` -> ``{"loops": 3, "embed_dim": 96}``."""
@@ -102,22 +106,71 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--accum-steps", type=int, default=1, help="gradient accumulation: micro-batches per update"
     )
-    g.add_argument("--lr", type=float, default=2e-3)
-    g.add_argument("--min-lr", type=float, default=1e-5)
+    g.add_argument(
+        "--lr", type=float, default=None, help=f"peak learning rate (default {DEFAULT_LR})"
+    )
+    g.add_argument(
+        "--lr-base",
+        type=float,
+        default=None,
+        help="peak learning rate per --lr-base-size images of batch: lr = lr_base x "
+        "batch / lr_base_size (DeiT: 5e-4 per 512); instead of --lr",
+    )
+    g.add_argument("--lr-base-size", type=int, default=512)
+    g.add_argument("--min-lr", type=float, default=1e-5, help="end of the cosine")
+    g.add_argument("--warmup-lr", type=float, default=1e-6, help="start of the warm-up")
     g.add_argument("--weight-decay", type=float, default=0.05)
     g.add_argument("--warmup-epochs", type=float, default=5.0)
+    g.add_argument(
+        "--opt", default="adamw", help="timm optimizer name (timm.optim.list_optimizers())"
+    )
+    g.add_argument("--opt-eps", type=float, default=None, help="optimizer epsilon")
+    g.add_argument("--opt-betas", type=float, nargs=2, default=None, metavar=("B1", "B2"))
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     g.add_argument("--clip-grad", type=float, default=None, help="max gradient norm")
     g.add_argument("--smoothing", type=float, default=0.1, help="label smoothing")
+    g.add_argument(
+        "--model-ema-decay",
+        type=float,
+        default=0.0,
+        help="keep an exponential moving average of the weights with this decay and "
+        "evaluate it too (DeiT's code: 0.99996); 0: none",
+    )
     g = p.add_argument_group("augmentation (data set defaults when omitted)")
     g.add_argument("--hflip", type=float, help="horizontal flip probability")
     g.add_argument("--scale-min", type=float, help="smallest random-resized-crop area")
     g.add_argument("--reprob", type=float, help="random erasing probability")
+    g.add_argument("--remode", help="random erasing fill: pixel (DeiT), rand or const")
+    g.add_argument(
+        "--aa", help="timm RandAugment string (DeiT: rand-m9-mstd0.5-inc1); 'none' for none"
+    )
+    g.add_argument("--color-jitter", type=float, help="colour jitter (DeiT: 0.4; off with --aa)")
+    g.add_argument(
+        "--train-interpolation", help="resizing filter of the crops: bicubic (DeiT), bilinear"
+    )
+    g.add_argument(
+        "--aug-repeats",
+        type=int,
+        default=0,
+        help="repeated augmentation: copies of each image per epoch, on different "
+        "processes (DeiT: 3; only with several processes)",
+    )
     g.add_argument("--mixup", type=float, default=0.0, help="mixup alpha (DeiT: 0.8)")
     g.add_argument("--cutmix", type=float, default=0.0, help="cutmix alpha (DeiT: 1.0)")
     g.add_argument("--mixup-prob", type=float, default=1.0)
     g.add_argument("--mixup-switch-prob", type=float, default=0.5)
     g = p.add_argument_group("distillation and depth")
-    g.add_argument("--teacher", metavar="CKPT", help="distil from this checkpoint (SReT eq. 17)")
+    g.add_argument(
+        "--teacher",
+        metavar="CKPT",
+        help="distil from this checkpoint (SReT eq. 17): one of this command, or with "
+        "--teacher-model the weights of that timm model",
+    )
+    g.add_argument(
+        "--teacher-model",
+        metavar="NAME",
+        help="timm model of the --teacher weights, e.g. regnety_160 (DeiT's RegNetY-16GF)",
+    )
     g.add_argument("--distill-temperature", type=float, default=1.0)
     g.add_argument(
         "--mixed-depth",
@@ -176,4 +229,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.model_args = parse_model_args(args.model_args)
     args.img_size = parse_size(args.img_size)
+    args.lr = resolve_lr(args.lr, args.lr_base, args.lr_base_size, args.batch_size)
+    if args.aa and args.aa.lower() == "none":
+        args.aa = ""
     return args
+
+
+def resolve_lr(lr: float | None, lr_base: float | None, base_size: int, batch: int) -> float:
+    """The peak learning rate: ``--lr``, or ``--lr-base`` scaled linearly by the batch
+    (Goyal et al. 2017; DeiT sec. 6: lr = 5e-4 x batch / 512).
+
+    Raises:
+        ConfigError: both are given, or the base size is not positive.
+    """
+    if lr is not None and lr_base is not None:
+        raise ConfigError(
+            "--lr", lr, "give either it or {--lr-base}", related={"--lr-base": lr_base}
+        )
+    if lr_base is None:
+        return DEFAULT_LR if lr is None else lr
+    if base_size <= 0:
+        raise ConfigError("--lr-base-size", base_size, "must be positive")
+    return lr_base * batch / base_size

@@ -4,11 +4,16 @@ The default trains a small RingFormer-ViT on scikit-learn's bundled digits on a 
 
     python -m recurnmt.vision.train --output runs/digits
 
-Recipes (AdamW, cosine schedule with warmup, label smoothing, DeiT-style augmentation) follow
-DeiT (Touvron et al. 2021, Table 9) and SReT (appendix E, Table 10). Also supported:
-soft-label distillation from a teacher checkpoint (``--teacher``, SReT eq. 17), fine-tuning at a
-higher resolution (``--finetune CKPT --img-size 384``, DeiT sec. 6; SReT uses weight decay 0
-there), mixed precision on CUDA, exact resume (``--resume auto``), tensorboard logs and, under
+Recipes (AdamW, cosine schedule with warmup, label smoothing, DeiT's augmentation) follow
+DeiT (Touvron et al. 2021, Table 9) and SReT (appendix E, Table 10); ``configs/vision/`` has
+them. The pieces are timm's and torchvision's: timm's transforms (RandAugment, colour jitter,
+random resized crop, random erasing), ``Mixup``, repeated-augmentation sampler, optimizer
+factory (weight decay off for biases, norms and the model's ``no_weight_decay()``), cosine
+scheduler and model EMA; torchvision decodes image folders. Also supported: soft-label
+distillation from a teacher (``--teacher``, SReT eq. 17; ``--teacher-model regnety_160`` for a
+timm teacher), fine-tuning at a higher resolution (``--finetune CKPT --img-size 384``, DeiT
+sec. 6; SReT uses weight decay 0 there), mixed precision (``--amp``), exact resume
+(``--resume auto``, with any number of data workers), tensorboard logs and, under
 ``torchrun``, data-parallel training on many GPUs or nodes (gloo on CPUs)::
 
     torchrun --nproc_per_node 2 -m recurnmt.vision.train --output runs/digits-ddp
@@ -29,12 +34,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import timm
 import torch
 import torch.distributed as dist
+from timm.data import Mixup
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import Subset
 
 from recurnmt.cli import entry_point
+from recurnmt.modules import ConfigError
 from recurnmt.parameters import count_parameters
 from recurnmt.vision.checkpoint import (
     load_checkpoint,
@@ -44,17 +56,16 @@ from recurnmt.vision.checkpoint import (
     set_rng_state,
     unwrap,
 )
-from recurnmt.vision.data import DataSpec, Mixup, build_dataset, data_spec
+from recurnmt.vision.data import DataSpec, build_dataset, data_spec
+from recurnmt.vision.data.loader import eval_loader, train_loader
 from recurnmt.vision.distributed import DistInfo, check_batch_size, process_group
 from recurnmt.vision.engine import Precision, evaluate, train_one_epoch
 from recurnmt.vision.exits import evaluate_exits
 from recurnmt.vision.losses import ClassificationLoss
 from recurnmt.vision.mixed_depth import MixedDepth
 from recurnmt.vision.models.dvt import AllExits, DVTCascade
-from recurnmt.vision.optim import build_optimizer
 from recurnmt.vision.options import parse_args
 from recurnmt.vision.registry import create_model
-from recurnmt.vision.schedule import cosine_with_warmup
 
 
 def seed_everything(seed: int) -> None:
@@ -73,7 +84,95 @@ def _spec_with_overrides(args: Namespace) -> DataSpec:
         changes["scale"] = (args.scale_min, 1.0)
     if args.reprob is not None:
         changes["erase"] = args.reprob
+    if args.remode is not None:
+        changes["erase_mode"] = args.remode
+    if args.aa is not None:
+        changes["auto_augment"] = args.aa
+    if args.color_jitter is not None:
+        changes["color_jitter"] = args.color_jitter
+    if args.train_interpolation is not None:
+        changes["interpolation"] = args.train_interpolation
     return replace(spec, **changes)
+
+
+def _data_cfg(model: nn.Module, spec: DataSpec, img_size: tuple[int, int]) -> None:
+    """Makes the model's timm data configuration say how it is fed (this data set's
+    normalisation, crop and size), so a checkpoint's model carries its own data config."""
+    cfg = dict(getattr(model, "pretrained_cfg", {}))
+    cfg.update(
+        input_size=(spec.in_chans, *img_size),
+        mean=spec.mean,
+        std=spec.std,
+        crop_pct=spec.crop_pct,
+        interpolation=spec.interpolation,
+        num_classes=spec.num_classes,
+    )
+    model.pretrained_cfg = model.default_cfg = cfg
+
+
+def _build_teacher(args: Namespace, spec: DataSpec, log) -> nn.Module:
+    """The distillation teacher: a checkpoint of this command, or timm's ``--teacher-model``
+    (DeiT's RegNetY-16GF is timm's ``regnety_160``) with the ``--teacher`` weights."""
+    if not args.teacher_model:
+        return model_from_checkpoint(load_checkpoint(args.teacher))
+    if not timm.is_model(args.teacher_model):
+        raise ConfigError("--teacher-model", args.teacher_model, "is not a timm model")
+    log(f"teacher: timm {args.teacher_model} with the weights of {args.teacher}")
+    return timm.create_model(
+        args.teacher_model,
+        num_classes=spec.num_classes,
+        in_chans=spec.in_chans,
+        checkpoint_path=args.teacher,
+    )
+
+
+def build_optimization(model: nn.Module, args: Namespace, steps: int) -> tuple:
+    """timm's optimizer and scheduler for ``args`` at ``steps`` updates per epoch.
+
+    The optimizer (``timm.optim.create_optimizer_v2``; AdamW for DeiT and SReT) decays weight
+    matrices only: biases, norm scales, 1-D parameters and ``model.no_weight_decay()`` (position
+    tables, class tokens) are exempt, as in DeiT. The schedule (``timm.scheduler``) warms up
+    linearly from ``--warmup-lr`` over ``--warmup-epochs`` and follows a cosine to ``--min-lr``
+    at the last update (Loshchilov & Hutter 2017), set at every update.
+    """
+    optimizer = create_optimizer_v2(
+        model,
+        opt=args.opt,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        momentum=args.momentum,
+        **({"eps": args.opt_eps} if args.opt_eps is not None else {}),
+        **({"betas": tuple(args.opt_betas)} if args.opt_betas else {}),
+    )
+    scheduler, _ = create_scheduler_v2(
+        optimizer,
+        sched="cosine",
+        num_epochs=args.epochs,
+        warmup_epochs=args.warmup_epochs,
+        warmup_lr=args.warmup_lr,
+        min_lr=args.min_lr,
+        step_on_epochs=False,
+        updates_per_epoch=steps,
+    )
+    return optimizer, scheduler
+
+
+def _check_settings(args: Namespace, per_rank: int) -> None:
+    """Refuses impossible combinations before any work, naming the flags."""
+    if args.teacher_model and not args.teacher:
+        raise ConfigError("--teacher-model", args.teacher_model, "needs the --teacher weights")
+    if (args.mixup > 0 or args.cutmix > 0) and per_rank % 2:
+        raise ConfigError(
+            "--batch-size",
+            args.batch_size,
+            "mixup/cutmix pair each image with another of its micro-batch, which must be "
+            "even: {micro-batch}",
+            related={"micro-batch": per_rank},
+        )
+    if args.aug_repeats < 0:
+        raise ConfigError("--aug-repeats", args.aug_repeats, "must be 0 or more")
+    if not 0.0 <= args.model_ema_decay < 1.0:
+        raise ConfigError("--model-ema-decay", args.model_ema_decay, "must be in [0, 1)")
 
 
 def _build_model(args: Namespace, spec: DataSpec, img_size: tuple[int, int], log) -> tuple:
@@ -132,6 +231,7 @@ def run(args: Namespace, info: DistInfo) -> dict:
     spec = _spec_with_overrides(args)
     img_size = tuple(args.img_size or spec.img_size)
     model, model_name, model_kwargs = _build_model(args, spec, img_size, log)
+    _data_cfg(model, spec, img_size)
     if args.grad_checkpointing:
         model.set_grad_checkpointing(True)
     model.to(info.device)
@@ -147,49 +247,39 @@ def run(args: Namespace, info: DistInfo) -> dict:
     if args.limit_eval is not None:
         eval_set = Subset(eval_set, range(min(args.limit_eval, len(eval_set))))
     per_rank = check_batch_size(args.batch_size, info, args.accum_steps)
-    sampler = DistributedSampler(
-        train_set,
-        num_replicas=info.world_size,
-        rank=info.rank,
-        shuffle=True,
-        seed=args.seed,
-        drop_last=True,
+    _check_settings(args, per_rank)
+    if args.aug_repeats and not info.distributed:
+        log("--aug-repeats: repeated augmentation needs several processes; not used in one")
+    place = dict(
+        rank=info.rank, world_size=info.world_size, workers=args.workers, device=info.device
     )
-    pin = info.device.type == "cuda"
-    train_loader = DataLoader(
-        train_set,
-        batch_size=per_rank,
-        sampler=sampler,
-        num_workers=args.workers,
-        drop_last=True,
-        pin_memory=pin,
+    loader = train_loader(
+        train_set, per_rank, seed=args.seed, aug_repeats=args.aug_repeats, **place
     )
-    shard = Subset(eval_set, range(info.rank, len(eval_set), info.world_size))
-    eval_loader = DataLoader(shard, batch_size=per_rank, num_workers=args.workers, pin_memory=pin)
-    steps = len(train_loader) // args.accum_steps  # optimiser updates per epoch
+    evaluation = eval_loader(eval_set, per_rank, **place)
+    steps = len(loader) // args.accum_steps  # optimiser updates per epoch
     if steps == 0:
         raise ValueError(f"--batch-size {args.batch_size} exceeds the {len(train_set)} images")
 
-    optimizer = build_optimizer(model, args.lr, args.weight_decay)
-    scheduler = cosine_with_warmup(
-        optimizer, round(args.warmup_epochs * steps), args.epochs * steps, args.min_lr / args.lr
-    )
+    optimizer, scheduler = build_optimization(model, args, steps)
     precision = Precision.build(args.amp, info.device)
     teacher = None
     if args.teacher:
-        teacher = model_from_checkpoint(load_checkpoint(args.teacher)).to(info.device)
+        teacher = _build_teacher(args, spec, log).to(info.device)
         log(f"distilling from {args.teacher} (soft labels only, SReT eq. 17)")
     loss_fn = ClassificationLoss(args.smoothing, teacher, args.distill_temperature)
     mixup = None
     if args.mixup > 0 or args.cutmix > 0:
         mixup = Mixup(
-            spec.num_classes,
-            args.mixup,
-            args.cutmix,
-            args.mixup_prob,
-            args.mixup_switch_prob,
-            args.smoothing,
+            mixup_alpha=args.mixup,
+            cutmix_alpha=args.cutmix,
+            prob=args.mixup_prob,
+            switch_prob=args.mixup_switch_prob,
+            label_smoothing=args.smoothing,
+            num_classes=spec.num_classes,
         )
+    # the average lives beside the model, on its device, in fp32 (weights stay fp32 under AMP)
+    ema = ModelEmaV3(model, decay=args.model_ema_decay) if args.model_ema_decay else None
 
     start_epoch, best = 0, 0.0
     resume = args.resume
@@ -200,6 +290,10 @@ def run(args: Namespace, info: DistInfo) -> dict:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
+        if ema is not None and "model_ema" in ckpt:
+            ema.module.load_state_dict(ckpt["model_ema"])
+        elif ema is not None:  # EMA switched on at this resume: it starts from the weights
+            ema = ModelEmaV3(model, decay=args.model_ema_decay)
         if precision.scaler is not None and ckpt.get("scaler"):
             precision.scaler.load_state_dict(ckpt["scaler"])
         start_epoch, best = ckpt["epoch"], ckpt.get("best_top1", 0.0)
@@ -248,17 +342,19 @@ def run(args: Namespace, info: DistInfo) -> dict:
 
     record: dict = {}
     for epoch in range(start_epoch, args.epochs):
-        sampler.set_epoch(epoch)
+        loader.sampler.set_epoch(epoch)
         started = time.perf_counter()
         result = train_one_epoch(
             net,
-            train_loader,
+            loader,
             optimizer,
             scheduler,
             loss_fn,
             info,
             precision,
             mixup=mixup,
+            ema=ema,
+            first_update=epoch * steps,
             clip_grad=args.clip_grad,
             accum_steps=args.accum_steps,
             progress=not args.no_progress,
@@ -274,10 +370,12 @@ def run(args: Namespace, info: DistInfo) -> dict:
         }
         last = epoch + 1 == args.epochs or epoch + 1 == args.stop_after_epoch
         if (epoch + 1) % args.eval_every == 0 or last:
-            ev = evaluate(net, eval_loader, info, precision)
+            ev = evaluate(net, evaluation, info, precision)
             record.update(top1=ev.top1, top5=ev.top5, eval_loss=ev.loss)
+            if ema is not None:
+                record["ema_top1"] = evaluate(ema.module, evaluation, info, precision).top1
             if isinstance(model, DVTCascade):
-                record["exit_top1"] = evaluate_exits(model, eval_loader, info, precision)
+                record["exit_top1"] = evaluate_exits(model, evaluation, info, precision)
             if writer is not None:
                 writer.add_scalar("eval/top1", ev.top1, epoch + 1)
                 writer.add_scalar("eval/top5", ev.top5, epoch + 1)
@@ -291,6 +389,8 @@ def run(args: Namespace, info: DistInfo) -> dict:
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
                 "scaler": precision.scaler.state_dict() if precision.scaler else None,
+                # timm's load_checkpoint prefers this key (use_ema=True), as timm's train.py
+                **({"model_ema": ema.module.state_dict()} if ema is not None else {}),
                 "epoch": epoch + 1,
                 "best_top1": max(best, record.get("top1", 0.0)),
                 "args": {k: v for k, v in vars(args).items()},

@@ -14,13 +14,14 @@ from recurnmt.vision.data import cifar, digits
 from recurnmt.vision.data.cifar import CifarDataset
 from recurnmt.vision.data.digits import DigitsDataset
 from recurnmt.vision.data.image_folder import ImageFolderDataset, scan_folder
-from recurnmt.vision.data.mixup import Mixup, smooth_one_hot
-from recurnmt.vision.data.transforms import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    eval_transform,
-    train_transform,
-)
+from recurnmt.vision.data.transforms import build_transform
+from recurnmt.vision.registry import IMAGENET_MEAN, IMAGENET_STD
+
+# DeiT's augmentation (Touvron et al. 2021, Table 9), which SReT (appendix E) and
+# RingFormer-ViT train with; timm's names for it
+DEIT_AUTO_AUGMENT = "rand-m9-mstd0.5-inc1"
+DEIT_COLOR_JITTER = 0.4
+DEIT_ERASE = 0.25
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,11 @@ class DataSpec:
         scale: random-resized-crop area range.
         erase: random erasing probability.
         eval_split: name of the held-out split.
+        interpolation: resizing filter of the crops (timm's name; DeiT: bicubic).
+        auto_augment: timm's RandAugment / AutoAugment string; empty for none.
+        color_jitter: brightness, contrast and saturation jitter (0: none; timm ignores it
+            when ``auto_augment`` is set, as DeiT does).
+        erase_mode: random erasing fill (``pixel``: per-pixel normal noise, DeiT's).
     """
 
     name: str
@@ -52,6 +58,10 @@ class DataSpec:
     scale: tuple[float, float] = (0.08, 1.0)
     erase: float = 0.25
     eval_split: str = "val"
+    interpolation: str = "bicubic"
+    auto_augment: str = ""
+    color_jitter: float = 0.0
+    erase_mode: str = "pixel"
 
 
 SPECS = {
@@ -90,7 +100,17 @@ SPECS = {
         scale=(0.35, 1.0),
         eval_split="test",
     ),
-    "imagenet": DataSpec("imagenet", 1000, 3, IMAGENET_MEAN, IMAGENET_STD, (224, 224)),
+    "imagenet": DataSpec(
+        "imagenet",
+        1000,
+        3,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        (224, 224),
+        erase=DEIT_ERASE,
+        auto_augment=DEIT_AUTO_AUGMENT,
+        color_jitter=DEIT_COLOR_JITTER,
+    ),
 }
 
 
@@ -130,12 +150,7 @@ def build_dataset(
     size = tuple(img_size or spec.img_size)
     if split == "eval":
         split = spec.eval_split
-    if augment:
-        transform = train_transform(
-            size, spec.mean, spec.std, scale=spec.scale, hflip=spec.hflip, erase=spec.erase
-        )
-    else:
-        transform = eval_transform(size, spec.mean, spec.std, spec.crop_pct)
+    transform = build_transform(spec, size, train=augment)
     if name == "digits":
         return DigitsDataset(split, size, transform), spec
     if root is None:
@@ -151,8 +166,6 @@ __all__ = [
     "DataSpec",
     "DigitsDataset",
     "ImageFolderDataset",
-    "Mixup",
     "build_dataset",
     "data_spec",
-    "smooth_one_hot",
 ]

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from recurnmt.vision.data.transforms import Transform
+from recurnmt.vision.data.transforms import Transform, tensor_to_pil
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
@@ -99,7 +100,7 @@ def load_cifar(root: str | Path, num_classes: int, split: str) -> tuple[Tensor, 
 
 
 class CifarDataset(Dataset):
-    """A CIFAR split as (image 3 x 32 x 32 float in [0, 1] before ``transform``, label) pairs."""
+    """A CIFAR split as (``transform`` of the 32 x 32 RGB PIL image, label) pairs."""
 
     def __init__(
         self,
@@ -114,8 +115,6 @@ class CifarDataset(Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        x = self.images[index].float().div_(255)
-        if self.transform is not None:
-            x = self.transform(x)
-        return x, int(self.labels[index])
+    def __getitem__(self, index: int) -> tuple[Tensor | Image.Image, int]:
+        img = tensor_to_pil(self.images[index])
+        return (self.transform(img) if self.transform is not None else img), int(self.labels[index])

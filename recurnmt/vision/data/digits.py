@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from recurnmt.vision.data.transforms import Transform
+from recurnmt.vision.data.transforms import Transform, tensor_to_pil
 
 NUM_CLASSES = 10
 SPLIT_SEED = 0
@@ -53,7 +54,7 @@ class DigitsDataset(Dataset):
     Args:
         split: ``train`` (1,437 images) or ``test`` (360 images).
         img_size: the size the 8 x 8 digits are upsampled to.
-        transform: applied to each image (values in [0, 1]).
+        transform: applied to each image (a grey PIL image); the image itself without one.
     """
 
     def __init__(
@@ -62,12 +63,13 @@ class DigitsDataset(Dataset):
         self.images, self.labels = load_digits_tensors(split, img_size)
         self.transform = transform
         self.classes = [str(i) for i in range(NUM_CLASSES)]
+        # 8-bit grey PIL images, as timm's transforms take them; made once (about a quarter of
+        # the per-image cost when made per call), the transforms return new images
+        self._pil = [tensor_to_pil(x) for x in self.images]
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        x = self.images[index]
-        if self.transform is not None:
-            x = self.transform(x)
-        return x, int(self.labels[index])
+    def __getitem__(self, index: int) -> tuple[Tensor | Image.Image, int]:
+        img = self._pil[index]
+        return (self.transform(img) if self.transform is not None else img), int(self.labels[index])

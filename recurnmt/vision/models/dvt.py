@@ -442,7 +442,7 @@ def dvt_ringformer_vit_small_patch16_224(**kwargs) -> DVTCascade:
     )
 
 
-@register_model
+@register_model(img_size=16)
 def dvt_vit_mini_patch2(**kwargs) -> DVTCascade:
     """A CPU-sized DVT on the 64-wide mini ViT (depth 4): 4x4 -> 6x6 -> 8x8 tokens of 2 x 2
     patches, i.e. 16 x 16 digits seen at 8, 12 and 16 pixels."""
@@ -458,7 +458,7 @@ def dvt_vit_mini_patch2(**kwargs) -> DVTCascade:
     )
 
 
-@register_model
+@register_model(img_size=16)
 def dvt_ringformer_vit_mini_patch2(**kwargs) -> DVTCascade:
     """A CPU-sized DVT on the mini RingFormer-ViT (one 64-wide block, 6 levels):
     4x4 -> 6x6 -> 8x8 tokens of 2 x 2 patches (16 x 16 digits at 8, 12, 16 pixels)."""

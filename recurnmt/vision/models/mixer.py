@@ -193,7 +193,7 @@ def recursive_mixer_b16_224(**kwargs) -> RecursiveMixer:
     return RecursiveMixer(**{**_B16, "loops": 2, "lrc": "both", **kwargs})
 
 
-@register_model
+@register_model(img_size=32)
 def recursive_mixer_mini(**kwargs) -> RecursiveMixer:
     """A CPU-sized recursive Mixer: 3 blocks x 2 loops, 64 wide, 4 x 4 patches of 32 x 32."""
     return RecursiveMixer(

@@ -386,7 +386,7 @@ def sret_ext(**kwargs) -> SReT:
     return _create({**_TINY, "unique_layers": (1, 2, 3), "mlp_ratio": 3.6}, kwargs)
 
 
-@register_model
+@register_model(img_size=32)
 def sret_mini(**kwargs) -> SReT:
     """A CPU-sized SReT (widths 32/64/128, one block per stage, 2 loops) for 32 x 32 images."""
     return _create(

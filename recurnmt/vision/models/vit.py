@@ -564,19 +564,19 @@ def ringformer_vit_base_mrla_patch16_224(**kwargs) -> VisionTransformer:
 _MINI = dict(embed_dim=64, ffn_dim=128, num_heads=4, img_size=32, patch_size=4)
 
 
-@register_model
+@register_model(img_size=32)
 def vit_mini_patch4(**kwargs) -> VisionTransformer:
     """A CPU-sized ViT: 64 wide, 6 layers, 4 x 4 patches of 32 x 32 (or digits' 16 x 16) images."""
     return _create_vit({**_MINI, "depth": 6}, kwargs)
 
 
-@register_model
+@register_model(img_size=32)
 def recursive_vit_mini_patch4(**kwargs) -> VisionTransformer:
     """The mini ViT with 3 blocks, each looped twice (naive recursion, SReT eq. 4)."""
     return _create_vit({**_MINI, "depth": 6, "unique_layers": 3}, kwargs)
 
 
-@register_model
+@register_model(img_size=32)
 def ringformer_vit_mini_patch4(**kwargs) -> VisionTransformer:
     """A CPU-sized RingFormer-ViT: one 64-wide block over 6 levels, signal rank 8."""
     return _create_vit(
@@ -585,25 +585,25 @@ def ringformer_vit_mini_patch4(**kwargs) -> VisionTransformer:
     )
 
 
-@register_model
+@register_model(img_size=32)
 def uit_mini_patch4(**kwargs) -> VisionTransformer:
     """A CPU-sized UiT: one 64-wide block over 6 levels with sinusoidal level embeddings."""
     return _create_vit({**_MINI, **_UIT, "depth": 6}, kwargs)
 
 
-@register_model
+@register_model(img_size=32)
 def owf_vit_mini_patch4(**kwargs) -> VisionTransformer:
     """A CPU-sized One Wide FFN ViT: 6 attention blocks, 64 wide, one shared FFN."""
     return _create_vit({**_MINI, **_OWF, "depth": 6}, kwargs)
 
 
-@register_model
+@register_model(img_size=32)
 def vit_mini_mrla_patch4(**kwargs) -> VisionTransformer:
     """The mini ViT with MRLA-light after each of its 6 layers (three stages of two)."""
     return _create_vit({**_MINI, "depth": 6, **_MRLA}, kwargs)
 
 
-@register_model
+@register_model(img_size=32)
 def ringformer_vit_mini_mrla_patch4(**kwargs) -> VisionTransformer:
     """The mini RingFormer-ViT with MRLA-light after each of its 6 levels (three stages of two)."""
     return _create_vit(
