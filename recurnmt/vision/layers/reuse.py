@@ -133,12 +133,17 @@ class FeatureReuse(nn.Module):
     def contexts(
         self, tokens: Tensor, grid_in: Grid, grid_out: Grid, prefix: int, mode: str
     ) -> Tensor:
-        """Upstream tokens B x T_up x D_up -> contexts L x B x N x D' on the downstream grid."""
+        """Upstream tokens B x T_up x D_up -> contexts L x B x N x D' on the downstream grid.
+
+        Eq. 4's "reshaped to the corresponding locations in the original image, upsampled":
+        the context of level l at downstream token n comes from the upstream tokens at the
+        same image location (on equal grids, exactly ``f_l`` of upstream token n).
+        """
         patches = tokens[:, prefix:]  # B x N_up x D_up
-        e = torch.stack([f(patches) for f in self.f])  # L x B x N_up x D'
-        num_levels, b, n, d = e.shape
-        e = e.transpose(0, 1).reshape(b, n, num_levels * d)  # B x N_up x LD'
-        e = upsample_tokens(e, grid_in, grid_out, mode)  # B x N x LD'
+        e = torch.stack([f(patches) for f in self.f], dim=2)  # B x N_up x L x D'
+        b, n, num_levels, d = e.shape
+        # levels as channels of one image, so all levels are upsampled in one call
+        e = upsample_tokens(e.reshape(b, n, num_levels * d), grid_in, grid_out, mode)
         return e.unflatten(-1, (num_levels, d)).permute(2, 0, 1, 3)  # L x B x N x D'
 
     def ffn_input(
