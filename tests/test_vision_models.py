@@ -13,7 +13,7 @@ from torch import nn
 import recurnmt.vision.registry as registry
 from recurnmt.modules import AddAtEveryLevel, RecurrentStack
 from recurnmt.vision import create_model, list_models
-from recurnmt.vision.models import DVTCascade, RecursiveMixer, SReT
+from recurnmt.vision.models import DVTCascade, MRLAResNet, RecursiveMixer, SReT
 
 NUM_CLASSES = 7
 
@@ -25,6 +25,9 @@ def small_kwargs(name: str) -> dict:
         return dict(dims=(16, 32, 64), heads=(1, 2, 4), img_size=32, stem_dims=(8, 16))
     if "mixer" in name:
         return dict(embed_dim=32, token_dim=16, channel_dim=64, img_size=32, patch_size=8)
+    if "resnet" in name:  # 1/8 of the widths (d_k = 32 still divides) and two blocks a stage:
+        # a stage's first MRLA level and a recurrent one (the depths: test_vision_params)
+        return dict(channels=(8, 16, 32, 64), stem_width=8, layers=(2, 2, 2, 2))
     if name.startswith("dvt"):  # a DVT cascade of three such ViTs on 2x2 / 3x3 / 4x4 tokens
         return dict(
             embed_dim=32, ffn_dim=64, num_heads=2, img_size=32, patch_size=8, grids=(2, 3, 4)
@@ -42,15 +45,18 @@ def stacks_of(model: nn.Module) -> list:
         return list(model.stages)
     if isinstance(model, DVTCascade):
         return [stage.stack for stage in model.stages]
+    if isinstance(model, MRLAResNet):  # convolutional blocks, none shared
+        return []
     return [model.stack]  # ViT family, Mixer
 
 
 def perturb_zero_parameters(model: nn.Module) -> None:
-    """Zero-initialised factors (RingFormer's up-projections) pass no gradient to their
-    partner; give them values, as training would, so every parameter's gradient shows."""
+    """Zero-initialised factors (RingFormer's up-projections, the last norm weight of timm's
+    ResNet blocks) pass no gradient to their partner; give them values, as training would, so
+    every parameter's gradient shows."""
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1 and not p.any():
+        for name, p in model.named_parameters():
+            if (p.dim() > 1 or name.endswith("weight")) and not p.any():
                 p.normal_(std=0.02)
 
 
