@@ -113,6 +113,15 @@ def test_timm_model_interface():
         assert model(x).shape == (2, 3)
 
 
+def test_builds_as_the_training_command_asks():
+    """recurnmt.vision.train passes the image size, classes and channels of its data."""
+    model = small("mrla_light_resnet50", img_size=16, in_chans=1, num_classes=10)
+    assert model.img_size == (16, 16)
+    assert model(torch.randn(2, 1, 16, 16)).shape == (2, 10)
+    model.set_img_size(24)
+    assert model.img_size == (24, 24)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

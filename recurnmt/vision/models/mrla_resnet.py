@@ -47,6 +47,7 @@ from timm.models.resnet import Bottleneck, ResNet
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from recurnmt.vision.layers import to_2tuple
 from recurnmt.vision.layers.layer_attention import LayerAttention, LayerState
 from recurnmt.vision.registry import register_model
 
@@ -121,6 +122,8 @@ class MRLAResNet(ResNet):
         mrla_head_dim: channels per MRLA head d_k (32 for ResNets, sec. 5.1); must divide
             every stage's output width.
         mrla_drop_path: stochastic depth rate of the MRLA branches (0.2, App. B.1.1).
+        img_size: the training resolution, kept for the data pipeline and evaluation (the
+            network itself runs at any size).
         **kwargs: timm ``ResNet`` arguments (``num_classes``, ``in_chans``, ``channels``,
             ``stem_width``, ``drop_rate``, ``drop_path_rate``, ...).
 
@@ -136,10 +139,12 @@ class MRLAResNet(ResNet):
         mrla: str = "light",
         mrla_head_dim: int = 32,
         mrla_drop_path: float = 0.2,
+        img_size: int | tuple[int, int] = 224,
         **kwargs,
     ) -> None:
         kwargs.setdefault("block", Bottleneck)
         super().__init__(layers=tuple(layers), **kwargs)
+        self.img_size = to_2tuple(img_size)
         self.mrla_variant = mrla
         for name in ("layer1", "layer2", "layer3", "layer4"):
             blocks = list(getattr(self, name))
@@ -147,6 +152,10 @@ class MRLAResNet(ResNet):
             if dim is None:
                 raise ValueError("MRLA on a ResNet needs bottleneck blocks (block=Bottleneck)")
             setattr(self, name, MRLAStage(blocks, dim, mrla, mrla_head_dim, mrla_drop_path))
+
+    def set_img_size(self, img_size: int | tuple[int, int]) -> None:
+        """A new training resolution (fine-tuning): nothing in a CNN depends on it."""
+        self.img_size = to_2tuple(img_size)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Activation checkpointing per block (timm's API). timm's ResNet checkpoints the
