@@ -147,6 +147,18 @@ def test_feature_reuse_context_sits_at_its_tokens_location():
             torch.testing.assert_close(up[level], f(tokens[:, 1:])[:, source])
 
 
+def test_the_last_models_last_level_has_no_context_mlp():
+    """Its context would reach only patch tokens that the class-token head never reads."""
+    model = cascade()
+    assert [len(fr.f) for fr in model.feature_reuse] == [len(model.stages[1].stack.levels)] + [
+        len(model.stages[2].stack.levels) - 1
+    ]
+    pooled = cascade(global_pool="avg")  # the average reads every patch token
+    assert len(pooled.feature_reuse[1].f) == len(pooled.stages[2].stack.levels)
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.isfinite(model(x)).all() and torch.isfinite(pooled(x)).all()
+
+
 def test_relation_reuse_is_an_additive_sdpa_mask():
     torch.manual_seed(0)
     attn = SelfAttention(16, 2).eval()
