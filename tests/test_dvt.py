@@ -129,6 +129,36 @@ def test_feature_reuse_is_a_layer_norm_over_the_concatenation():
     torch.testing.assert_close(block.ffn.up(h) + delta, u @ w1.T + block.ffn.up.bias)
 
 
+def test_feature_reuse_context_sits_at_its_tokens_location():
+    """DVT eq. 4: the context from upstream token n reaches the downstream tokens at the
+    same image location (reshaped to the upstream grid, upsampled to the downstream one)."""
+    torch.manual_seed(0)
+    fr = FeatureReuse(16, 32, 64, (0, 0, 0), hidden_dim=8, context_dim=4)
+    tokens = torch.randn(2, 1 + 6, 16)  # a class token, then a 2 x 3 grid
+    with torch.no_grad():
+        same = fr.contexts(tokens, (2, 3), (2, 3), prefix=1, mode="bilinear")  # L x B x N x D'
+        assert same.shape == (3, 2, 6, 4)
+        for level, f in enumerate(fr.f):
+            torch.testing.assert_close(same[level], f(tokens[:, 1:]))  # level l, token n
+        # 2 x 3 -> 4 x 6 by nearest: downstream (i, j) reads upstream (i // 2, j // 2)
+        up = fr.contexts(tokens, (2, 3), (4, 6), prefix=1, mode="nearest")
+        source = torch.tensor([(i // 2) * 3 + j // 2 for i in range(4) for j in range(6)])
+        for level, f in enumerate(fr.f):
+            torch.testing.assert_close(up[level], f(tokens[:, 1:])[:, source])
+
+
+def test_the_last_models_last_level_has_no_context_mlp():
+    """Its context would reach only patch tokens that the class-token head never reads."""
+    model = cascade()
+    assert [len(fr.f) for fr in model.feature_reuse] == [len(model.stages[1].stack.levels)] + [
+        len(model.stages[2].stack.levels) - 1
+    ]
+    pooled = cascade(global_pool="avg")  # the average reads every patch token
+    assert len(pooled.feature_reuse[1].f) == len(pooled.stages[2].stack.levels)
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.isfinite(model(x)).all() and torch.isfinite(pooled(x)).all()
+
+
 def test_relation_reuse_is_an_additive_sdpa_mask():
     torch.manual_seed(0)
     attn = SelfAttention(16, 2).eval()

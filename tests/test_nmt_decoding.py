@@ -30,6 +30,8 @@ OPTION_CASES = [
     ),
     ("owf_tiny", "--decoder-ffn-sharing", "shared"),
     ("sret_tiny", "--lrc", "identity", "--decoder-normalize-before"),
+    # sliced encoder attention: contiguous slices at loop 0, permuted at loop 1 (Algorithm 1)
+    ("sret_tiny", "--encoder-attn-groups", "2,2"),
     ("universal_transformer_act_tiny", "--act-threshold", "0.5"),
 ]
 DECODERS = FAMILY_CASES + OPTION_CASES

@@ -79,7 +79,13 @@ def test_blocks_shared_across_loops_and_nlls_are_not():
     assert all(n is not None for n in nlls)
     ids = {id(p) for n in nlls for p in n.parameters()}
     assert len(ids) == sum(1 for n in nlls for _ in n.parameters())  # four separate NLLs
-    assert [p.slicing for p in stack.levels] == [SlicedGroups(3), None] * 2
+    # loop 0 of each block is sliced (contiguously, Algorithm 1), loop 1 is global
+    assert [p.slicing for p in stack.levels] == [
+        SlicedGroups(3, permute=False, seed=0),
+        None,
+        SlicedGroups(3, permute=False, seed=2),
+        None,
+    ]
 
 
 def test_external_loop_cycles_all_blocks():
@@ -127,11 +133,15 @@ def test_padding_never_leaks_into_real_tokens():
 
 
 def test_evaluation_is_deterministic_and_training_is_not():
-    stack = build_stack(SRET).eval()
+    stack = build_stack(SRET.replace(attn_groups=(3, 2))).eval()  # loop 1 permutes
     x = torch.randn(2, 11, 32)
     assert torch.equal(stack(x).output, stack(x).output)
+    again = build_stack(SRET.replace(attn_groups=(3, 2))).eval()
+    again.load_state_dict(stack.state_dict())
+    assert torch.equal(stack(x).output, again(x).output)  # a fresh model: the same function
     assert torch.equal(
-        group_permutation(11, False, x.device), group_permutation(11, False, x.device)
+        group_permutation(11, False, x.device, seed=3),
+        group_permutation(11, False, x.device, seed=3),
     )
     stack.train()
     torch.manual_seed(1)
@@ -159,7 +169,7 @@ def test_untied_copy_keeps_groups_and_function():
     stack = build_stack(SRET).eval()
     untied = stack.untied().eval()
     assert [p.slicing for p in untied.levels] == [p.slicing for p in stack.levels]
-    assert stack.levels[0].slicing == SlicedGroups(3) and stack.levels[1].slicing is None
+    assert stack.levels[0].slicing == SlicedGroups(3, False) and stack.levels[1].slicing is None
     x = torch.randn(2, 7, 32)
     torch.testing.assert_close(stack(x).output, untied(x).output)
 
@@ -181,8 +191,42 @@ def test_unpermuted_slices_are_contiguous_runs():
 
 
 def test_permutation_per_loop():
-    stack = build_stack(SRET.replace(attn_groups=(3, 2), attn_permute=(False, True)))
-    assert [p.slicing for p in stack.levels] == [
-        SlicedGroups(3, permute=False),
-        SlicedGroups(2, permute=True),
+    stack = build_stack(SRET.replace(attn_groups=(3, 2), attn_permute=(True, False)))
+    assert [(p.slicing.groups, p.slicing.permute) for p in stack.levels] == [
+        (3, True),
+        (2, False),
     ] * 2
+
+
+def test_default_follows_algorithm_1():
+    # SReT appendix D, Algorithm 1: recursion == False slices contiguously, later loops
+    # permute before slicing and invert after
+    stack = build_stack(SRET.replace(num_levels=6, attn_groups=(2, 2, 2)))
+    assert [p.slicing.permute for p in stack.levels] == [False, True, True] * 2
+    attn = SelfAttention(16, 4).train()  # training: where Algorithm 1 draws its randperm
+    x = torch.randn(1, 6, 16)
+    first = AttentionTerms(slicing=stack.levels[0].slicing)
+    halves = torch.cat([attn(x[:, :3]), attn(x[:, 3:])], dim=1)
+    torch.testing.assert_close(attn(x, terms=first), halves, atol=1e-6, rtol=1e-5)
+    later = AttentionTerms(slicing=stack.levels[1].slicing)
+    torch.manual_seed(0)
+    draws = [attn(x, terms=later) for _ in range(4)]
+    assert any(not torch.allclose(draws[0], d) for d in draws[1:])  # a fresh permutation
+
+
+def test_evaluation_permutations_differ_between_levels():
+    # SReT-T's first stage: [8, 2] groups over 8 x 8 tokens, both loops permuted. One
+    # permutation per length would put every 8-group slice inside one 2-group slice.
+    t = 64
+    stack = build_stack(SRET.replace(attn_groups=(8, 2), attn_permute=(True, True))).eval()
+    perms = [p.slicing.permutation(t, False, torch.device("cpu")) for p in stack.levels]
+    assert all(not torch.equal(a, b) for i, a in enumerate(perms) for b in perms[i + 1 :])
+
+    def slice_of(perm: torch.Tensor, groups: int) -> torch.Tensor:  # slice of each token
+        out = torch.empty(t, dtype=torch.long)
+        out[perm] = torch.arange(t) // (t // groups)
+        return out
+
+    eights, twos = slice_of(perms[0], 8), slice_of(perms[1], 2)
+    nested = all(len(set(twos[eights == g].tolist())) == 1 for g in range(8))
+    assert not nested

@@ -14,7 +14,7 @@ from torch import nn
 
 from recurnmt.modules import AddAtEveryLevel, RecurrentStack
 from recurnmt.vision import create_model, list_models, register_with_timm
-from recurnmt.vision.models import DVTCascade, RecursiveMixer, SReT
+from recurnmt.vision.models import DVTCascade, MRLAResNet, RecursiveMixer, SReT
 from recurnmt.vision.models.vit import VisionTransformer
 from recurnmt.vision.registry import default_cfg
 from recurnmt.vision.timm_registry import TIMM_PREFIX
@@ -39,15 +39,18 @@ def stacks_of(model: nn.Module) -> list:
         return list(model.stages)
     if isinstance(model, DVTCascade):
         return [stage.stack for stage in model.stages]
+    if isinstance(model, MRLAResNet):  # convolutional blocks, none shared
+        return []
     return [model.stack]  # ViT family, Mixer
 
 
 def perturb_zero_parameters(model: nn.Module) -> None:
-    """Zero-initialised factors (RingFormer's up-projections) pass no gradient to their
-    partner; give them values, as training would, so every parameter's gradient shows."""
+    """Zero-initialised factors (RingFormer's up-projections, the last norm weight of timm's
+    ResNet blocks) pass no gradient to their partner; give them values, as training would, so
+    every parameter's gradient shows."""
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1 and not p.any():
+        for name, p in model.named_parameters():
+            if (p.dim() > 1 or name.endswith("weight")) and not p.any():
                 p.normal_(std=0.02)
 
 

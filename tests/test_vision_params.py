@@ -147,19 +147,50 @@ def test_mrla_adds_about_0_03m_to_deit_tiny():
     assert extra == pytest.approx(0.03e6, abs=0.01e6)
 
 
+# MRLA Table 1 on ResNets (timm's ResNet-50 / -101 = torchvision's 25.56M / 44.55M), d_k = 32,
+# MRLA after every bottleneck of C output channels: a 3 x 3 depth-wise value (9C), the branch
+# norm (2C), two Conv1D kernels of ECA's size k, and lambda_o (C; MRLA-light, not at a stage's
+# first block). MRLA-base has no query kernel at a stage's first block. Table 1 rounds to 0.1M
+# and has no MRLA-base ResNet-101 (out of memory at the paper's batch size).
+@pytest.mark.parametrize(
+    ("name", "paper"),
+    [
+        ("mrla_light_resnet50", 25.7e6),
+        ("mrla_base_resnet50", 25.7e6),
+        ("mrla_light_resnet101", 44.9e6),
+        ("mrla_base_resnet101", None),
+    ],
+)
+def test_mrla_resnet_table_1(name, paper):
+    depth, light = (101 if name.endswith("101") else 50), "light" in name
+    resnet = {50: 25_557_032, 101: 44_549_160}[depth]
+    blocks = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}[depth]
+    extra = 0
+    for c, n in zip((256, 512, 1024, 2048), blocks, strict=True):
+        k = 7 if c == 2048 else 5
+        extra += n * (9 * c + 2 * c + 2 * k) + ((n - 1) * c if light else -k)
+    count = params(name)
+    assert count == resnet + extra
+    if paper is not None:
+        assert count == pytest.approx(paper, abs=0.05e6)
+
+
 # DVT (Wang et al. 2021) prints no parameter table. Its DeiT-S cascade is three DeiT-S (DeiT
 # Table 1: 22.1M at 14x14; the 7x7 and 10x10 stages have smaller position tables) plus the
 # reuse modules of its sec. 4 "Implementation details": per downstream layer, f_l = LN-MLP
 # D -> 128 -> 48 and 48 more LN and first-FFN-layer inputs (eq. 5); per downstream model, one
-# MLP N^H L -> 3 N^H L -> N^H L over the upstream attention logits (eq. 9).
+# MLP N^H L -> 3 N^H L -> N^H L over the upstream attention logits (eq. 9). The last model's
+# last f_l is left out: its context reaches only patch tokens its class-token head never reads.
 def test_dvt_deit_small_is_three_deit_small_plus_the_reuse_modules():
     d, ff, heads, layers, hidden, ctx = 384, 1536, 6, 12, 128, 48
-    per_layer = 2 * d + (d * hidden + hidden) + (hidden * ctx + ctx) + 2 * ctx + ctx * ff
+    f_l = 2 * d + (d * hidden + hidden) + (hidden * ctx + ctx)
+    per_layer = f_l + 2 * ctx + ctx * ff
     maps = heads * layers
     relation = (maps * 3 * maps + 3 * maps) + (3 * maps * maps + maps)
     stages = [params("deit_small_patch16_224", img_size=16 * g) for g in (7, 10, 14)]
     assert stages[-1] == pytest.approx(22.1e6, rel=0.01)
-    assert params("dvt_deit_small_patch16_224") == sum(stages) + 2 * (layers * per_layer + relation)
-    assert params("dvt_deit_small_patch16_224") == pytest.approx(69.24e6, rel=1e-3)
+    reuse = 2 * (layers * per_layer + relation) - f_l
+    assert params("dvt_deit_small_patch16_224") == sum(stages) + reuse
+    assert params("dvt_deit_small_patch16_224") == pytest.approx(69.19e6, rel=1e-3)
     no_reuse = params("dvt_deit_small_patch16_224", feature_reuse=False, relation_reuse=False)
     assert no_reuse == sum(stages)

@@ -143,24 +143,26 @@ def test_sret_permutation_schedule_reaches_the_stages():
         return [p.slicing.permute for p in stage.levels if p.slicing is not None]
 
     model = build_small("sret_mini")  # groups (2, 1): only stage 0's first loop is sliced
-    assert permutes(model.stages[0]) == [True]  # default: every sliced loop permutes
-    reference = build_small("sret_t", attn_permute="reference")  # [8, 2][4, 1][1, 1]
+    assert permutes(model.stages[0]) == [False]  # default: Algorithm 1, first loop contiguous
+    reference = build_small("sret_t")  # [8, 2][4, 1][1, 1]
     assert [permutes(s) for s in reference.stages] == [[False, True] * 2, [False] * 5, []]
-    custom = build_small("sret_mini", attn_permute=[False, True])
-    assert permutes(custom.stages[0]) == [False]
+    always = build_small("sret_t", attn_permute="always")
+    assert [permutes(s) for s in always.stages] == [[True] * 4, [True] * 5, []]
+    custom = build_small("sret_mini", attn_permute=[True, False])
+    assert permutes(custom.stages[0]) == [True]
 
 
 def test_contiguous_slices_change_the_function():
     # sret_mini slices its first stage's 8 x 8 tokens in 2 groups at the first loop
     x = torch.randn(2, 3, 32, 32)
     model = build_small("sret_mini").eval()
-    reference = build_small("sret_mini", attn_permute="reference").eval()
-    reference.load_state_dict(model.state_dict())
-    assert not torch.allclose(model(x), reference(x))
+    permuted = build_small("sret_mini", attn_permute="always").eval()
+    permuted.load_state_dict(model.state_dict())
+    assert not torch.allclose(model(x), permuted(x))
     # no group attention in either loop: permutations have nothing to change
     unsliced = dict(groups=((1, 1), (1, 1), (1, 1)))
     a = build_small("sret_mini", **unsliced).eval()
-    b = build_small("sret_mini", attn_permute="reference", **unsliced).eval()
+    b = build_small("sret_mini", attn_permute="always", **unsliced).eval()
     b.load_state_dict(a.state_dict())
     torch.testing.assert_close(a(x), b(x))
 

@@ -73,7 +73,8 @@ def build_level_parts(cfg: StackConfig, plan: DepthPlan, level: int) -> LevelPar
     c, sig = cfg.embed_dim, cfg.signal
     loop = plan.loop_of_level(level)
     groups = cfg.attn_groups[loop] if cfg.attn_groups else 1
-    permute = cfg.attn_permute[loop] if cfg.attn_permute else True
+    # SReT Algorithm 1: a block's first loop slices contiguously, later loops permute
+    permute = cfg.attn_permute[loop] if cfg.attn_permute else loop > 0
     embedding = None
     if sig.kind == "static" or cfg.positions_every_level:
         embedding = cfg.coordinate_scale * sinusoidal_level_embedding(cfg.num_levels, c)[level]
@@ -98,7 +99,8 @@ def build_level_parts(cfg: StackConfig, plan: DepthPlan, level: int) -> LevelPar
             if cfg.nll_ratio > 0
             else None
         ),
-        slicing=SlicedGroups(groups, permute) if groups > 1 else None,
+        # seeded by the level, so that evaluation slices each level along its own partition
+        slicing=SlicedGroups(groups, permute, seed=level) if groups > 1 else None,
         drop_path=cfg.drop_path_rate(level),
     )
 

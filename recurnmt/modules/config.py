@@ -177,8 +177,9 @@ class StackConfig:
         final_norm: a layer norm after the last level; None means "when pre-LN".
         norm_eps: epsilon of every layer norm (1e-5 as in fairseq; timm/SReT use 1e-6).
         attn_permute: sliced group attention permutes the tokens before slicing at loop r
-            when ``attn_permute[r]`` (SReT appendix C/D "P"); contiguous slices otherwise.
-            Empty = permute at every sliced loop.
+            when ``attn_permute[r]`` (SReT appendix C/D "P+I"); contiguous slices otherwise.
+            Empty = SReT Algorithm 1: contiguous slices at a block's first loop, permuted
+            ones at every later loop.
     """
 
     embed_dim: int = 512

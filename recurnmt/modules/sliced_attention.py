@@ -1,22 +1,27 @@
 """Sliced group self-attention (SReT sec. 4, appendix C/D, Algorithm 1).
 
 Global self-attention over T tokens is approximated, inside a recursive block, by attention
-within G groups: the tokens are permuted, cut into G contiguous slices, each slice attends
-to itself only, and the output is put back in the original order. Different loops of one
-block can use different G, so that across loops every token still reaches every other
-(SReT Theorem 1: with G groups the attention cost drops by a factor G).
+within G groups: the tokens are cut into G slices, each slice attends to itself only, and the
+output is put back in the original order. Different loops of one block can use different G, so
+that across loops every token still reaches every other (SReT Theorem 1: with G groups the
+attention cost drops by a factor G).
 
-Differences from the reference pseudo-code, each needed for text:
+Which loops permute follows Algorithm 1 (appendix D) by default: the first loop of a block
+(``recursion == False``) slices the tokens contiguously, without permutation; every later
+loop permutes them at random before slicing and applies the inverse permutation after
+(appendix C, "P+I"). ``StackConfig.attn_permute`` chooses otherwise per loop.
 
-* The inverse permutation is applied after every permuted sliced attention, so the output is
-  in the original token order and adds to the residual token by token. Algorithm 1 inverts
-  only in the second loop; the released code permutes only in the second loop as well (the
-  first loop uses contiguous slices), which is reproduced by ``attn_permute=(False, True)``.
+Differences from the reference pseudo-code, each needed for text or for evaluation:
+
 * Any length works: T is padded to a multiple of G with masked slots.
 * Padding masks are honoured: a padded key is never attended to, so padding content cannot
   leak into real tokens. A query whose whole slice is padding attends to itself only.
-* Evaluation is deterministic: training draws a fresh random permutation at every call
-  (as the paper does); evaluation uses a fixed permutation for each length.
+* Evaluation is reproducible without reusing one permutation everywhere: training draws a
+  fresh random permutation at every call (as Algorithm 1's ``torch.randperm``); evaluation
+  draws from a generator seeded by the level's ``seed`` (its index in the stack) and the
+  length, so evaluating twice gives identical outputs while the levels of a stack still slice
+  along unrelated partitions, as in training. (One permutation per length for every level
+  would nest a loop's 8-group partition inside the next loop's 2-group one.)
 * Causal (decoder) self-attention is refused by the configuration: a token's group would
   depend on future positions, so step-by-step decoding could not equal the full pass.
 """
@@ -30,21 +35,30 @@ import torch.nn.functional as F
 from torch import Tensor
 
 _EVAL_SEED = 20210712
-_eval_permutations: dict[tuple[int, str], Tensor] = {}
+# (seed, length, device) -> the evaluation permutation; small: levels x lengths seen
+_eval_permutations: dict[tuple[int, int, str], Tensor] = {}
 
 
-def group_permutation(length: int, training: bool, device: torch.device) -> Tensor:
+def group_permutation(length: int, training: bool, device: torch.device, seed: int = 0) -> Tensor:
     """The token permutation of one sliced attention call.
 
-    Random in training; in evaluation a fixed permutation per length (and device), so that
-    evaluating twice gives identical outputs.
+    Args:
+        length: number of tokens T.
+        training: draw a fresh random permutation (SReT Algorithm 1); otherwise the fixed
+            evaluation permutation of ``seed`` and ``length``.
+        device: where the permutation is needed.
+        seed: which evaluation permutation (one per level, so that levels differ).
+
+    Returns:
+        A permutation of range(T), a long tensor on ``device``.
     """
     if training:
         return torch.randperm(length, device=device)
-    key = (length, str(device))
+    key = (seed, length, str(device))
     perm = _eval_permutations.get(key)
     if perm is None:
-        g = torch.Generator().manual_seed(_EVAL_SEED + length)
+        # a CPU generator, so the permutation is the same on every device and machine
+        g = torch.Generator().manual_seed(_EVAL_SEED + 1_000_003 * seed + length)
         perm = torch.randperm(length, generator=g).to(device)
         _eval_permutations[key] = perm
     return perm
@@ -55,16 +69,17 @@ def sliced_group_attention(
     k: Tensor,
     v: Tensor,
     groups: int,
-    perm: Tensor,
+    perm: Tensor | None,
     key_padding_mask: Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """Attention within ``groups`` slices of the permuted sequence.
+    """Attention within ``groups`` slices of the (permuted) sequence.
 
     Args:
         q, k, v: B x H x T x D.
         groups: number of slices G (1 = ordinary attention, no permutation).
-        perm: a permutation of range(T) (see :func:`group_permutation`).
+        perm: a permutation of range(T) (see :func:`group_permutation`); None slices the
+            tokens in their own order (contiguous runs, Algorithm 1's first loop).
         key_padding_mask: B x T, True at padding.
         dropout_p: attention dropout.
 
@@ -79,7 +94,8 @@ def sliced_group_attention(
     extra = size * groups - t
 
     def slice_up(x: Tensor) -> Tensor:
-        x = x.index_select(2, perm)  # B x H x T x D, permuted
+        if perm is not None:
+            x = x.index_select(2, perm)  # B x H x T x D, permuted
         if extra:
             x = F.pad(x, (0, 0, 0, extra))
         # B x H x (G * S) x D -> (B * G) x H x S x D
@@ -88,7 +104,9 @@ def sliced_group_attention(
     valid = torch.ones(b, t, dtype=torch.bool, device=q.device)
     if key_padding_mask is not None:
         valid = ~key_padding_mask
-    valid = F.pad(valid.index_select(1, perm), (0, extra), value=False)  # B x (G * S)
+    if perm is not None:
+        valid = valid.index_select(1, perm)
+    valid = F.pad(valid, (0, extra), value=False)  # B x (G * S)
     mask = None
     if key_padding_mask is not None or extra:
         # a slot may always see itself, so no row is empty (padding-only slices)
@@ -100,7 +118,7 @@ def sliced_group_attention(
     # (B * G) x H x S x D -> B x H x (G * S) x D -> drop pad slots -> original order
     out = out.view(b, groups, h, size, d).transpose(1, 2).reshape(b, h, groups * size, d)
     out = out[:, :, :t]
-    return out.index_select(2, torch.argsort(perm))
+    return out if perm is None else out.index_select(2, torch.argsort(perm))
 
 
 class SlicedGroups:
@@ -112,25 +130,34 @@ class SlicedGroups:
 
     Args:
         groups: number of slices G (1 = global attention).
-        permute: permute the tokens before slicing (else contiguous slices).
+        permute: permute the tokens before slicing and invert after (a later loop of
+            Algorithm 1), else contiguous slices (its first loop).
+        seed: chooses the evaluation permutation (the builders pass the level index, so that
+            no two levels of a stack share one).
     """
 
-    def __init__(self, groups: int, permute: bool = True) -> None:
+    def __init__(self, groups: int, permute: bool = True, seed: int = 0) -> None:
         if not isinstance(groups, int) or groups <= 0:
             raise ValueError(f"groups={groups!r} must be a positive integer")
-        self.groups, self.permute = groups, permute
+        if not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed={seed!r} must be a non-negative integer")
+        self.groups, self.permute, self.seed = groups, permute, seed
+
+    def _key(self) -> tuple[int, bool, int]:
+        return self.groups, self.permute, self.seed
 
     def __repr__(self) -> str:
-        return f"SlicedGroups(groups={self.groups}, permute={self.permute})"
+        return f"SlicedGroups(groups={self.groups}, permute={self.permute}, seed={self.seed})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SlicedGroups) and (self.groups, self.permute) == (
-            other.groups,
-            other.permute,
-        )
+        return isinstance(other, SlicedGroups) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((self.groups, self.permute))
+        return hash(self._key())
+
+    def permutation(self, length: int, training: bool, device: torch.device) -> Tensor | None:
+        """The permutation of one call over ``length`` tokens; None for contiguous slices."""
+        return group_permutation(length, training, device, self.seed) if self.permute else None
 
     def __call__(
         self,
@@ -142,10 +169,5 @@ class SlicedGroups:
         training: bool,
     ) -> Tensor:
         """Sliced attention of q, k, v (B x H x T x D) -> B x H x T x D, original order."""
-        t = q.size(2)
-        perm = (
-            group_permutation(t, training, q.device)
-            if self.permute
-            else torch.arange(t, device=q.device)
-        )
+        perm = self.permutation(q.size(2), training, q.device)
         return sliced_group_attention(q, k, v, self.groups, perm, key_padding_mask, dropout_p)

@@ -301,7 +301,9 @@ def _side_config(args: Any, side: str) -> StackConfig:
             level_drop_path=(),
             final_norm=normalize_before,  # as fairseq's transformer: after pre-LN stacks only
             norm_eps=1e-5,  # fairseq's LayerNorm
-            attn_permute=(),  # sliced encoder attention permutes at every loop (SReT "P")
+            # sliced encoder attention as SReT Algorithm 1: contiguous slices at a block's
+            # first loop, permuted (and inverted) at later loops
+            attn_permute=(),
         )
 
 

@@ -20,6 +20,11 @@ Per level (MRLA sec. 4, Fig. 2a, Algorithms 2 and 4), on the patch tokens only:
   ``d_k`` value channels by the score of its ``d_k`` query and key channels;
 * the class token (and any other prefix token) bypasses MRLA (Algorithm 4 lines 4 and 18).
 
+In CNNs (sec. 4 "CNNs", Fig. 2a, Algorithms 1 and 3; ``recurnmt/vision/models/mrla_resnet.py``)
+the same levels run on the block's feature map seen as tokens (a view, no copy), with d_k = 32
+(sec. 5.1), no input LayerNorm and no GELU on the value (Algorithms 1 and 3), and a batch norm
+on the branch (``branch_norm``, as the released ResNet code).
+
 Choices where the paper is silent (the released code differs from the paper's text in places;
 we follow the paper):
 
@@ -82,9 +87,12 @@ class LayerProjections(nn.Module):
         head_dim: channels per MRLA head d_k; must divide ``dim``.
         query: build the query (off at MRLA-base's first level of a stage, whose softmax
             over one level is 1; its key still serves the later levels).
-        value_act: GELU after the depth-wise convolution (MRLA-light, Algorithm 4).
+        value_act: GELU after the depth-wise convolution (MRLA-light in vision transformers,
+            Algorithm 4; none in CNNs, Algorithms 1 and 3).
         kernel_size: Conv1D kernel; ECA's adaptive size when None.
         norm_eps: epsilon of the input LayerNorm.
+        input_norm: a LayerNorm on the input (transformers); a CNN's block output is already
+            batch-normalised, and Algorithms 1 and 3 read it as it is.
     """
 
     def __init__(
@@ -96,10 +104,11 @@ class LayerProjections(nn.Module):
         value_act: bool = True,
         kernel_size: int | None = None,
         norm_eps: float = 1e-6,
+        input_norm: bool = True,
     ) -> None:
         super().__init__()
         self.num_heads, self.head_dim = dim // head_dim, head_dim
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps) if input_norm else nn.Identity()
         k = kernel_size or eca_kernel_size(dim)
         self.query = nn.Conv1d(1, 1, k, padding=k // 2, bias=False) if query else None
         self.key = nn.Conv1d(1, 1, k, padding=k // 2, bias=False)
@@ -134,6 +143,8 @@ class MRLALight(nn.Module):
             ``lambda_o``).
         kernel_size: Conv1D kernel of the query/key; ECA's adaptive size when None.
         norm_eps: epsilon of the input LayerNorm.
+        input_norm: a LayerNorm on the input (see :class:`LayerProjections`).
+        value_act: GELU after the value convolution (Algorithm 4; not in CNNs, Algorithm 3).
     """
 
     def __init__(
@@ -144,10 +155,17 @@ class MRLALight(nn.Module):
         recurrent: bool = True,
         kernel_size: int | None = None,
         norm_eps: float = 1e-6,
+        input_norm: bool = True,
+        value_act: bool = True,
     ) -> None:
         super().__init__()
         self.proj = LayerProjections(
-            dim, head_dim, value_act=True, kernel_size=kernel_size, norm_eps=norm_eps
+            dim,
+            head_dim,
+            value_act=value_act,
+            kernel_size=kernel_size,
+            norm_eps=norm_eps,
+            input_norm=input_norm,
         )
         self.scale = head_dim**-0.5
         self.lambda_o = nn.Parameter(torch.ones(dim)) if recurrent else None
@@ -181,6 +199,8 @@ class MRLABase(nn.Module):
             level, whose softmax over one level is 1: no query convolution).
         kernel_size: Conv1D kernel of the query/key; ECA's adaptive size when None.
         norm_eps: epsilon of the input LayerNorm.
+        input_norm: a LayerNorm on the input (see :class:`LayerProjections`).
+        value_act: GELU after the value convolution (none in Algorithms 1 and 2).
     """
 
     def __init__(
@@ -191,15 +211,18 @@ class MRLABase(nn.Module):
         recurrent: bool = True,
         kernel_size: int | None = None,
         norm_eps: float = 1e-6,
+        input_norm: bool = True,
+        value_act: bool = False,
     ) -> None:
         super().__init__()
         self.proj = LayerProjections(
             dim,
             head_dim,
             query=recurrent,
-            value_act=False,
+            value_act=value_act,
             kernel_size=kernel_size,
             norm_eps=norm_eps,
+            input_norm=input_norm,
         )
         self.scale = head_dim**-0.5
 
@@ -249,6 +272,13 @@ class LayerAttention(nn.Module):
         norm_eps: epsilon of the input LayerNorms.
         skip_last_level: no MRLA after the last level (its patch tokens are not read by a
             class-token classifier).
+        input_norm: a LayerNorm on every level's input (transformers; see
+            :class:`LayerProjections`).
+        value_act: GELU after the value convolution; None: the variant's choice in vision
+            transformers (light: GELU, Algorithm 4; base: none, Algorithm 2). CNNs have none
+            (Algorithms 1 and 3).
+        branch_norm: a batch norm on the MRLA branch before it joins the feature map (CNNs;
+            the released ResNet code's ``bn_mrla``); the recurrent state stays unnormalised.
 
     Raises:
         ValueError: an unknown ``variant``, a ``head_dim`` that does not divide ``dim``, or
@@ -267,6 +297,9 @@ class LayerAttention(nn.Module):
         kernel_size: int | None = None,
         norm_eps: float = 1e-6,
         skip_last_level: bool = False,
+        input_norm: bool = True,
+        value_act: bool | None = None,
+        branch_norm: bool = False,
     ) -> None:
         super().__init__()
         if variant not in MRLA_VARIANTS:
@@ -283,6 +316,7 @@ class LayerAttention(nn.Module):
             raise ValueError(f"MRLA drop_path={drop_path} needs {num_levels} rates in [0, 1)")
         self.drop_path = tuple(float(r) for r in rates)
         level_cls = MRLALight if variant == "light" else MRLABase
+        count = num_levels - int(skip_last_level)
         self.levels = nn.ModuleList(
             level_cls(
                 dim,
@@ -290,8 +324,13 @@ class LayerAttention(nn.Module):
                 recurrent=not self.starts_stage(i),
                 kernel_size=kernel_size,
                 norm_eps=norm_eps,
+                input_norm=input_norm,
+                value_act=variant == "light" if value_act is None else value_act,
             )
-            for i in range(num_levels - int(skip_last_level))
+            for i in range(count)
+        )
+        self.branch_norms = (
+            nn.ModuleList(nn.BatchNorm1d(dim) for _ in range(count)) if branch_norm else None
         )
 
     def starts_stage(self, level: int) -> bool:
@@ -312,7 +351,11 @@ class LayerAttention(nn.Module):
         """
         p = num_prefix_tokens
         out, state = self.levels[level](x[:, p:], grid, state)  # B x N x C
+        if self.branch_norms is not None:  # over B and N per channel, as BatchNorm2d on maps
+            out = self.branch_norms[level](out.transpose(1, 2)).transpose(1, 2)
         out = _drop_path(out, self.drop_path[level], self.training)
+        if p == 0:  # no copy: keeps the memory layout of x (a CNN's channels-first map)
+            return x + out, state
         return torch.cat([x[:, :p], x[:, p:] + out], dim=1), state
 
     def start(self, grid: tuple[int, int], num_prefix_tokens: int = 1) -> LayerAttentionHook:

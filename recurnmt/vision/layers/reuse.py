@@ -87,6 +87,10 @@ class FeatureReuse(nn.Module):
         hidden_dim: hidden width of ``f_l`` (128 in the paper).
         context_dim: D' (48 in the paper).
         norm_eps: LN epsilon.
+        skip_last_level: no ``f_L`` for the last level, whose context is zero: the class
+            token's context is zero anyway (sec. 3.2), and the last level's patch tokens are
+            never read when the downstream model is the cascade's last and classifies from its
+            class token, so ``f_L`` would change nothing and receive no gradient.
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class FeatureReuse(nn.Module):
         hidden_dim: int = 128,
         context_dim: int = 48,
         norm_eps: float = 1e-6,
+        skip_last_level: bool = False,
     ) -> None:
         super().__init__()
         self.block_of_level = tuple(block_of_level)
@@ -113,7 +118,7 @@ class FeatureReuse(nn.Module):
                 nn.GELU(),
                 nn.Linear(hidden_dim, context_dim),
             )
-            for _ in range(num_levels)
+            for _ in range(num_levels - int(skip_last_level))
         )
         self.norm_of_level = tuple(range(num_levels)) if norms_per_level else self.block_of_level
         self.proj_of_level = (0,) * num_levels if shared_ffn else self.block_of_level
@@ -133,12 +138,22 @@ class FeatureReuse(nn.Module):
     def contexts(
         self, tokens: Tensor, grid_in: Grid, grid_out: Grid, prefix: int, mode: str
     ) -> Tensor:
-        """Upstream tokens B x T_up x D_up -> contexts L x B x N x D' on the downstream grid."""
+        """Upstream tokens B x T_up x D_up -> contexts L x B x N x D' on the downstream grid
+        (L counts the levels that have an ``f_l``).
+
+        Eq. 4's "reshaped to the corresponding locations in the original image, upsampled":
+        the context of level l at downstream token n comes from the upstream tokens at the
+        same image location (on equal grids, exactly ``f_l`` of upstream token n).
+        """
         patches = tokens[:, prefix:]  # B x N_up x D_up
-        e = torch.stack([f(patches) for f in self.f])  # L x B x N_up x D'
-        num_levels, b, n, d = e.shape
-        e = e.transpose(0, 1).reshape(b, n, num_levels * d)  # B x N_up x LD'
-        e = upsample_tokens(e, grid_in, grid_out, mode)  # B x N x LD'
+        if not self.f:  # a one-level model whose only level is skipped
+            return patches.new_zeros(
+                0, patches.size(0), grid_out[0] * grid_out[1], self.context_dim
+            )
+        e = torch.stack([f(patches) for f in self.f], dim=2)  # B x N_up x L x D'
+        b, n, num_levels, d = e.shape
+        # levels as channels of one image, so all levels are upsampled in one call
+        e = upsample_tokens(e.reshape(b, n, num_levels * d), grid_in, grid_out, mode)
         return e.unflatten(-1, (num_levels, d)).permute(2, 0, 1, 3)  # L x B x N x D'
 
     def ffn_input(
@@ -148,7 +163,12 @@ class FeatureReuse(nn.Module):
         the joint norm (B x T x D) and ``W_E`` times its D' part (B x T x F)."""
         if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
             raise ValueError("feature reuse needs affine LayerNorms before the FFN")
-        e = F.pad(contexts[level], (0, 0, prefix, 0))  # B x T x D', zero at the class token
+        # B x T x D', zero at the class token (and at a skipped last level)
+        if level < len(contexts):
+            e = contexts[level]
+        else:
+            e = x.new_zeros(x.size(0), x.size(1) - prefix, self.context_dim)
+        e = F.pad(e, (0, 0, prefix, 0))
         ctx_norm = self.norms[self.norm_of_level[level]]
         d = x.size(-1)
         u = torch.cat([x, e.to(x.dtype)], dim=-1)  # B x T x (D + D')

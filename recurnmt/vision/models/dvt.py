@@ -29,7 +29,9 @@ copied):
   from a context LN; the first FFN layer's D' extra columns add their product to the hidden
   pre-activation. Both belong to the block, so a recurrent backbone shares them as it shares
   the block (per level where it has per-level norms, one set for a One Wide FFN); ``f_l`` is
-  per level (eq. 4). The class token's context is zero (paper).
+  per level (eq. 4). The class token's context is zero (paper). The last model of a cascade
+  that classifies from its class token has no ``f_L`` for its last level: those patch tokens
+  are never read, so ``f_L`` could change nothing (its context is zero instead).
 * ``f_l`` reads the upstream tokens after the final LN (the authors' code takes them before;
   ``f_l`` starts with its own LN either way).
 * Upsampling is bilinear (``upsample_mode``); the authors use nearest upsampling to about 2x
@@ -132,6 +134,7 @@ class DVTCascade(nn.Module):
         self.relation_reuse = nn.ModuleList()
         for up, down in zip(stages[:-1], stages[1:], strict=True):
             shape = _stack_shape(down)
+            last = down is stages[-1]
             if feature_reuse:
                 if shape["ffn_dim"] is None:
                     raise ValueError("feature_reuse=True needs backbones with an FFN")
@@ -146,6 +149,7 @@ class DVTCascade(nn.Module):
                         hidden_dim=context_hidden_dim,
                         context_dim=context_dim,
                         norm_eps=shape["norm_eps"],
+                        skip_last_level=last and down.global_pool == "token",
                     )
                 )
             else:
@@ -420,8 +424,9 @@ def dvt_deit_small_patch16_224(**kwargs) -> DVTCascade:
     """DVT on DeiT-S (DVT sec. 4, Table 4, Fig. 7): 7x7 -> 10x10 -> 14x14 tokens.
 
     Three DeiT-S (22.05M at 14x14; the coarser stages have smaller position tables) plus
-    feature reuse (2 x 12 x (f_l + LN + 48 x 1536 columns) = 3.12M) and relationship reuse
-    (2 x MLP 72 -> 216 -> 72 = 0.06M): 69.24M, 66.06M without reuse. ``backbone=`` swaps
+    feature reuse (2 x 12 x (f_l + LN + 48 x 1536 columns) = 3.12M, less the last model's
+    f_12, 0.06M, whose context no output reads) and relationship reuse (2 x MLP
+    72 -> 216 -> 72 = 0.06M): 69.19M, 66.06M without reuse. ``backbone=`` swaps
     the backbone, e.g. ``"deit_tiny_recursive_patch16_224"`` or ``"uit_small_patch16_224"``.
     """
     return _create_dvt(

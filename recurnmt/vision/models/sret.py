@@ -28,10 +28,10 @@ Details the paper's text leaves open, settled from its released code where neede
   ``"linear"`` is DeiT's rule over all L levels: ``rate * i / (L - 1)`` at global level i.
   NLLs have no stochastic depth (neither has the reference's).
 * Permutation per loop (``attn_permute``). The text asks for a permutation before slicing and
-  its inverse after (appendix C, "P+I"), without saying at which loop. Algorithm 1 (appendix D)
-  and the released code permute only at the second loop and slice the first loop's tokens
-  contiguously (runs of rows of the token grid). We keep permuting at every sliced loop
-  (``"always"``, the default); ``"reference"`` gives the released schedule.
+  its inverse after (appendix C, "P+I") without saying at which loop; Algorithm 1 (appendix D)
+  and the released code slice the first loop's tokens contiguously (runs of rows of the token
+  grid) and permute (and invert) at the later loop. That is the default (``"reference"``);
+  ``"always"`` permutes at every sliced loop.
 * Layer norms use eps 1e-6 and the stages have no final norm: SReT normalises once, after
   global average pooling (as the reference).
 """
@@ -50,7 +50,7 @@ from recurnmt.vision.registry import register_model
 
 FINAL_GROUPS = ((8, 2), (4, 1), (1, 1))  # SReT appendix C, Table 7: [8,2][4,1][1,1]
 DROP_PATH_SCHEDULES = ("reference", "linear")
-PERMUTE_SCHEDULES = ("always", "reference")
+PERMUTE_SCHEDULES = ("reference", "always")
 
 
 def sret_drop_path_rates(
@@ -90,8 +90,8 @@ def attn_permute_schedule(setting: str | Sequence[bool], loops: int) -> tuple[bo
     """Whether loop r of a block permutes the tokens before slicing them, for every r.
 
     Args:
-        setting: ``always`` (every loop), ``reference`` (not at the first loop, as Algorithm 1
-            and the released code) or one bool per loop.
+        setting: ``reference`` (every loop but the first, as Algorithm 1 and the released
+            code), ``always`` (every loop) or one bool per loop.
         loops: times each block runs.
 
     Raises:
@@ -131,7 +131,7 @@ class SReT(nn.Module):
         attn_drop_rate: attention dropout.
         drop_path_rate: stochastic depth, the top rate of ``drop_path_schedule``.
         drop_path_schedule: ``reference`` or ``linear`` (see the module docstring).
-        attn_permute: ``always``, ``reference`` or one bool per loop: which loops permute the
+        attn_permute: ``reference``, ``always`` or one bool per loop: which loops permute the
             tokens before slicing them (see the module docstring).
         stem_dims: widths of the first two stem convolutions (default C1 / 2 and C1).
         mrla: ``light`` or ``base`` adds MRLA layer attention after every level, one stage of
@@ -158,7 +158,7 @@ class SReT(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         drop_path_schedule: str = "reference",
-        attn_permute: str | Sequence[bool] = "always",
+        attn_permute: str | Sequence[bool] = "reference",
         stem_dims: tuple[int, int] | None = None,
         mrla: str | None = None,
         mrla_head_dim: int = 16,
