@@ -223,7 +223,9 @@ def export(
 
     cfg, arch = read_checkpoint(checkpoint)
     data = Path(data if data is not None else str(cfg.task.data).split(":")[0])
-    if not (data / f"dict.{cfg.task.target_lang}.txt").is_file():
+    lang = getattr(cfg.task, "target_lang", None)  # None: fairseq infers it from the files
+    dictionaries = [data / f"dict.{lang}.txt"] if lang else list(data.glob("dict.*.txt"))
+    if not any(d.is_file() for d in dictionaries):
         raise FileNotFoundError(
             f"data directory {data} (its dictionary) not found; pass --data DIR"
         )

@@ -162,6 +162,10 @@ BAD_INPUTS: dict[str, BadInput] = {
     ),
     "python scripts/benchmark_nmt.py": lambda tmp: (["--archs", "no_such_arch"], "no_such_arch"),
     "python scripts/compare_nmt.py": lambda tmp: (["--archs", "no_such_arch"], "no_such_arch"),
+    "python scripts/export_equivalence.py": lambda tmp: (
+        [str(tmp / "none.pt"), "--data", str(tmp)],
+        "none.pt",
+    ),
     "python scripts/depth_memory.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
     "python scripts/benchmark_vision.py": lambda tmp: (["--models", "vit_xl"], "vit_xl"),
     "python scripts/demo_nmt.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),

@@ -152,3 +152,21 @@ def test_a_checkpoint_that_is_no_recurnmt_model_is_refused(tmp_path):
         read_checkpoint(vanilla)
     with pytest.raises(FileNotFoundError, match="gone.pt"):
         read_checkpoint(tmp_path / "gone.pt")
+
+
+def test_translation_pipeline_loads_the_directory(tmp_path):
+    """transformers 5 dropped the task; importing recurnmt.hf serves it again."""
+    from transformers import pipeline
+
+    from data_prep.embedded import SHIPPED_DIR
+
+    _, hf, _ = _exported("ringformer_tiny")
+    hf.save_pretrained(tmp_path)
+    vocab = tmp_path / "dict.txt"
+    vocab.write_text("".join(f"{s}\n" for s in DICT.symbols), encoding="utf-8")
+    tokenizer = RecurnmtTokenizer(str(vocab), spm_file=str(SHIPPED_DIR / "spm.model"))
+    tokenizer.save_pretrained(tmp_path)
+    translate = pipeline("translation", model=str(tmp_path))
+    inputs = tokenizer("Wählen Sie", return_tensors="pt")
+    expected = tokenizer.decode(hf.generate(**inputs)[0], skip_special_tokens=True)
+    assert translate("Wählen Sie") == [{"translation_text": expected}]
