@@ -90,23 +90,45 @@ class TokenFrontEnd(nn.Module):
         return x, positions
 
 
-class RecurnmtEncoder(nn.Module):
+class StackSide(nn.Module):
+    """One side: its token front end and the :class:`RecurrentStack` built from its
+    ``StackConfig`` (at the elastic depth the checkpoint was run at).
+
+    Args:
+        config: the model configuration.
+        embed_tokens: this side's (possibly shared) token embedding.
+        side: ``encoder`` or ``decoder``.
+    """
+
+    def __init__(self, config: RecurnmtConfig, embed_tokens: nn.Embedding, side: str) -> None:
+        super().__init__()
+        self.stack_cfg: StackConfig = config.stack_config(side)
+        max_positions = (
+            config.max_source_positions if side == "encoder" else config.max_target_positions
+        )
+        self.embed = TokenFrontEnd(
+            config,
+            embed_tokens,
+            max_positions,
+            add_positions=not self.stack_cfg.positions_every_level,
+        )
+        self.stack = build_stack(self.stack_cfg)
+        self.stack.set_depth(getattr(config, f"{side}_levels"))
+
+    def level_hooks(self, positions: Tensor | None) -> list[AddAtEveryLevel]:
+        """The Universal Transformer's positions at every level, as fairseq adds them."""
+        if not self.stack_cfg.positions_every_level:
+            return []
+        return [AddAtEveryLevel(self.stack_cfg.coordinate_scale * positions)]
+
+
+class RecurnmtEncoder(StackSide):
     """Embeddings and the encoder's :class:`RecurrentStack` (``model.get_encoder()``)."""
 
     main_input_name = "input_ids"
 
     def __init__(self, config: RecurnmtConfig, embed_tokens: nn.Embedding) -> None:
-        super().__init__()
-        self.stack_cfg: StackConfig = config.stack_config("encoder")
-        self.coordinate_scale = self.stack_cfg.coordinate_scale
-        self.embed = TokenFrontEnd(
-            config,
-            embed_tokens,
-            config.max_source_positions,
-            add_positions=not self.stack_cfg.positions_every_level,
-        )
-        self.stack = build_stack(self.stack_cfg)
-        self.stack.set_depth(config.encoder_levels)
+        super().__init__(config, embed_tokens, "encoder")
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor | None = None, **unused: Any
@@ -119,27 +141,16 @@ class RecurnmtEncoder(nn.Module):
         x, positions = self.embed(input_ids)
         if has_pads:  # as fairseq's encoder: padding enters the stack as zeros
             x = x * (~padding_mask).unsqueeze(-1).type_as(x)
-        hooks = []
-        if self.stack_cfg.positions_every_level:
-            hooks.append(AddAtEveryLevel(self.coordinate_scale * positions))
+        hooks = self.level_hooks(positions)
         out = self.stack(x, padding_mask=padding_mask if has_pads else None, hooks=hooks)
         return BaseModelOutput(last_hidden_state=out.output)  # B x S x C
 
 
-class RecurnmtDecoder(nn.Module):
+class RecurnmtDecoder(StackSide):
     """Embeddings and the decoder's causal :class:`RecurrentStack` with cross-attention."""
 
     def __init__(self, config: RecurnmtConfig, embed_tokens: nn.Embedding) -> None:
-        super().__init__()
-        self.stack_cfg: StackConfig = config.stack_config("decoder")
-        self.embed = TokenFrontEnd(
-            config,
-            embed_tokens,
-            config.max_target_positions,
-            add_positions=not self.stack_cfg.positions_every_level,
-        )
-        self.stack = build_stack(self.stack_cfg)
-        self.stack.set_depth(config.decoder_levels)
+        super().__init__(config, embed_tokens, "decoder")
 
     def forward(
         self,
@@ -151,9 +162,7 @@ class RecurnmtDecoder(nn.Module):
         """B x T decoder features for B x T target-prefix ids (only the new ones with a cache)."""
         offset = 0 if cache is None else cache.steps
         x, positions = self.embed(input_ids, offset)
-        hooks = []
-        if self.stack_cfg.positions_every_level:
-            hooks.append(AddAtEveryLevel(self.stack_cfg.coordinate_scale * positions))
+        hooks = self.level_hooks(positions)
         padding_mask = None
         if cache is None:  # teacher forcing: padding inside a prefix is masked (fairseq does too)
             pad = input_ids.eq(self.embed.padding_idx)
