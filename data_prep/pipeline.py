@@ -7,7 +7,9 @@ rest in a temporary directory that is renamed to the output path when everything
 out/
   dict.{src,tgt}.txt  {split}.{src}-{tgt}.{src,tgt}.{bin,idx}   # fairseq-preprocess output
   {split}.raw.{src,tgt}    # detokenized text: sacrebleu references and interactive input
-  spm.model | bpe.codes    # the segmentation model, to encode new input / decode output
+  spm.model | bpe.codes | tokenizer/   # the segmentation model, to encode new input / decode
+                                       # output (tokenizer/: a word-piece tokenizer, whose
+                                       # vocabulary is the dictionary one to one)
   prepare.json             # what was prepared from what; written last
 ```
 """
@@ -27,6 +29,7 @@ from data_prep.binarize import binarize
 from data_prep.cleaning import FilterStats, PairFilter, filter_pairs
 from data_prep.segment import SegmentationSpec, fit_segmenter, segment_file
 from data_prep.textio import iter_lines
+from data_prep.wordpiece import WordPieceSegmenter, write_fairseq_dictionary
 
 SPLITS = ("train", "valid", "test")
 STAMP_NAME = "prepare.json"
@@ -124,7 +127,10 @@ def prepare_binarized(request: PrepareRequest, write_inputs: InputWriter) -> Pat
         spec = request.segmentation
         model = tmp / spec.model_file_name
         print(f"learning/loading {spec.kind} segmentation ...", file=sys.stderr)
-        fit_segmenter(spec, [work / f"train.{src}", work / f"train.{tgt}"], model)
+        segmenter = fit_segmenter(spec, [work / f"train.{src}", work / f"train.{tgt}"], model)
+        srcdict = None  # a dictionary learnt from train, unless the tokenizer fixes one
+        if isinstance(segmenter, WordPieceSegmenter):
+            srcdict = write_fairseq_dictionary(segmenter.tokenizer, work / "dict.txt")
         counts: dict[str, int] = {}
         for split in SPLITS:
             for lang in (src, tgt):
@@ -136,7 +142,7 @@ def prepare_binarized(request: PrepareRequest, write_inputs: InputWriter) -> Pat
         if request.train_filter is not None:
             filter_stats = _filter_train(work, src, tgt, request.train_filter).as_dict()
             prefixes["train"] = work / "train.clean"
-        binarize(prefixes, tmp, src, tgt, workers=request.workers)
+        binarize(prefixes, tmp, src, tgt, workers=request.workers, srcdict=srcdict)
         shutil.rmtree(work)
         record = {
             "stamp": stamp,

@@ -1,4 +1,5 @@
-"""Subword segmentation: joint sentencepiece models and joint BPE (subword-nmt).
+"""Subword segmentation: joint sentencepiece models, joint BPE (subword-nmt), and the word
+pieces of a pretrained BERT-style tokenizer (:mod:`data_prep.wordpiece`).
 
 A segmenter turns one line of (already cleaned / tokenized) text into space-separated subword
 units, the input format of ``fairseq-preprocess``. Both kinds are learnt jointly on the source
@@ -18,8 +19,14 @@ from tqdm import tqdm
 
 from data_prep.parallel import imap_ordered
 from data_prep.textio import iter_lines
+from data_prep.wordpiece import (
+    TOKENIZER_DIR,
+    WordPieceSegmenter,
+    load_wordpiece_tokenizer,
+    save_tokenizer,
+)
 
-SegmentationKind = Literal["spm", "bpe"]
+SegmentationKind = Literal["spm", "bpe", "wordpiece"]
 
 
 class Segmenter(Protocol):
@@ -35,7 +42,8 @@ class SegmentationSpec:
     """How to segment a corpus.
 
     Attributes:
-        kind: ``"spm"`` (sentencepiece) or ``"bpe"`` (subword-nmt, as in fairseq's recipes).
+        kind: ``"spm"`` (sentencepiece), ``"bpe"`` (subword-nmt, as in fairseq's recipes) or
+            ``"wordpiece"`` (a pretrained tokenizer, :mod:`data_prep.wordpiece`).
         vocab_size: Sentencepiece vocabulary size, or number of BPE merge operations.
         spm_model_type: Sentencepiece algorithm (``"unigram"`` or ``"bpe"``).
         spm_normalization: Sentencepiece normalization rule (``"identity"`` keeps text exactly,
@@ -46,6 +54,8 @@ class SegmentationSpec:
         seed: Random seed for sentencepiece training.
         spm_max_sentences: Train sentencepiece on a random sample of this many lines
             (0: all lines, in order). Large corpora (WMT) need a sample to fit in memory.
+        tokenizer: The pretrained word-piece tokenizer (hub name or directory), for
+            ``"wordpiece"``.
     """
 
     kind: SegmentationKind = "spm"
@@ -56,11 +66,13 @@ class SegmentationSpec:
     pretrained: Path | None = None
     seed: int = 1
     spm_max_sentences: int = 0
+    tokenizer: str | None = None
 
     @property
     def model_file_name(self) -> str:
         """Name under which the model is stored next to the binarized data."""
-        return "spm.model" if self.kind == "spm" else "bpe.codes"
+        names = {"spm": "spm.model", "bpe": "bpe.codes", "wordpiece": TOKENIZER_DIR}
+        return names[self.kind]
 
 
 class SentencePieceSegmenter:
@@ -186,6 +198,8 @@ def learn_bpe(inputs: Sequence[Path], codes: Path, merges: int) -> Path:
 
 def load_segmenter(kind: SegmentationKind, model: Path) -> Segmenter:
     """Load a trained segmentation model of the given kind."""
+    if kind == "wordpiece":
+        return WordPieceSegmenter(model)
     return SentencePieceSegmenter(model) if kind == "spm" else BpeSegmenter(model)
 
 
@@ -199,12 +213,17 @@ def fit_segmenter(spec: SegmentationSpec, train_files: Sequence[Path], model: Pa
     Args:
         spec: What to learn.
         train_files: Source- and target-side training text for joint learning.
-        model: Where the model is stored (``spm.model`` or ``bpe.codes``).
+        model: Where the model is stored (``spm.model``, ``bpe.codes`` or the ``tokenizer``
+            directory of a word-piece tokenizer, saved there as it was loaded).
 
     Returns:
         A segmenter backed by ``model``.
     """
-    if spec.pretrained is not None:
+    if spec.kind == "wordpiece":
+        if spec.tokenizer is None:
+            raise ValueError("word-piece segmentation needs a tokenizer")
+        save_tokenizer(load_wordpiece_tokenizer(spec.tokenizer), model)
+    elif spec.pretrained is not None:
         model.write_bytes(Path(spec.pretrained).read_bytes())
     elif spec.kind == "spm":
         train_sentencepiece(train_files, model, spec)

@@ -13,6 +13,13 @@ pairs), with the usual evaluation sets of the literature: newstest2013 (the hub'
 
 ``--segmentation spm`` skips the tokenization (normalization stays) and learns a joint
 sentencepiece model (on a 4M-line sample of train) instead of BPE.
+
+``--tokenizer bibert`` (RingFormer sec. 4.1) also skips the tokenization and segments with
+the BiBERT authors' 52K word-piece tokenizer (``jhu-clsp/bibert-ende`` through
+``transformers``, or ``--tokenizer-path DIR``), binarized with a fairseq dictionary that is the
+tokenizer's vocabulary one to one (see :mod:`data_prep.wordpiece`); the tokenizer is saved in
+``OUT/tokenizer/`` for decoding (``fairseq-generate --bpe bert --bpe-vocab-file
+OUT/tokenizer/vocab.txt``) and for ``python -m recurnmt.export``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from data_prep.hubprep import (
 )
 from data_prep.moses import MosesRecipe
 from data_prep.pipeline import PrepareRequest, prepare_binarized
+from data_prep.segment import SegmentationSpec
+from data_prep.wordpiece import BIBERT
 from recurnmt.cli import entry_point
 
 PROG = "python -m data_prep.wmt14"
@@ -78,16 +87,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_hub_arguments(parser, DEFAULTS)
+    parser.add_argument(
+        "--tokenizer",
+        choices=["bibert"],
+        help="segment with a pretrained word-piece tokenizer instead of --segmentation: "
+        "bibert, the 52K BiBERT vocabulary of RingFormer sec. 4.1",
+    )
+    parser.add_argument(
+        "--tokenizer-path",
+        default=BIBERT,
+        metavar="NAME_OR_DIR",
+        help=f"hub name or local directory of the --tokenizer (default: {BIBERT})",
+    )
     return parser.parse_args(argv)
+
+
+def segmentation_spec(args: argparse.Namespace) -> SegmentationSpec:
+    """The segmentation: --segmentation's, or the pretrained --tokenizer's word pieces."""
+    if args.tokenizer is None:
+        return segmentation_from_args(args, DEFAULTS.spm_max_sentences)
+    if args.segmentation != "bpe":  # bpe is the default, so it was not asked for
+        raise PrepError(
+            f"--tokenizer {args.tokenizer} segments with its own word pieces; "
+            f"drop --segmentation {args.segmentation}"
+        )
+    return SegmentationSpec(kind="wordpiece", tokenizer=str(args.tokenizer_path))
 
 
 def prepare(args: argparse.Namespace) -> Path:
     """Run the whole preparation for parsed ``args``; returns the output directory."""
     if {args.src, args.tgt} != {"de", "en"}:
         raise PrepError(f"--src/--tgt must be de and en in either order, got {args.src}-{args.tgt}")
+    segmentation = segmentation_spec(args)
     source = source_with_revision(SOURCE, args.revision)
     splits = load_splits(source, args.from_local, args.cache_dir, args.redownload)
-    tokenize = args.segmentation == "bpe"
+    tokenize = segmentation.kind == "bpe"
     langs = (args.src, args.tgt)
 
     def write_inputs(work: Path, out: Path) -> None:
@@ -108,13 +142,21 @@ def prepare(args: argparse.Namespace) -> Path:
         out=args.out,
         src=args.src,
         tgt=args.tgt,
-        segmentation=segmentation_from_args(args, DEFAULTS.spm_max_sentences),
-        stamp=stamp_for(source, args, corpus="wmt14"),
+        segmentation=segmentation,
+        stamp=stamp_for(source, args, corpus="wmt14", **_tokenizer_stamp(args)),
         train_filter=TRAIN_FILTER,
         workers=args.workers,
         force=args.force,
     )
     return prepare_binarized(request, write_inputs)
+
+
+def _tokenizer_stamp(args: argparse.Namespace) -> dict[str, str]:
+    """The stamp's tokenizer entry (none without --tokenizer: older stamps stay valid)."""
+    if args.tokenizer is None:
+        return {}
+    path = Path(args.tokenizer_path)
+    return {"tokenizer": str(path.resolve()) if path.is_dir() else str(args.tokenizer_path)}
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -136,6 +136,10 @@ BAD_INPUTS: dict[str, BadInput] = {
     "python -m recurnmt.nmt.results": _results,
     "python -m recurnmt.nmt.recipe": _recipe,
     "python -m recurnmt.nmt.launch": _launch,
+    "python -m recurnmt.export": lambda tmp: (
+        [str(tmp / "bad_input.py"), str(tmp / "out")],  # an empty file, no checkpoint
+        "bad_input.py is not a fairseq checkpoint",
+    ),
     # python -m, data_prep
     "python -m data_prep.check": _missing("data-bin"),
     "python -m data_prep.iwslt14": _hub_prep,
@@ -158,6 +162,10 @@ BAD_INPUTS: dict[str, BadInput] = {
     ),
     "python scripts/benchmark_nmt.py": lambda tmp: (["--archs", "no_such_arch"], "no_such_arch"),
     "python scripts/compare_nmt.py": lambda tmp: (["--archs", "no_such_arch"], "no_such_arch"),
+    "python scripts/export_equivalence.py": lambda tmp: (
+        [str(tmp / "none.pt"), "--data", str(tmp)],
+        "none.pt",
+    ),
     "python scripts/depth_memory.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
     "python scripts/benchmark_vision.py": lambda tmp: (["--models", "vit_xl"], "vit_xl"),
     "python scripts/benchmark_data.py": lambda tmp: (

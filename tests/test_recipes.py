@@ -29,7 +29,7 @@ from tests import nmt_fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = recipes.recipe_files()
-DATASETS = ("_wmt14_big", "_wmt14", "_iwslt14")
+DATASETS = ("_wmt14_bibert_base", "_wmt14_bibert_big", "_wmt14_big", "_wmt14", "_iwslt14")
 # RingFormer Table 1, P* in millions: base (512/2048) and large (1024/4096)
 TABLE1 = {
     "recurrent_transformer": (44.05, 176.18),

@@ -53,12 +53,15 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         if self.share_input_output_embed:
             self.output_projection = None
         else:
+            bias = bool(getattr(args, "output_projection_bias", False))
             self.output_projection = nn.Linear(
-                embed_tokens.embedding_dim, len(dictionary), bias=False
+                embed_tokens.embedding_dim, len(dictionary), bias=bias
             )
             nn.init.normal_(
                 self.output_projection.weight, mean=0, std=embed_tokens.embedding_dim**-0.5
             )
+            if bias:
+                nn.init.zeros_(self.output_projection.bias)
 
     @property
     def embed_tokens(self) -> nn.Embedding:

@@ -54,6 +54,9 @@ BASE: Defaults = {
     "mixed_depth": "off",
     "encoder_levels": None,  # elastic depth: run at another depth (None: as built)
     "decoder_levels": None,
+    # embedding layout (recurnmt.nmt.embedding_layout): fairseq's unless asked
+    "share_encoder_decoder_embeddings": False,
+    "output_projection_bias": False,
 }
 
 
@@ -151,8 +154,12 @@ def fill_defaults(args: Any, family: str, size: str) -> None:
         size: a key of :data:`SIZES`.
     """
     layers = (FAMILY_SIZE.get((family, size), {}), FAMILIES[family], SIZES[size], BASE)
+    # the A.1 layout unties the head, so a family's tied head (SReT) does not apply to it
+    untied = bool(getattr(args, "share_encoder_decoder_embeddings", False))
     for defaults in layers:
         for name, value in defaults.items():
+            if untied and name == "share_decoder_input_output_embed":
+                continue
             if getattr(args, name, None) is None:
                 setattr(args, name, value)
     base_architecture(args)

@@ -113,12 +113,20 @@ def evaluation_steps(
         "required_batch_size_multiple": 1,
         "post_process": "sentencepiece" if segmentation == "spm" else "subword_nmt",
     }
+    if segmentation == "bibert":  # fairseq's BERT word-piece decoder joins the "##" pieces
+        del options["post_process"]
+        options.update(
+            bpe="bert", bpe_cased=True, bpe_vocab_file=str(data / "tokenizer" / "vocab.txt")
+        )
     options.update(generate_options or {})
     gen_out = run_dir / f"generate-{settings.subset}.txt"
     steps.append(Step((*fairseq_tool("generate"), str(data), *fairseq_flags(options)), gen_out))
 
-    moses = segmentation == "bpe"
-    tokenized = moses if settings.tokenized_bleu is None else settings.tokenized_bleu
+    # word pieces split punctuation off as Moses does, so both are Moses-detokenized
+    moses = segmentation in ("bpe", "bibert")
+    tokenized = (
+        segmentation == "bpe" if settings.tokenized_bleu is None else settings.tokenized_bleu
+    )
     compound = preset.compound_split if settings.compound_split is None else settings.compound_split
     lowercase = preset.lowercase if settings.lowercase is None else settings.lowercase
     target = options.get("target_lang") or preset.target_lang

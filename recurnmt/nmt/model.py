@@ -16,6 +16,7 @@ from recurnmt.modules import ConfigError
 from recurnmt.nmt.decoder import RecurrentDecoder
 from recurnmt.nmt.defaults import fill_arch_defaults
 from recurnmt.nmt.distributed_checks import check_distributed
+from recurnmt.nmt.embedding_layout import check_embedding_layout
 from recurnmt.nmt.encoder import RecurrentEncoder
 from recurnmt.nmt.options import (
     add_recurrent_args,
@@ -48,7 +49,13 @@ class RecurrentTransformerModel(TransformerModel):
             if getattr(args, name, None) is None:  # as fairseq's TransformerModel does
                 setattr(args, name, 1024)
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-        if args.share_all_embeddings:
+        check_embedding_layout(args, src_dict == tgt_dict)
+        if args.share_encoder_decoder_embeddings:  # RingFormer A.1: the head stays untied
+            encoder_embed = cls.build_embedding(
+                args, src_dict, args.encoder_embed_dim, args.encoder_embed_path
+            )
+            decoder_embed = encoder_embed
+        elif args.share_all_embeddings:
             if src_dict != tgt_dict:
                 raise ValueError("--share-all-embeddings requires a joined dictionary")
             encoder_embed = cls.build_embedding(

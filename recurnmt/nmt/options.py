@@ -24,6 +24,7 @@ from recurnmt.modules.config import (
     SignalConfig,
     StackConfig,
 )
+from recurnmt.nmt.embedding_layout import add_embedding_layout_args
 
 LAYER_NORM_PLACES = ("per-level", "per-block")
 POSITION_PLACES = ("input", "every-level")
@@ -162,6 +163,7 @@ def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
             f"\"{{'{side}_levels': K}}\"); K beyond the built depth needs parameter-free "
             "level parts (Universal Transformer)",
         )
+    add_embedding_layout_args(group)
 
 
 # fairseq transformer options that the recurrent models do not implement: refusing them

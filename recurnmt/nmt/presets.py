@@ -28,8 +28,9 @@ class DatasetPreset:
         lenpen: length penalty.
         lowercase: the data is lowercased, so sacrebleu compares case-insensitively.
         compound_split: tokenized BLEU with compound splitting.
-        segmentation: ``bpe`` (Moses + subword-nmt) or ``spm``, when the data directory does
-            not say (its ``spm.model`` / ``bpe.codes``).
+        segmentation: ``bpe`` (Moses + subword-nmt), ``spm`` or ``bibert`` (a word-piece
+            tokenizer), when the data directory does not say (its ``spm.model`` /
+            ``bpe.codes`` / ``tokenizer/``).
     """
 
     name: str
@@ -81,6 +82,19 @@ PRESETS: dict[str, DatasetPreset] = {
         beam=4,
         lenpen=0.6,
     ),
+    # RingFormer sec. 4.1 / Table 1 exactly: the same sentences, tokenized with the 52K BiBERT
+    # vocabulary (data_prep.bibert); decoded with fairseq's BERT word-piece decoder
+    "wmt14_de_en_bibert": DatasetPreset(
+        "wmt14_de_en_bibert",
+        "WMT14 De-En (BiBERT vocabulary)",
+        "data-bin/wmt14_de_en_bibert",
+        "de",
+        "en",
+        "python -m data_prep.wmt14 --src de --tgt en --tokenizer bibert --out {data}",
+        beam=4,
+        lenpen=0.6,
+        segmentation="bibert",
+    ),
     "lohelp": DatasetPreset(
         "lohelp",
         "LibreOffice help De-En",
@@ -96,8 +110,11 @@ PRESETS: dict[str, DatasetPreset] = {
 
 
 def segmentation_of(data: str | Path, default: str = "bpe") -> str:
-    """``spm`` or ``bpe``: what ``data_prep`` segmented ``data`` with (``default`` if unknown)."""
+    """``spm``, ``bpe`` or ``bibert``: what ``data_prep`` segmented ``data`` with (``default``
+    if unknown)."""
     data = Path(data)
+    if (data / "tokenizer" / "vocab.txt").is_file():
+        return "bibert"
     if (data / "spm.model").is_file():
         return "spm"
     if (data / "bpe.codes").is_file():

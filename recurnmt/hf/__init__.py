@@ -1,0 +1,39 @@
+"""recurnmt translation models in Hugging Face ``transformers``.
+
+Importing this package registers the model type ``recurnmt`` with ``AutoConfig``,
+``AutoModelForSeq2SeqLM`` and ``AutoTokenizer``, so a directory written by
+``python -m recurnmt.export CHECKPOINT OUT_DIR`` loads like any hub model::
+
+    import recurnmt.hf  # noqa: F401  (registers the model type)
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(OUT_DIR)
+    translate = pipeline("translation", model=OUT_DIR)
+
+The model reuses recurnmt's blocks (:mod:`recurnmt.modules`) instead of shipping a second
+implementation of them, so loading needs recurnmt installed (not fairseq). Nothing here
+imports fairseq. transformers 5 dropped the ``translation`` pipeline task; importing this
+package serves it again (:mod:`recurnmt.hf.pipeline`).
+"""
+
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+
+from recurnmt.hf.cache import RecurnmtCache
+from recurnmt.hf.configuration import MODEL_TYPE, RecurnmtConfig
+from recurnmt.hf.modeling import RecurnmtForConditionalGeneration
+from recurnmt.hf.pipeline import TranslationPipeline, register_translation_task
+from recurnmt.hf.tokenization import RecurnmtTokenizer
+
+AutoConfig.register(MODEL_TYPE, RecurnmtConfig, exist_ok=True)
+AutoModelForSeq2SeqLM.register(RecurnmtConfig, RecurnmtForConditionalGeneration, exist_ok=True)
+AutoTokenizer.register(RecurnmtConfig, slow_tokenizer_class=RecurnmtTokenizer, exist_ok=True)
+register_translation_task()  # transformers 5 dropped the task name (see recurnmt.hf.pipeline)
+
+__all__ = [
+    "MODEL_TYPE",
+    "RecurnmtCache",
+    "RecurnmtConfig",
+    "RecurnmtForConditionalGeneration",
+    "RecurnmtTokenizer",
+    "TranslationPipeline",
+]

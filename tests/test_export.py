@@ -1,0 +1,172 @@
+"""``recurnmt.export`` / ``recurnmt.hf``: every NMT family as a transformers model.
+
+The exported model runs recurnmt's own stacks, so its logits are fairseq's up to float
+rounding; ``save_pretrained`` stores every shared tensor once and ``from_pretrained`` (through
+the Auto classes) ties them again; transformers' greedy and beam search with recurnmt's cache
+give fairseq's ``SequenceGenerator`` output. Trained checkpoints and the command line are in
+``tests/test_export_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+import recurnmt.hf  # noqa: F401  (registers the model type)
+from recurnmt.export import convert, generation_config, read_checkpoint
+from recurnmt.hf import RecurnmtCache, RecurnmtForConditionalGeneration, RecurnmtTokenizer
+from recurnmt.nmt.build import arch_train_args
+from tests.nmt_helpers import DICT, batch, build, train_signals
+
+FAMILIES = {
+    "ringformer_tiny": ["--share-all-embeddings"],
+    "universal_transformer_tiny": [],
+    "universal_transformer_act_tiny": ["--share-all-embeddings"],
+    "recurrent_transformer_tiny": [],
+    "owf_tiny": ["--share-all-embeddings"],
+    "sret_tiny": ["--share-encoder-decoder-embeddings", "--output-projection-bias"],
+}
+MAX_LEN = 10
+
+
+def _exported(arch: str):
+    model, args, task = build(arch, *FAMILIES[arch])
+    train_signals(model)
+    model.eval()
+    hf = convert(model, args, arch)
+    hf.generation_config = generation_config(hf, beam=4, lenpen=1.0, max_len_b=MAX_LEN)
+    return model, hf, task
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_round_trip_keeps_the_logits_and_stores_shared_tensors_once(arch, tmp_path):
+    model, hf, _ = _exported(arch)
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        theirs, _ = model(src, lengths, prev)
+        ours = hf(input_ids=src, decoder_input_ids=prev).logits
+    assert (ours - theirs).abs().max() <= 1e-5
+
+    hf.save_pretrained(tmp_path)
+    assert type(AutoConfig.from_pretrained(tmp_path)).__name__ == "RecurnmtConfig"
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, RecurnmtForConditionalGeneration)
+    with torch.no_grad():
+        again = loaded(input_ids=src, decoder_input_ids=prev).logits
+    assert (again - theirs).abs().max() <= 1e-5
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        stored = len(list(f.keys()))
+    assert stored == len({id(p) for p in model.parameters()})  # each shared tensor once
+    shared = {id(p) for p in loaded.parameters()}
+    assert len(shared) == stored  # and tied again on loading
+
+
+def test_the_cache_decodes_step_by_step_as_the_full_pass():
+    _, hf, _ = _exported("ringformer_tiny")
+    src, _, prev = batch()
+    with torch.no_grad():
+        full = hf(input_ids=src, decoder_input_ids=prev, use_cache=False).logits
+        memory = hf.get_encoder()(src)
+        cache = RecurnmtCache()
+        steps = []
+        for t in range(prev.size(1)):
+            out = hf(
+                input_ids=src,
+                encoder_outputs=memory,
+                decoder_input_ids=prev[:, t : t + 1],
+                past_key_values=cache,
+            )
+            steps.append(out.logits)
+            cache = out.past_key_values
+    assert cache.steps == prev.size(1)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+# ACT's halting is a threshold: on random weights a 1e-7 rounding difference can flip a halt
+# and so a near-tied beam; the trained checkpoints of test_export_e2e cover it
+@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("beam", [1, 4])
+def test_generate_gives_fairseqs_search(arch, beam):
+    model, hf, task = _exported(arch)
+    src, lengths, _ = batch(seed=1, bsz=4)
+    generator = SequenceGenerator(
+        [model], task.target_dictionary, beam_size=beam, max_len_b=MAX_LEN
+    )
+    with torch.no_grad():
+        fairseq_out = generator.generate(
+            [model], {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+        )
+        ours = hf.generate(input_ids=src, attention_mask=src.ne(DICT.pad()).long(), num_beams=beam)
+    for i, hyps in enumerate(fairseq_out):
+        tokens = [t for t in ours[i, 1:].tolist() if t != DICT.pad()]  # after the </s> start
+        assert tokens == hyps[0]["tokens"].tolist()
+
+
+def test_tokenizers_follow_the_fairseq_dictionary(tmp_path):
+    from data_prep.embedded import SHIPPED_DIR
+    from data_prep.wordpiece import fairseq_symbols, load_wordpiece_tokenizer
+    from tests.test_data_prep_wordpiece import FIXTURE
+
+    wordpiece = load_wordpiece_tokenizer(FIXTURE)
+    vocab = tmp_path / "dict.txt"
+    vocab.write_text("".join(f"{s}\n" for s in fairseq_symbols(wordpiece)), encoding="utf-8")
+    tok = RecurnmtTokenizer(str(vocab), wordpiece_file=str(FIXTURE / "vocab.txt"))
+    text = "Wählen Sie eine Farbe aus."
+    ids = tok(text)["input_ids"]
+    pieces = wordpiece.tokenize(text)
+    assert ids == [*wordpiece.convert_tokens_to_ids(pieces), tok.eos_token_id]  # ids >= 4 agree
+    assert tok.eos_token_id == 2 and tok.decode(ids, skip_special_tokens=True) == text
+
+    spm_dict = tmp_path / "spm_dict.txt"
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(SHIPPED_DIR / "spm.model"))
+    symbols = ["<s>", "<pad>", "</s>", "<unk>"] + [sp.id_to_piece(i) for i in range(1, 200)]
+    spm_dict.write_text("".join(f"{s}\n" for s in symbols), encoding="utf-8")
+    tok = RecurnmtTokenizer(str(spm_dict), spm_file=str(SHIPPED_DIR / "spm.model"))
+    tok.save_pretrained(tmp_path / "saved")
+    again = RecurnmtTokenizer.from_pretrained(tmp_path / "saved")
+    ids = again("Wählen Sie")["input_ids"]
+    assert ids[-1] == 2 and again.decode(ids, skip_special_tokens=True) == "Wählen Sie"
+    assert again.convert_tokens_to_ids(sp.id_to_piece(5000)) == 3  # not in the dictionary
+    assert again.decode([symbols.index("▁Sie"), 2], skip_special_tokens=True) == "Sie"
+
+
+def test_a_checkpoint_that_is_no_recurnmt_model_is_refused(tmp_path):
+    junk = tmp_path / "model.pt"
+    junk.write_text("not a checkpoint")
+    with pytest.raises(ValueError, match=r"model\.pt is not a fairseq checkpoint"):
+        read_checkpoint(junk)
+    args = arch_train_args("transformer_iwslt_de_en")  # fairseq's own model: not ours
+    vanilla = tmp_path / "vanilla.pt"
+    history = [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
+                "lr_scheduler_state": {"best": None}, "num_updates": 0}]  # fmt: skip
+    extra = {"train_iterator": {"epoch": 1}, "val_loss": None}
+    torch.save(
+        {"args": args, "model": {}, "optimizer_history": history, "extra_state": extra}, vanilla
+    )
+    with pytest.raises(ValueError, match="'transformer_iwslt_de_en' model, not a recurnmt"):
+        read_checkpoint(vanilla)
+    with pytest.raises(FileNotFoundError, match="gone.pt"):
+        read_checkpoint(tmp_path / "gone.pt")
+
+
+def test_translation_pipeline_loads_the_directory(tmp_path):
+    """transformers 5 dropped the task; importing recurnmt.hf serves it again."""
+    from transformers import pipeline
+
+    from data_prep.embedded import SHIPPED_DIR
+
+    _, hf, _ = _exported("ringformer_tiny")
+    hf.save_pretrained(tmp_path)
+    vocab = tmp_path / "dict.txt"
+    vocab.write_text("".join(f"{s}\n" for s in DICT.symbols), encoding="utf-8")
+    tokenizer = RecurnmtTokenizer(str(vocab), spm_file=str(SHIPPED_DIR / "spm.model"))
+    tokenizer.save_pretrained(tmp_path)
+    translate = pipeline("translation", model=str(tmp_path))
+    inputs = tokenizer("Wählen Sie", return_tensors="pt")
+    expected = tokenizer.decode(hf.generate(**inputs)[0], skip_special_tokens=True)
+    assert translate("Wählen Sie") == [{"translation_text": expected}]
