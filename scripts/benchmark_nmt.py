@@ -35,6 +35,8 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     Column,
     emit,
     forward_flags,
+    load_batches,
+    nmt_model_flags,
     ratio_table,
     run_workers,
     sync,
@@ -61,75 +63,6 @@ WORKER_OPTIONS = (
     "seed",
 )
 DEFAULT_ARCHS = list(FAMILY_ORDER)  # fairseq's transformer, then recurnmt's families
-
-
-def model_flags(arch: str, opts: argparse.Namespace) -> list[str]:
-    flags = [
-        "--encoder-embed-dim",
-        str(opts.embed_dim),
-        "--decoder-embed-dim",
-        str(opts.embed_dim),
-        "--encoder-ffn-embed-dim",
-        str(opts.ffn_dim),
-        "--decoder-ffn-embed-dim",
-        str(opts.ffn_dim),
-        "--encoder-attention-heads",
-        str(opts.heads),
-        "--decoder-attention-heads",
-        str(opts.heads),
-        "--encoder-layers",
-        str(opts.levels),
-        "--decoder-layers",
-        str(opts.levels),
-        "--activation-fn",
-        "gelu",
-        "--share-all-embeddings",
-        "--dropout",
-        "0.1",
-    ]
-    if arch == "sret":  # same depth: levels/2 unique blocks, each looped twice
-        half = str(max(1, opts.levels // 2))
-        flags += ["--encoder-unique-layers", half, "--decoder-unique-layers", half]
-    if opts.device == "cpu":
-        flags.append("--cpu")
-    return flags
-
-
-def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int):
-    """``count`` real batches of ``split`` (fairseq's own batching), on the CPU."""
-    from fairseq import options, tasks
-
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser,
-        [
-            str(data),
-            "--task",
-            "translation",
-            "--arch",
-            "transformer",
-            "--cpu",
-            "--max-tokens",
-            str(max_tokens),
-            "--seed",
-            str(seed),
-        ],
-    )
-    task = tasks.setup_task(args)
-    task.load_dataset(split)
-    itr = task.get_batch_iterator(
-        dataset=task.dataset(split),
-        max_tokens=max_tokens,
-        seed=seed,
-        max_positions=(128, 128),
-        ignore_invalid_inputs=True,
-    ).next_epoch_itr(shuffle=True)
-    batches = []
-    for sample in itr:
-        batches.append(sample)
-        if len(batches) == count:
-            break
-    return task, batches
 
 
 def training_memory_mb(model, criterion, sample, device) -> float:
@@ -170,7 +103,9 @@ def worker(opts: argparse.Namespace) -> dict:
         opts.data, "train", opts.max_tokens, opts.steps + opts.warmup, opts.seed
     )
     _, test_batches = load_batches(opts.data, "test", 100000, 1, opts.seed)
-    model, args, _ = build_model(opts.arch, model_flags(opts.arch, opts), task.source_dictionary)
+    model, args, _ = build_model(
+        opts.arch, nmt_model_flags(opts.arch, opts), task.source_dictionary
+    )
     model.to(device)
     params = parameter_report(model)
     criterion = task.build_criterion(args)
@@ -197,7 +132,7 @@ def worker(opts: argparse.Namespace) -> dict:
     # the same weights with fairseq's --checkpoint-activations (per level in our stacks)
     ckpt_model, _, _ = build_model(
         opts.arch,
-        [*model_flags(opts.arch, opts), "--checkpoint-activations"],
+        [*nmt_model_flags(opts.arch, opts), "--checkpoint-activations"],
         task.source_dictionary,
     )
     ckpt_model.load_state_dict(model.state_dict())

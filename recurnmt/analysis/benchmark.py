@@ -94,3 +94,74 @@ def ratio_table(results: Sequence[dict], name_key: str, columns: Sequence[Column
                 line += f"{r[c.key] / max(base[c.key], 1e-12):>7.2f}"
         lines.append(line)
     return "\n".join(lines)
+
+
+def nmt_model_flags(arch: str, opts: argparse.Namespace) -> list[str]:
+    """fairseq flags of one architecture at the benchmarks' common size (``opts``: embed_dim,
+    ffn_dim, heads, levels, device)."""
+    flags = [
+        "--encoder-embed-dim",
+        str(opts.embed_dim),
+        "--decoder-embed-dim",
+        str(opts.embed_dim),
+        "--encoder-ffn-embed-dim",
+        str(opts.ffn_dim),
+        "--decoder-ffn-embed-dim",
+        str(opts.ffn_dim),
+        "--encoder-attention-heads",
+        str(opts.heads),
+        "--decoder-attention-heads",
+        str(opts.heads),
+        "--encoder-layers",
+        str(opts.levels),
+        "--decoder-layers",
+        str(opts.levels),
+        "--activation-fn",
+        "gelu",
+        "--share-all-embeddings",
+        "--dropout",
+        "0.1",
+    ]
+    if arch == "sret":  # same depth: levels/2 unique blocks, each looped twice
+        half = str(max(1, opts.levels // 2))
+        flags += ["--encoder-unique-layers", half, "--decoder-unique-layers", half]
+    if opts.device == "cpu":
+        flags.append("--cpu")
+    return flags
+
+
+def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int):
+    """``count`` real batches of ``split`` (fairseq's own batching), on the CPU."""
+    from fairseq import options, tasks
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            str(data),
+            "--task",
+            "translation",
+            "--arch",
+            "transformer",
+            "--cpu",
+            "--max-tokens",
+            str(max_tokens),
+            "--seed",
+            str(seed),
+        ],
+    )
+    task = tasks.setup_task(args)
+    task.load_dataset(split)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split),
+        max_tokens=max_tokens,
+        seed=seed,
+        max_positions=(128, 128),
+        ignore_invalid_inputs=True,
+    ).next_epoch_itr(shuffle=True)
+    batches = []
+    for sample in itr:
+        batches.append(sample)
+        if len(batches) == count:
+            break
+    return task, batches

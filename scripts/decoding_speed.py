@@ -1,0 +1,103 @@
+"""Generation speed of recurnmt's decoders against fairseq's transformer, interleaved.
+
+Builds every architecture once (same width, FFN, heads and levels as
+``scripts/benchmark_nmt.py``), then decodes the same test sentences with beam search at a fixed
+output length, the architectures taking turns in every round, and reports the process CPU time
+of the fastest round per architecture and its ratio to fairseq's ``transformer``. Taking turns
+in one process on one thread makes the ratios hold on a machine that other jobs share, where
+the wall-clock figures of ``benchmark_nmt.py`` move by about 0.1.
+
+    python scripts/decoding_speed.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from recurnmt.cli import entry_point  # noqa: E402
+from recurnmt.nmt.results import FAMILY_ORDER  # noqa: E402
+
+PROG = "python scripts/decoding_speed.py"
+BASELINE = "transformer"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--archs", nargs="+", default=list(FAMILY_ORDER))
+    parser.add_argument("--data", type=Path, default=ROOT / "data-bin/lohelp_de_en")
+    parser.add_argument("--embed-dim", type=int, default=256)
+    parser.add_argument("--ffn-dim", type=int, default=1024)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--levels", type=int, default=6)
+    parser.add_argument("--sentences", type=int, default=64)
+    parser.add_argument("--gen-batch", type=int, default=16)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--decode-len", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=3)
+    opts = parser.parse_args(argv)
+    if opts.rounds < 1:
+        parser.error(f"--rounds {opts.rounds}: at least one round")
+    if not (opts.data / "dict.en.txt").exists():
+        parser.error(f"--data {opts.data}: no binarized corpus (python -m data_prep.embedded)")
+
+    import torch
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from recurnmt.analysis.benchmark import load_batches, nmt_model_flags
+    from recurnmt.nmt.build import build_model, check_arch
+
+    for arch in opts.archs:
+        check_arch(arch)
+    if BASELINE not in opts.archs:
+        opts.archs.insert(0, BASELINE)
+    torch.set_num_threads(1)
+    flags = argparse.Namespace(**vars(opts), device="cpu")
+    task, _ = load_batches(opts.data, "train", 2048, 1, 1)
+    _, test = load_batches(opts.data, "test", 100000, 1, 1)
+    net = test[0]["net_input"]
+    src, lengths = net["src_tokens"][: opts.sentences], net["src_lengths"][: opts.sentences]
+    models = {}
+    for arch in opts.archs:
+        torch.manual_seed(1)
+        models[arch] = build_model(arch, nmt_model_flags(arch, flags), task.source_dictionary)[0]
+        models[arch].eval()
+
+    def decode(model) -> float:
+        generator = SequenceGenerator(
+            [model],
+            task.target_dictionary,
+            beam_size=opts.beam,
+            max_len_a=0,
+            max_len_b=opts.decode_len,
+            min_len=opts.decode_len,
+        )
+        start = time.process_time()
+        for i in range(0, src.size(0), opts.gen_batch):
+            batch = {"src_tokens": src[i : i + opts.gen_batch]}
+            batch["src_lengths"] = lengths[i : i + opts.gen_batch]
+            generator.generate([model], {"net_input": batch})
+        return time.process_time() - start
+
+    best = {arch: float("inf") for arch in models}
+    with torch.no_grad():
+        for model in models.values():  # warm-up round, untimed
+            decode(model)
+        for _ in range(opts.rounds):
+            for arch, model in models.items():
+                best[arch] = min(best[arch], decode(model))
+    print(f"\nCPU s per {src.size(0)} sentences (beam {opts.beam}, {opts.decode_len} tokens)\n")
+    print("| arch | CPU s | sent/s | ratio |\n| --- | --- | --- | --- |")
+    for arch, seconds in best.items():
+        ratio = best[BASELINE] / seconds
+        print(f"| `{arch}` | {seconds:.2f} | {src.size(0) / seconds:.1f} | {ratio:.2f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(entry_point(main, PROG)())
