@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:
 from recurnmt.analysis.benchmark import (  # noqa: E402
     Column,
     emit,
+    fixed_length_generator,
     forward_flags,
     load_batches,
     nmt_model_flags,
@@ -90,7 +91,6 @@ def worker(opts: argparse.Namespace) -> dict:
     """Benchmarks one architecture in this process; returns its figures."""
     import torch
     from fairseq import utils
-    from fairseq.sequence_generator import SequenceGenerator
 
     from recurnmt.nmt.build import build_model
     from recurnmt.parameters import parameter_report
@@ -144,14 +144,7 @@ def worker(opts: argparse.Namespace) -> dict:
     sample = test_batches[0]
     src = sample["net_input"]["src_tokens"][: opts.sentences].to(device)
     lengths = sample["net_input"]["src_lengths"][: opts.sentences].to(device)
-    generator = SequenceGenerator(
-        [model],
-        task.target_dictionary,
-        beam_size=opts.beam,
-        max_len_a=0,
-        max_len_b=opts.decode_len,
-        min_len=opts.decode_len,
-    )
+    generator = fixed_length_generator(model, task, opts.beam, opts.decode_len)
     with torch.no_grad():
         generator.generate(
             [model], {"net_input": {"src_tokens": src[:2], "src_lengths": lengths[:2]}}

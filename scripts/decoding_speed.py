@@ -48,9 +48,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--data {opts.data}: no binarized corpus (python -m data_prep.embedded)")
 
     import torch
-    from fairseq.sequence_generator import SequenceGenerator
 
-    from recurnmt.analysis.benchmark import load_batches, nmt_model_flags
+    from recurnmt.analysis.benchmark import (
+        fixed_length_generator,
+        load_batches,
+        nmt_model_flags,
+    )
     from recurnmt.nmt.build import build_model, check_arch
 
     for arch in opts.archs:
@@ -70,14 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         models[arch].eval()
 
     def decode(model) -> float:
-        generator = SequenceGenerator(
-            [model],
-            task.target_dictionary,
-            beam_size=opts.beam,
-            max_len_a=0,
-            max_len_b=opts.decode_len,
-            min_len=opts.decode_len,
-        )
+        generator = fixed_length_generator(model, task, opts.beam, opts.decode_len)
         start = time.process_time()
         for i in range(0, src.size(0), opts.gen_batch):
             batch = {"src_tokens": src[i : i + opts.gen_batch]}

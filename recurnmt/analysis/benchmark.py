@@ -165,3 +165,18 @@ def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int)
         if len(batches) == count:
             break
     return task, batches
+
+
+def fixed_length_generator(model, task, beam: int, length: int):
+    """fairseq's beam search that always decodes ``length`` tokens, so that every model
+    decodes the same number of steps whatever it predicts."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    return SequenceGenerator(
+        [model],
+        task.target_dictionary,
+        beam_size=beam,
+        max_len_a=0,
+        max_len_b=length,
+        min_len=length,
+    )
