@@ -250,6 +250,32 @@ def test_prepare_tiny_corpus_binarizes_and_is_idempotent(tiny_corpus: Path, tmp_
     assert len(read_lines(out / "train.raw.de")) == 5
 
 
+def test_prepare_rejects_a_vocabulary_too_small_to_be_one(tmp_path: Path) -> None:
+    with pytest.raises(PrepError, match="--vocab-size must be at least 100 pieces, got 8"):
+        prepare(tmp_path / "out", vocab_size=8)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.e2e
+def test_prepare_learns_a_smaller_vocabulary_on_the_training_split(
+    tiny_corpus: Path, tmp_path: Path
+) -> None:
+    import sentencepiece as spm
+
+    out = prepare(tmp_path / "lohelp_de_en", corpus_dir=tiny_corpus, vocab_size=100)
+    learned = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+    shipped = spm.SentencePieceProcessor(model_file=str(tiny_corpus / "spm.model"))
+    assert learned.vocab_size() <= 100 < shipped.vocab_size()
+    assert json.loads((out / "prepare.json").read_text())["stamp"]["vocab_size"] == 100
+    # the raw references are untouched, and the pieces decode back to the text exactly
+    # (identity normalisation, as the shipped model)
+    refs = read_lines(out / "test.raw.en")
+    assert refs == read_lines(tiny_corpus / "test.en.gz")
+    assert [learned.decode(learned.encode(r)) for r in refs] == refs
+    with pytest.raises(FileExistsError, match="--force"):
+        prepare(out, corpus_dir=tiny_corpus)  # another vocabulary is another dataset
+
+
 @pytest.mark.e2e
 def test_prepare_shipped_subset_is_accepted_by_fairseq_train(tmp_path: Path) -> None:
     from data_prep.check import smoke_train

@@ -35,6 +35,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     prep.add_argument("--max-train", type=int, help="use only the first N training pairs")
     prep.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
     prep.add_argument("--force", action="store_true", help="rebuild and replace --out")
+    prep.add_argument(
+        "--vocab-size",
+        type=int,
+        help="learn a joint sentencepiece model of N pieces on the training split "
+        "(default: the shipped 8,000-piece model)",
+    )
     prep.add_argument("--corpus-dir", type=Path, default=SHIPPED_DIR, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -73,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             workers=args.workers,
             force=args.force,
             corpus_dir=args.corpus_dir,
+            vocab_size=args.vocab_size,
         )
 
 

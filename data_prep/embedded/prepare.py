@@ -1,8 +1,10 @@
 """``prepare``: binarize the shipped corpus for fairseq.
 
 Verifies the shipped files against their sha256 manifest, encodes them with the shipped
-sentencepiece model and runs ``fairseq-preprocess --joined-dictionary``; the output directory
-appears only when everything succeeded (see :mod:`data_prep.pipeline`).
+sentencepiece model (8,000 pieces), or with one of another size learned on the training split
+with the shipped model's settings (``vocab_size``), and runs ``fairseq-preprocess
+--joined-dictionary``; the output directory appears only when everything succeeded (see
+:mod:`data_prep.pipeline`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from data_prep.checksums import MANIFEST_NAME, sha256_file, verify_manifest
 from data_prep.embedded import CORPUS_NAME, LANGS, SHIPPED_DIR
+from data_prep.embedded.build import SPM_SPEC
 from data_prep.errors import IntegrityError, PrepError
 from data_prep.pipeline import SPLITS, PrepareRequest, prepare_binarized
 from data_prep.segment import SegmentationSpec
@@ -56,6 +59,7 @@ def prepare(
     workers: int = 1,
     force: bool = False,
     corpus_dir: Path = SHIPPED_DIR,
+    vocab_size: int | None = None,
 ) -> Path:
     """Binarize the shipped corpus into ``out``.
 
@@ -67,16 +71,22 @@ def prepare(
         workers: ``fairseq-preprocess`` workers.
         force: Rebuild even if ``out`` is up to date, replacing it.
         corpus_dir: The shipped corpus (tests point this at a tiny copy).
+        vocab_size: Learn a joint sentencepiece model of this many pieces on the (German and
+            English) training split, with the shipped model's settings and seed, instead of
+            using the shipped 8,000-piece model. A small vocabulary suits a small corpus and a
+            small compute budget: the output layer costs the vocabulary size per target token.
 
     Returns:
         The output directory.
 
     Raises:
         IntegrityError: If a shipped file is missing or corrupt (the message names it).
-        PrepError: If the language pair is not de/en.
+        PrepError: If the language pair is not de/en, or ``vocab_size`` is not positive.
     """
     if {src, tgt} != set(LANGS):
         raise PrepError(f"--src/--tgt must be de and en in either order, got {src}-{tgt}")
+    if vocab_size is not None and vocab_size < 100:
+        raise PrepError(f"--vocab-size must be at least 100 pieces, got {vocab_size}")
     corpus_dir = Path(corpus_dir)
     verify_manifest(corpus_dir, hint=REPAIR_HINT)
     stamp = {
@@ -86,6 +96,11 @@ def prepare(
         "tgt": tgt,
         "max_train": max_train,
     }
+    if vocab_size is not None:
+        stamp["vocab_size"] = vocab_size  # absent for the shipped model: old stamps still hold
+        segmentation = SegmentationSpec(**{**SPM_SPEC.__dict__, "vocab_size": vocab_size})
+    else:
+        segmentation = SegmentationSpec(kind="spm", pretrained=corpus_dir / "spm.model")
 
     def write_inputs(work: Path, tmp: Path) -> None:
         for split in SPLITS:
@@ -98,7 +113,7 @@ def prepare(
         out=Path(out),
         src=src,
         tgt=tgt,
-        segmentation=SegmentationSpec(kind="spm", pretrained=corpus_dir / "spm.model"),
+        segmentation=segmentation,
         stamp=stamp,
         workers=workers,
         force=force,
