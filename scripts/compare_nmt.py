@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from recurnmt.cli import UserError, entry_point  # noqa: E402
+from recurnmt.nmt.quiet import quiet_env  # noqa: E402
 
 PROG = "python scripts/compare_nmt.py"
 ARCHS = ("transformer", "ringformer", "universal_transformer", "owf", "sret")
@@ -109,7 +110,8 @@ def run_logged(cmd: list[str], log: Path, stdout: Path | None = None) -> float:
         log_f.flush()
         out_f = stdout.open("w", encoding="utf-8") if stdout else log_f
         try:
-            status = subprocess.run(cmd, cwd=ROOT, stdout=out_f, stderr=log_f).returncode
+            env = quiet_env(dict(os.environ))
+            status = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out_f, stderr=log_f).returncode
         finally:
             if stdout:
                 out_f.close()

@@ -90,7 +90,9 @@ def run_logged(cmd: list[str], log: Path, *, stdout: Path | None = None, show_st
     Raises:
         UserError: the step failed; the message quotes the end of its log.
     """
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    from recurnmt.nmt.quiet import quiet_env
+
+    env = quiet_env(dict(os.environ, PYTHONUNBUFFERED="1"))
     with log.open("w", encoding="utf-8") as log_f:
         log_f.write(f"$ {shlex.join(cmd)}\n")
         log_f.flush()

@@ -42,3 +42,26 @@ def test_fairseq_noise_is_silenced_and_other_warnings_show():
     assert out.returncode == 0, out.stderr[-2000:]
     warned = [line for line in out.stderr.splitlines() if "Warning" in line]
     assert len(warned) == 1 and "a warning of the user's own" in warned[0], out.stderr
+
+
+def test_launched_fairseq_commands_import_fairseq_quietly_and_keep_user_filters():
+    import os
+
+    from recurnmt.nmt.quiet import IMPORT_TIME_FILTER, quiet_env
+
+    env = quiet_env(dict(os.environ, PYTHONWARNINGS="error::DeprecationWarning"))
+    assert env["PYTHONWARNINGS"] == f"{IMPORT_TIME_FILTER},error::DeprecationWarning"
+    assert quiet_env(env) == env  # idempotent
+    script = "import fairseq, warnings; warnings.warn('a warning of the user', FutureWarning)"
+    out = subprocess.run(  # as fairseq-train starts: fairseq first, no plugin yet
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=quiet_env({k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    warned = [line for line in out.stderr.splitlines() if "Warning" in line]
+    assert len(warned) == 1 and "a warning of the user" in warned[0], out.stderr

@@ -38,3 +38,19 @@ def silence_fairseq_noise() -> None:
     """Ignores exactly the warnings of :data:`FAIRSEQ_NOISE` (idempotent)."""
     for category, message, module in FAIRSEQ_NOISE:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
+# fairseq's console scripts (fairseq-train, fairseq-generate) import fairseq before they load
+# the plugin, so fairseq's import-time torch.jit.script notice fires before
+# silence_fairseq_noise can run. The commands recurnmt launches carry this filter in
+# PYTHONWARNINGS instead (-W syntax: action:literal message prefix:category).
+IMPORT_TIME_FILTER = "ignore:`torch.jit.script` is deprecated:FutureWarning"
+
+
+def quiet_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with :data:`IMPORT_TIME_FILTER` added to ``PYTHONWARNINGS`` (a user's own
+    filters are kept, and win: later entries take precedence)."""
+    own = env.get("PYTHONWARNINGS", "")
+    if IMPORT_TIME_FILTER in own.split(","):
+        return dict(env)
+    return dict(env, PYTHONWARNINGS=",".join(f for f in (IMPORT_TIME_FILTER, own) if f))

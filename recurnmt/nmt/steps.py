@@ -8,6 +8,7 @@ all three.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -80,16 +81,19 @@ def run_steps(steps: Sequence[Step], dry_run: bool = False) -> int:
     Returns:
         0, or the exit status of the step that failed.
     """
+    from recurnmt.nmt.quiet import quiet_env
+
+    env = quiet_env(dict(os.environ))
     for step in steps:
         print(f"$ {step}", flush=True)
         if dry_run:
             continue
         if step.stdout is None:
-            status = subprocess.run(step.argv).returncode
+            status = subprocess.run(step.argv, env=env).returncode
         else:
             step.stdout.parent.mkdir(parents=True, exist_ok=True)
             with step.stdout.open("w", encoding="utf-8") as out:
-                status = subprocess.run(step.argv, stdout=out).returncode
+                status = subprocess.run(step.argv, stdout=out, env=env).returncode
         if status:
             print(f"step failed with exit status {status}: {step}", file=sys.stderr)
             return status
