@@ -32,6 +32,7 @@ BIN = Path(sys.executable).parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from data_prep.embedded import data_dir  # noqa: E402
 from recurnmt.cli import UserError, entry_point  # noqa: E402
 from recurnmt.nmt.quiet import quiet_env  # noqa: E402
 
@@ -78,7 +79,7 @@ def recipe_flags(args: argparse.Namespace) -> list[str]:
         "--lr",
         str(args.lr),
         "--lr-scheduler",
-        "inverse_sqrt",
+        args.lr_scheduler,
         "--warmup-updates",
         str(args.warmup),
         "--criterion",
@@ -86,12 +87,14 @@ def recipe_flags(args: argparse.Namespace) -> list[str]:
         "--label-smoothing",
         "0.1",
         "--max-tokens",
-        str(args.max_tokens),
+        str(args.max_tokens // args.nproc),  # per process: the update sees --max-tokens
         "--max-update",
         str(args.max_update),
         "--seed",
         str(args.seed),
     ]
+    if args.lr_scheduler == "polynomial_decay":  # linear decay to 0 over the budget
+        flags += ["--end-learning-rate", "0", "--total-num-update", str(args.max_update)]
     return flags
 
 
@@ -155,10 +158,11 @@ def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[s
     """Trains ``arch``, translates the test set and scores it; writes ``result.json``."""
     import sacrebleu
 
+    from recurnmt.nmt.launch import cpu_train_command
     from recurnmt.nmt.scoring import read_hypotheses
 
     train = [
-        str(BIN / "fairseq-train"),
+        *cpu_train_command(args.nproc),
         args.data,
         "--user-dir",
         "user_dir",
@@ -166,7 +170,6 @@ def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[s
         arch,
         *size_flags(args, arch),
         *recipe_flags(args),
-        "--cpu",
         "--num-workers",
         "0",
         "--save-dir",
@@ -238,6 +241,14 @@ def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[s
     return result
 
 
+SCHEDULES = {"inverse_sqrt": "inverse-sqrt decay", "polynomial_decay": "linear decay to 0"}
+
+
+def processes(nproc: int) -> str:
+    """How training ran, in words."""
+    return "one process" if nproc == 1 else f"{nproc} data-parallel processes (gloo)"
+
+
 def markdown(results: list[dict[str, Any]], args: argparse.Namespace, plot: Path) -> str:
     """The comparison table and its settings, as Markdown."""
     size = f"H={args.embed_dim}, FF={args.ffn_dim}, {args.heads} heads"
@@ -248,11 +259,14 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, plot: Path
         f"Written by `{shlex.join([*PROG.split(), *args.argv])}` (one run of every model).",
         "",
         f"Data: `{args.data}` (LibreOffice help, German -> English: 32,194 training pairs, "
-        f"{results[0]['test_sentences']:,} test sentences). Every model: {size}, "
+        f"{results[0]['test_sentences']:,} test sentences; joint sentencepiece vocabulary of "
+        f"{args.vocab_size or 8000:,} pieces{' learned on the training split' if args.vocab_size else ''}"
+        f"). Every model: {size}, "
         f"{'pre' if args.pre_ln else 'post'}-LN, shared embeddings, Adam (0.9, 0.98), "
-        f"lr {args.lr} with inverse-sqrt decay after {args.warmup} warm-up updates, dropout "
-        f"{args.dropout}, label smoothing 0.1, {args.max_update} updates of {args.max_tokens} "
-        f"tokens, seed {args.seed}, one process on this machine's CPU. Test set translated "
+        f"lr {args.lr} with {SCHEDULES[args.lr_scheduler]} after {args.warmup} warm-up "
+        f"updates, dropout {args.dropout}, label smoothing 0.1, {args.max_update} updates of "
+        f"{args.max_tokens} tokens, seed {args.seed}, {processes(args.nproc)} on this "
+        f"machine's {os.cpu_count()} CPU cores. Test set translated "
         f"with beam {args.beam}, length penalty {args.lenpen}; detokenized sacreBLEU and chrF "
         f"against the raw references ({results[0]['bleu_signature']}). P* counts every "
         "parameter except the token embeddings and the vocabulary head (RingFormer Table 1).",
@@ -304,7 +318,18 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line; its defaults are RingFormer's Table 4 setting."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--archs", nargs="+", default=list(ARCHS))
-    parser.add_argument("--data", default="data-bin/lohelp_de_en")
+    parser.add_argument(
+        "--data",
+        help="prepared corpus (default: data-bin/lohelp_de_en[_spmN], prepared when missing)",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        help="sentencepiece vocabulary learned on the training split (default: shipped 8,000)",
+    )
+    parser.add_argument(
+        "--nproc", type=int, default=1, help="data-parallel CPU processes per model (gloo)"
+    )
     parser.add_argument("--out", type=Path, default=Path("work/compare_nmt"), help="runs")
     parser.add_argument("--doc", type=Path, default=Path("docs/compare_nmt.md"))
     parser.add_argument("--embed-dim", type=int, default=128)
@@ -315,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--pre-ln", action="store_true", help="pre-LN (Table 4 is post-LN)")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr-scheduler", choices=sorted(SCHEDULES), default="inverse_sqrt")
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--max-tokens", type=int, default=4096)
@@ -338,10 +364,18 @@ def main(argv: list[str] | None = None) -> None:
 
     for arch in args.archs:
         check_arch(arch)
+    if args.nproc < 1:
+        raise UserError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.max_tokens % args.nproc:
+        raise UserError(
+            f"--max-tokens {args.max_tokens} must split evenly over --nproc {args.nproc}"
+        )
+    args.data = args.data or str(data_dir(args.vocab_size))
     data = ROOT / args.data
     if not (data / "dict.en.txt").exists():
         prep = [str(BIN / "python"), "-m", "data_prep.embedded", "prepare", "--out", args.data]
-        subprocess.run(prep, cwd=ROOT, check=True)
+        prep += ["--vocab-size", str(args.vocab_size)] if args.vocab_size else []
+        subprocess.run(prep, cwd=ROOT, env=quiet_env(dict(os.environ)), check=True)
     os.environ.setdefault("PYTHONHASHSEED", "0")
 
     results = []

@@ -59,3 +59,23 @@ def test_compare_gives_every_model_the_same_size_and_recipe():
     recipe = compare.recipe_flags(args)
     assert recipe[recipe.index("--lr") + 1] == "0.001"
     assert recipe[recipe.index("--max-update") + 1] == "800"
+
+
+def test_compare_splits_the_update_over_processes_and_decays_linearly_on_request():
+    compare = _script("compare_nmt")
+    args = compare.build_parser().parse_args(
+        ["--nproc", "2", "--max-tokens", "2048", "--lr-scheduler", "polynomial_decay"]
+    )
+    recipe = compare.recipe_flags(args)
+    assert recipe[recipe.index("--max-tokens") + 1] == "1024"  # per process: 2,048 per update
+    assert recipe[recipe.index("--lr-scheduler") + 1] == "polynomial_decay"
+    assert recipe[recipe.index("--total-num-update") + 1] == "800"
+    assert "--total-num-update" not in compare.recipe_flags(compare.build_parser().parse_args([]))
+
+
+def test_training_on_cpu_processes_goes_through_the_launcher():
+    from recurnmt.nmt.launch import cpu_train_command
+
+    assert cpu_train_command(1)[-1] == "--cpu" and "fairseq" in cpu_train_command(1)[0]
+    many = cpu_train_command(2)
+    assert many[1:] == ["-m", "recurnmt.nmt.launch", "--nproc", "2", "--device", "cpu", "--"]

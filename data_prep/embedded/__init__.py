@@ -15,6 +15,14 @@ CORPUS_NAME = "lohelp_de_en"
 SHIPPED_DIR = Path(__file__).resolve().parent / CORPUS_NAME
 LANGS = ("de", "en")
 
+
+def data_dir(vocab_size: int | None = None) -> Path:
+    """Where ``prepare`` puts the corpus by default (relative to the working directory): one
+    directory per vocabulary, so that the shipped 8,000-piece one and a learned one coexist."""
+    name = CORPUS_NAME if vocab_size is None else f"{CORPUS_NAME}_spm{vocab_size}"
+    return Path("data-bin") / name
+
+
 DEBIAN_VERSION = "4:7.4.7-1+deb12u14"
 DEBIAN_SUITE = "bookworm"
 PACKAGES = {"de": "libreoffice-help-de", "en": "libreoffice-help-en-us"}

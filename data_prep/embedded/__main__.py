@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from data_prep.embedded import SHIPPED_DIR
+from data_prep.embedded import SHIPPED_DIR, data_dir
 from recurnmt.cli import entry_point
 
 PROG = "python -m data_prep.embedded"
@@ -29,7 +29,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
 
     prep = sub.add_parser("prepare", help="binarize the shipped corpus for fairseq")
-    prep.add_argument("--out", type=Path, default=Path("data-bin/lohelp_de_en"))
+    prep.add_argument(
+        "--out",
+        type=Path,
+        help="output directory (default: data-bin/lohelp_de_en, or "
+        "data-bin/lohelp_de_en_spmN with --vocab-size N)",
+    )
     prep.add_argument("--src", default="de", choices=["de", "en"])
     prep.add_argument("--tgt", default="en", choices=["de", "en"])
     prep.add_argument("--max-train", type=int, help="use only the first N training pairs")
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         from data_prep.embedded.prepare import prepare
 
         prepare(
-            args.out,
+            args.out or data_dir(args.vocab_size),
             src=args.src,
             tgt=args.tgt,
             max_train=args.max_train,

@@ -101,6 +101,25 @@ class LaunchPlan:
         return self.nproc * self.nnodes
 
 
+def cpu_train_command(nproc: int) -> list[str]:
+    """The start of a command that trains on this machine's CPU: ``fairseq-train --cpu``, or
+    with ``nproc`` > 1 this launcher (one ``fairseq-train`` per process, gloo); the training
+    arguments follow it.
+    """
+    if nproc > 1:
+        return [
+            sys.executable,
+            "-m",
+            "recurnmt.nmt.launch",
+            "--nproc",
+            str(nproc),
+            "--device",
+            "cpu",
+            "--",
+        ]
+    return [*fairseq_tool("train"), "--cpu"]
+
+
 def _has_flag(argv: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
