@@ -45,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from recurnmt.modules.attention import MemoryKV
 from recurnmt.modules.cache import StackCache
+from recurnmt.modules.compile import CompileSettings, compiled
 from recurnmt.modules.config import ConfigError
 from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.halting import HaltingAccumulator, HaltingUnit
@@ -118,6 +119,7 @@ class RecurrentStack(nn.Module):
         self.offload_activations = False
         self.checkpoint_segment = 0  # levels per outer checkpoint segment (0: none)
         self.run_levels: list[int] | None = None  # elastic depth (set_depth)
+        self.compile_settings: CompileSettings | None = None  # torch.compile (set_compile)
 
     def set_grad_checkpointing(
         self, enable: bool = True, offload: bool = False, segment: int | str = 0
@@ -157,6 +159,17 @@ class RecurrentStack(nn.Module):
         if k == "sqrt":
             k = math.ceil(math.sqrt(levels))
         return k if 1 < k < levels else 0
+
+    def set_compile(self, settings: CompileSettings | None) -> None:
+        """Runs full passes through ``torch.compile`` from now on (None: eagerly again).
+
+        Training and every pass over whole sequences are compiled, with all levels unrolled
+        into one graph; incremental decoding (a pass with a cache) stays eager. Outputs and
+        gradients are those of the eager pass up to float rounding; dropout draws other
+        random numbers when the backend generates its kernels (``inductor``). See
+        :mod:`recurnmt.modules.compile`.
+        """
+        self.compile_settings = settings
 
     @property
     def num_levels(self) -> int:
@@ -284,6 +297,30 @@ class RecurrentStack(nn.Module):
         Returns:
             The output and, with ACT, the ponder cost.
         """
+        run = RecurrentStack._run_all
+        if self.compile_settings is not None and cache is None:
+            run = compiled(run, self.compile_settings)
+        return run(
+            self,
+            x,
+            padding_mask=padding_mask,
+            memory=memory,
+            cache=cache,
+            levels=levels,
+            hooks=hooks,
+        )
+
+    def _run_all(
+        self,
+        x: Tensor,
+        *,
+        padding_mask: Tensor | None,
+        memory: Memory | None,
+        cache: StackCache | None,
+        levels: Sequence[int] | None,
+        hooks: Sequence[LevelHook],
+    ) -> StackOutput:
+        """The pass of :meth:`forward`, which may compile it."""
         kv = self.memory_kv(memory, cache) if memory is not None else {}
         if levels is None:
             levels = self.run_levels
@@ -411,4 +448,5 @@ class RecurrentStack(nn.Module):
             self.grad_checkpointing, self.offload_activations, self.checkpoint_segment
         )
         untied.run_levels = self.run_levels
+        untied.compile_settings = self.compile_settings
         return untied

@@ -45,6 +45,8 @@ BASE: Defaults = {
     "positions": "input",
     "coordinate_scale": 1.0,
     "checkpoint_segment": "0",
+    "compile": None,  # torch.compile backend of the stacks (None: eager)
+    "compile_mode": None,
     "act": "off",
     "act_threshold": 0.99,
     "act_bias_init": 1.0,

@@ -13,6 +13,7 @@ from typing import Any
 from fairseq.models.transformer import TransformerModel
 
 from recurnmt.modules import ConfigError
+from recurnmt.modules.compile import from_flags
 from recurnmt.nmt.decoder import RecurrentDecoder
 from recurnmt.nmt.defaults import fill_arch_defaults
 from recurnmt.nmt.distributed_checks import check_distributed
@@ -45,6 +46,7 @@ class RecurrentTransformerModel(TransformerModel):
         # arguments), so this fills nothing then; it serves callers that did not
         fill_arch_defaults(args)
         encoder_cfg, decoder_cfg = stack_configs(args)  # fails fast, naming the setting
+        compiled = from_flags(getattr(args, "compile", None), getattr(args, "compile_mode", None))
         for name in ("max_source_positions", "max_target_positions"):
             if getattr(args, name, None) is None:  # as fairseq's TransformerModel does
                 setattr(args, name, 1024)
@@ -82,6 +84,8 @@ class RecurrentTransformerModel(TransformerModel):
             segment = checkpoint_segment(getattr(args, "checkpoint_segment", "0"))
             for side in (encoder, decoder):
                 side.stack.set_grad_checkpointing(True, offload=offload, segment=segment)
+        for side in (encoder, decoder):
+            side.stack.set_compile(compiled)
         for side, name in ((encoder, "encoder_levels"), (decoder, "decoder_levels")):
             depth = getattr(args, name, None)
             try:

@@ -153,6 +153,19 @@ def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
         help="SReT mixed-depth training (appendix B): also train the shallow branch (every "
         "block once) under the same loss; needs the recurrent criterion",
     )
+    group.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="torch.compile the encoder and decoder stacks (training and full passes; "
+        "incremental decoding stays eager) with BACKEND (default inductor; aot_eager "
+        "compiles without generating code)",
+    )
+    group.add_argument(
+        "--compile-mode",
+        help="torch.compile mode with --compile (default, reduce-overhead, max-autotune)",
+    )
     for side in ("encoder", "decoder"):
         group.add_argument(
             f"--{side}-levels",
