@@ -70,6 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="activation checkpointing per level (less memory, one more forward per level)",
     )
     g.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="torch.compile the model (training and evaluation) with BACKEND (default "
+        "inductor; aot_eager compiles without generating code)",
+    )
+    g.add_argument(
+        "--compile-mode",
+        help="torch.compile mode with --compile (default, reduce-overhead, max-autotune)",
+    )
+    g.add_argument(
         "--finetune",
         metavar="CKPT",
         help="start from this checkpoint's weights (new resolution/classes allowed)",

@@ -47,6 +47,7 @@ from torch.utils.data import Subset
 
 from recurnmt.cli import entry_point
 from recurnmt.modules import ConfigError
+from recurnmt.modules.compile import from_flags
 from recurnmt.parameters import count_parameters
 from recurnmt.vision.checkpoint import (
     load_checkpoint,
@@ -173,6 +174,7 @@ def _check_settings(args: Namespace, per_rank: int) -> None:
         raise ConfigError("--aug-repeats", args.aug_repeats, "must be 0 or more")
     if not 0.0 <= args.model_ema_decay < 1.0:
         raise ConfigError("--model-ema-decay", args.model_ema_decay, "must be in [0, 1)")
+    from_flags(args.compile, args.compile_mode)
 
 
 def _build_model(args: Namespace, spec: DataSpec, img_size: tuple[int, int], log) -> tuple:
@@ -328,6 +330,12 @@ def run(args: Namespace, info: DistInfo) -> dict:
         warnings.filterwarnings("ignore", message="Grad strides do not match bucket view")
         ids = [info.device.index] if info.device.type == "cuda" else None
         net = DistributedDataParallel(net, device_ids=ids)
+    compiled = from_flags(args.compile, args.compile_mode)
+    if compiled is not None:
+        # after DDP, as timm's train.py does: dynamo then splits the graph at DDP's gradient
+        # buckets, so that their communication overlaps the backward pass; checkpoints store
+        # the unwrapped model (checkpoint.unwrap), not the compiled wrapper
+        net = torch.compile(net, backend=compiled.backend, mode=compiled.mode)
 
     writer = None
     if info.is_main and not args.no_tensorboard:
