@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from data_prep.embedded import data_dir  # noqa: E402
+from recurnmt.analysis.nmt_runs import (  # noqa: E402
+    SCHEDULES,
+    generate_command,
+    recipe_flags,
+    run_logged,
+    size_flags,
+    train_command,
+    train_stats,
+    valid_ppl,
+)
 from recurnmt.cli import UserError, entry_point  # noqa: E402
 from recurnmt.nmt.quiet import quiet_env  # noqa: E402
 
@@ -47,105 +55,6 @@ LABELS = {
 }
 
 
-def size_flags(args: argparse.Namespace, arch: str = "") -> list[str]:
-    """Model size flags, the same for every architecture (both sides alike); SReT runs its
-    levels as blocks looped twice (3 blocks x 2 loops for 6 levels)."""
-    flags = []
-    for side in ("encoder", "decoder"):
-        flags += [f"--{side}-embed-dim", str(args.embed_dim)]
-        flags += [f"--{side}-ffn-embed-dim", str(args.ffn_dim)]
-        flags += [f"--{side}-attention-heads", str(args.heads)]
-        if args.levels:
-            flags += [f"--{side}-layers", str(args.levels)]
-            if arch == "sret":
-                flags += [f"--{side}-unique-layers", str(max(1, args.levels // 2))]
-        if args.pre_ln:
-            flags.append(f"--{side}-normalize-before")
-    return flags
-
-
-def recipe_flags(args: argparse.Namespace) -> list[str]:
-    """The training recipe shared by every architecture."""
-    flags = [
-        "--share-all-embeddings",
-        "--dropout",
-        str(args.dropout),
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.98)",
-        "--clip-norm",
-        "1.0",
-        "--lr",
-        str(args.lr),
-        "--lr-scheduler",
-        args.lr_scheduler,
-        "--warmup-updates",
-        str(args.warmup),
-        "--criterion",
-        "recurrent_label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        "--max-tokens",
-        str(args.max_tokens // args.nproc),  # per process: the update sees --max-tokens
-        "--max-update",
-        str(args.max_update),
-        "--seed",
-        str(args.seed),
-    ]
-    if args.lr_scheduler == "polynomial_decay":  # linear decay to 0 over the budget
-        flags += ["--end-learning-rate", "0", "--total-num-update", str(args.max_update)]
-    return flags
-
-
-def run_logged(cmd: list[str], log: Path, stdout: Path | None = None) -> float:
-    """Runs ``cmd`` with its output in ``log`` (stdout in ``stdout`` if given).
-
-    Returns:
-        The wall time in seconds.
-
-    Raises:
-        UserError: the command failed.
-    """
-    t0 = time.time()
-    with log.open("w", encoding="utf-8") as log_f:
-        log_f.write(f"$ {shlex.join(cmd)}\n")
-        log_f.flush()
-        out_f = stdout.open("w", encoding="utf-8") if stdout else log_f
-        try:
-            env = quiet_env(dict(os.environ))
-            status = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out_f, stderr=log_f).returncode
-        finally:
-            if stdout:
-                out_f.close()
-    if status:
-        tail = "\n".join(log.read_text(encoding="utf-8").splitlines()[-10:])
-        raise UserError(f"{cmd[0]} failed with exit status {status} (log: {log}):\n{tail}")
-    return time.time() - t0
-
-
-def valid_ppl(train_log: Path) -> float | None:
-    """Validation perplexity at the last validation of a ``fairseq-train`` log."""
-    found = None
-    for line in train_log.read_text(encoding="utf-8").splitlines():
-        if "valid on 'valid' subset" in line and (m := re.search(r"\| ppl ([\d.]+)", line)):
-            found = float(m.group(1))
-        elif "| valid |" in line and (m := re.search(r'"valid_ppl": "([\d.]+)"', line)):
-            found = float(m.group(1))  # --log-format json
-    return found
-
-
-def train_stats(train_log: Path) -> dict[str, float]:
-    """Training loss and perplexity at the last logged update (json log lines)."""
-    stats: dict[str, float] = {}
-    for line in train_log.read_text(encoding="utf-8").splitlines():
-        start = line.find("{")
-        if "| train_inner |" in line and start >= 0:
-            record = json.loads(line[start:])
-            stats = {k: float(record[k]) for k in ("num_updates", "loss", "ppl") if k in record}
-    return stats
-
-
 def p_star(arch: str, flags: list[str]) -> int:
     """P* (RingFormer Table 1) of ``arch`` built with ``flags``."""
     from recurnmt.nmt.build import build_model
@@ -158,58 +67,17 @@ def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[s
     """Trains ``arch``, translates the test set and scores it; writes ``result.json``."""
     import sacrebleu
 
-    from recurnmt.nmt.launch import cpu_train_command
     from recurnmt.nmt.scoring import read_hypotheses
 
-    train = [
-        *cpu_train_command(args.nproc),
-        args.data,
-        "--user-dir",
-        "user_dir",
-        "--arch",
-        arch,
-        *size_flags(args, arch),
-        *recipe_flags(args),
-        "--num-workers",
-        "0",
-        "--save-dir",
-        str(run_dir / "checkpoints"),
-        "--no-epoch-checkpoints",
-        "--log-format",
-        "json",
-        "--log-interval",
-        "25",
-    ]
+    flags = [*size_flags(args, arch), *recipe_flags(args)]
+    train = train_command(args.data, arch, flags, run_dir / "checkpoints", args.nproc)
     print(f"[{arch}] training {args.max_update} updates ...", flush=True)
-    train_s = run_logged(train, run_dir / "train.log")
+    train_s = run_logged(train, run_dir / "train.log", cwd=ROOT)
     gen_out = run_dir / "generate-test.txt"
-    generate = [
-        str(BIN / "fairseq-generate"),
-        args.data,
-        "--user-dir",
-        "user_dir",
-        "--path",
-        str(run_dir / "checkpoints" / "checkpoint_last.pt"),
-        "--gen-subset",
-        "test",
-        "--beam",
-        str(args.beam),
-        "--lenpen",
-        str(args.lenpen),
-        "--max-len-a",
-        "1.5",
-        "--max-len-b",
-        "10",  # an undertrained model's runaway output stops at 1.5 x source + 10 tokens
-        "--max-tokens",
-        "8000",
-        "--required-batch-size-multiple",
-        "1",
-        "--post-process",
-        "sentencepiece",
-        "--cpu",
-    ]
+    checkpoint = run_dir / "checkpoints" / "checkpoint_last.pt"
+    generate = generate_command(args.data, checkpoint, beam=args.beam, lenpen=args.lenpen)
     print(f"[{arch}] translating the test set ...", flush=True)
-    gen_s = run_logged(generate, run_dir / "generate.log", stdout=gen_out)
+    gen_s = run_logged(generate, run_dir / "generate.log", stdout=gen_out, cwd=ROOT)
     hyps = read_hypotheses(gen_out.read_text(encoding="utf-8").splitlines(), "D")
     refs = (ROOT / args.data / "test.raw.en").read_text(encoding="utf-8").splitlines()
     bleu = sacrebleu.metrics.BLEU()
@@ -239,9 +107,6 @@ def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[s
         flush=True,
     )
     return result
-
-
-SCHEDULES = {"inverse_sqrt": "inverse-sqrt decay", "polynomial_decay": "linear decay to 0"}
 
 
 def processes(nproc: int) -> str:

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
-import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +28,8 @@ BIN = Path(sys.executable).parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from recurnmt.cli import UserError, entry_point, split_extra_args  # noqa: E402
+from recurnmt.analysis.nmt_runs import run_logged  # noqa: E402
+from recurnmt.cli import entry_point, split_extra_args  # noqa: E402
 
 PROG = "python scripts/demo_nmt.py"
 
@@ -80,37 +78,6 @@ def size_flags(levels: int) -> list[str]:
         flags += [f"--{side}-attention-heads", str(SIZE["heads"])]
         flags += [f"--{side}-layers", str(levels), f"--{side}-normalize-before"]
     return flags
-
-
-def run_logged(cmd: list[str], log: Path, *, stdout: Path | None = None, show_stderr=False):
-    """Runs one step; its output goes to ``log`` (stdout to ``stdout`` if given).
-
-    With ``show_stderr`` the step's stderr (fairseq's progress bar) reaches the terminal.
-
-    Raises:
-        UserError: the step failed; the message quotes the end of its log.
-    """
-    from recurnmt.nmt.quiet import quiet_env
-
-    env = quiet_env(dict(os.environ, PYTHONUNBUFFERED="1"))
-    with log.open("w", encoding="utf-8") as log_f:
-        log_f.write(f"$ {shlex.join(cmd)}\n")
-        log_f.flush()
-        out_f = stdout.open("w", encoding="utf-8") if stdout else log_f
-        try:
-            status = subprocess.run(
-                cmd,
-                cwd=ROOT,
-                env=env,
-                stdout=out_f,
-                stderr=None if show_stderr else log_f,
-            ).returncode
-        finally:
-            if stdout:
-                out_f.close()
-    if status:
-        tail = "\n".join(log.read_text(encoding="utf-8").splitlines()[-15:])
-        raise UserError(f"{cmd[0]} failed with exit status {status} (log: {log}):\n{tail}")
 
 
 def param_counts(arch: str, levels: int) -> tuple[int, int]:
@@ -175,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     if not (data / "dict.en.txt").exists():
         print(f"Preparing the embedded corpus into {args.data} ...", flush=True)
         prep = [str(BIN / "python"), "-m", "data_prep.embedded", "prepare", "--out", args.data]
-        run_logged(prep, work / "prepare.log")
+        run_logged(prep, work / "prepare.log", cwd=ROOT)
 
     p_star, vanilla = param_counts(args.arch, args.levels)
     n_train = sum(1 for _ in (data / "train.raw.en").open(encoding="utf-8"))
@@ -226,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     rel = work.relative_to(ROOT) if work.is_relative_to(ROOT) else work
     print(f"\nTraining (log: {rel}/train.log) ...", flush=True)
     t0 = time.time()
-    run_logged(train, train_log, show_stderr=True)
+    run_logged(train, train_log, show_stderr=True, cwd=ROOT)
     valid = last_valid_stats(train_log)
     print(
         f"Trained {args.max_update} updates in {minutes(time.time() - t0)}; "
@@ -259,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         "--cpu",
     ]
     print(f"\nTranslating the test set (beam {args.beam}) ...", flush=True)
-    run_logged(generate, gen_log, stdout=gen_out)
+    run_logged(generate, gen_log, stdout=gen_out, cwd=ROOT)
     lines = gen_out.read_text(encoding="utf-8").splitlines()
     speed = re.search(r"Translated .*", gen_log.read_text(encoding="utf-8"))
     if speed:
