@@ -168,6 +168,10 @@ BAD_INPUTS: dict[str, BadInput] = {
     ),
     "python scripts/depth_memory.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
     "python scripts/decoding_speed.py": lambda tmp: (["--rounds", "0"], "--rounds"),
+    "python scripts/depth_sweep.py": lambda tmp: (
+        ["nmt", "--arch", "no_such_arch"],
+        "no_such_arch",
+    ),
     "python scripts/compile_speed.py": lambda tmp: (["--compile", "nope"], "--compile='nope'"),
     "python scripts/benchmark_vision.py": lambda tmp: (["--models", "vit_xl"], "vit_xl"),
     "python scripts/benchmark_data.py": lambda tmp: (
