@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -64,8 +65,8 @@ Score = dict[str, Any]  # {"score": float, ...} or {"refused": reason}
 def nmt_train(args: argparse.Namespace, variant: str, run_dir: Path) -> dict[str, Any]:
     """Trains one translation model; returns its command, wall seconds and checkpoint."""
     flags = [*size_flags(args, args.arch), *recipe_flags(args)]
-    flags += ["--mixed-depth", "on" if variant == "mixed" else "off", *args.extra]
-    cmd = train_command(args.data, args.arch, flags, run_dir / "checkpoints")
+    flags += ["--mixed-depth", "on" if variant == "mixed" else "off"]
+    cmd = [*train_command(args.data, args.arch, flags, run_dir / "checkpoints"), *args.extra]
     seconds = run_logged(cmd, run_dir / "train.log", cwd=ROOT)
     checkpoint = run_dir / "checkpoints" / "checkpoint_last.pt"
     return {"command": shlex.join(cmd), "seconds": round(seconds, 1), "checkpoint": str(checkpoint)}
@@ -109,6 +110,7 @@ def vision_train(args: argparse.Namespace, variant: str, run_dir: Path) -> dict[
     cmd = [sys.executable, "-m", "recurnmt.vision.train", "--model", args.model]
     cmd += ["--data", "digits", "--epochs", str(args.epochs), "--seed", str(args.seed)]
     cmd += ["--output", str(run_dir), "--no-progress", "--no-tensorboard"]
+    cmd += ["--threads", str(args.threads)]
     cmd += [*(["--mixed-depth"] if variant == "mixed" else []), *args.extra]
     seconds = run_logged(cmd, run_dir / "train.log", cwd=ROOT)
     checkpoint = run_dir / "checkpoint.pt"  # the last epoch (best.pt is chosen on this data)
@@ -276,6 +278,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--fresh", action="store_true", help="retrain finished runs")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads of every training and evaluation command (OMP_NUM_THREADS; "
+        "default 1, as the demo's measured runs)",
+    )
     g = parser.add_argument_group("nmt (size and recipe as scripts/compare_nmt.py)")
     g.add_argument("--arch", default="ringformer")
     g.add_argument("--data", default="data-bin/lohelp_de_en")
@@ -302,6 +311,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(own)
     args.extra = extra
+    if args.threads < 1:
+        parser.error(f"--threads {args.threads}: at least 1")
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by every command run
     if args.max_levels is not None and args.max_levels < 1:
         parser.error(f"--max-levels {args.max_levels}: at least 1")
     if args.task == "nmt":

@@ -64,8 +64,9 @@ def test_plot_is_a_png(tmp_path):
 
 
 def _sweep(tmp_path: Path, *argv: str) -> dict:
-    _script().main([*argv, "--out", str(tmp_path / "runs"), "--doc-dir", str(tmp_path / "docs")])
     task = argv[0]
+    places = ["--out", str(tmp_path / "runs"), "--doc-dir", str(tmp_path / "docs")]
+    _script().main([task, *places, *argv[1:]])  # before the flags passed on after --
     doc = tmp_path / "docs" / f"depth_sweep_{task}.md"
     assert (tmp_path / "docs" / f"depth_sweep_{task}.png").exists()
     assert "| 3 | refused [1] | refused [1] |" in doc.read_text(encoding="utf-8")
@@ -75,8 +76,10 @@ def _sweep(tmp_path: Path, *argv: str) -> dict:
 @pytest.mark.e2e
 def test_nmt_sweep_end_to_end(data, tmp_path):
     size = ["--embed-dim", "16", "--ffn-dim", "32", "--heads", "2", "--levels", "2"]
+    budget = ["--max-update", "3", "--max-levels", "3", "--beam", "1"]
+    # an untrained model translates to the length limit: beam 1 keeps that short
     results = _sweep(
-        tmp_path, "nmt", "--data", str(data), *size, "--max-update", "3", "--max-levels", "3"
+        tmp_path, "nmt", "--data", str(data), *size, *budget, "--", "--log-interval", "1"
     )
     for result in results.values():
         scores = result["scores"]
