@@ -37,7 +37,7 @@ def nmt_steps(opts: argparse.Namespace) -> tuple[Callable[[], None], Callable[[]
     """The eager and the compiled training step of the translation model."""
     import torch
 
-    from recurnmt.analysis.benchmark import nmt_model_flags
+    from recurnmt.analysis.benchmark import nmt_model_flags, random_token_batch
     from recurnmt.nmt.build import build_model, toy_dictionary
 
     dictionary = toy_dictionary(opts.vocab)
@@ -46,11 +46,7 @@ def nmt_steps(opts: argparse.Namespace) -> tuple[Callable[[], None], Callable[[]
     eager = build_model(opts.arch, flags, dictionary)[0].train()
     compiled = build_model(opts.arch, [*flags, "--compile", opts.compile], dictionary)[0].train()
     compiled.load_state_dict(eager.state_dict())
-    g = torch.Generator().manual_seed(0)
-    shape = (opts.batch, opts.length)
-    src = torch.randint(dictionary.nspecial, len(dictionary), shape, generator=g)
-    prev = torch.randint(dictionary.nspecial, len(dictionary), shape, generator=g)
-    lengths = torch.full((opts.batch,), opts.length)
+    src, lengths, prev = random_token_batch(dictionary, opts.batch, opts.length)
 
     def step(model: torch.nn.Module) -> Callable[[], None]:
         def run() -> None:

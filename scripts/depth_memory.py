@@ -59,6 +59,7 @@ def measure(opts: argparse.Namespace) -> dict:
 
     import torch
 
+    from recurnmt.analysis.benchmark import random_token_batch
     from recurnmt.analysis.memory import saved_for_backward_bytes
     from recurnmt.nmt.build import build_model, toy_dictionary
 
@@ -69,11 +70,7 @@ def measure(opts: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     model, _, _ = build_model(opts.arch, flags, dictionary)
     model.train()
-    g = torch.Generator().manual_seed(0)
-    shape = (opts.batch, opts.length)
-    src = torch.randint(dictionary.nspecial, len(dictionary), shape, generator=g)
-    prev = torch.randint(dictionary.nspecial, len(dictionary), shape, generator=g)
-    lengths = torch.full((opts.batch,), opts.length)
+    src, lengths, prev = random_token_batch(dictionary, opts.batch, opts.length)
 
     def loss() -> torch.Tensor:
         return model(src, lengths, prev)[0].logsumexp(-1).mean()

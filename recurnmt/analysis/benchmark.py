@@ -130,6 +130,21 @@ def nmt_model_flags(arch: str, opts: argparse.Namespace) -> list[str]:
     return flags
 
 
+def random_token_batch(
+    dictionary, batch: int, length: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fixed batch of random tokens (no specials) for timing and memory measurements.
+
+    Returns:
+        ``(src_tokens, src_lengths, prev_output_tokens)``, B x T, B and B x T.
+    """
+    g = torch.Generator().manual_seed(seed)
+    shape = (batch, length)
+    src = torch.randint(dictionary.nspecial, len(dictionary), shape, generator=g)
+    prev = torch.randint(dictionary.nspecial, len(dictionary), shape, generator=g)
+    return src, torch.full((batch,), length), prev
+
+
 def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int):
     """``count`` real batches of ``split`` (fairseq's own batching), on the CPU."""
     from fairseq import options, tasks
