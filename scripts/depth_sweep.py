@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from recurnmt.analysis.nmt_runs import (  # noqa: E402
+    SCHEDULES,
     generate_command,
     recipe_flags,
     run_logged,
@@ -66,7 +67,8 @@ def nmt_train(args: argparse.Namespace, variant: str, run_dir: Path) -> dict[str
     """Trains one translation model; returns its command, wall seconds and checkpoint."""
     flags = [*size_flags(args, args.arch), *recipe_flags(args)]
     flags += ["--mixed-depth", "on" if variant == "mixed" else "off"]
-    cmd = [*train_command(args.data, args.arch, flags, run_dir / "checkpoints"), *args.extra]
+    cmd = train_command(args.data, args.arch, flags, run_dir / "checkpoints", args.nproc)
+    cmd += args.extra
     seconds = run_logged(cmd, run_dir / "train.log", cwd=ROOT)
     checkpoint = run_dir / "checkpoints" / "checkpoint_last.pt"
     return {"command": shlex.join(cmd), "seconds": round(seconds, 1), "checkpoint": str(checkpoint)}
@@ -294,10 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--levels", type=int, default=6, help="levels per side in training")
     g.add_argument("--pre-ln", action="store_true")
     g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--lr-scheduler", choices=sorted(SCHEDULES), default="inverse_sqrt")
     g.add_argument("--warmup", type=int, default=100)
     g.add_argument("--dropout", type=float, default=0.1)
     g.add_argument("--max-tokens", type=int, default=4096)
     g.add_argument("--max-update", type=int, default=800)
+    g.add_argument(
+        "--nproc", type=int, default=1, help="data-parallel CPU processes per model (gloo)"
+    )
     g.add_argument("--beam", type=int, default=4)
     g = parser.add_argument_group("vision")
     g.add_argument("--model", default="ringformer_vit_mini_patch4")
@@ -321,6 +327,8 @@ def main(argv: list[str] | None = None) -> None:
 
         if args.levels < 1:
             parser.error(f"--levels {args.levels}: at least 1")
+        if args.nproc < 1 or args.max_tokens % args.nproc:
+            parser.error(f"--nproc {args.nproc}: at least 1, dividing --max-tokens evenly")
 
         check_arch(args.arch)
         if not (ROOT / args.data / "test.raw.en").exists():
