@@ -182,6 +182,9 @@ def test_rank_commands_on_two_nodes():
         assert flags["--distributed-rank"] == str(2 + local)
         assert flags["--distributed-init-method"] == "tcp://10.0.0.1:7"
         assert "--distributed-no-spawn" in cmd and "--cpu" in cmd
+        assert cmd[-2:] == ["--log-format", "none"]  # no rank 0 here: no progress bar
+    first = rank_commands(LaunchPlan(nproc=2), ["DATA", "--log-format", "tqdm"], port=7)
+    assert "none" not in first[0] and first[1][-2:] == ["--log-format", "none"]
     gpu = rank_commands(LaunchPlan(nproc=2, device="cuda"), ["DATA"], port=9)
     assert [c[c.index("--device-id") + 1] for c in gpu] == ["0", "1"]
     assert rank_commands(LaunchPlan(), ["DATA"], port=0)[0][-2:] == ["DATA", "--cpu"]
@@ -199,6 +202,7 @@ def test_torchrun_command_and_worker_flags():
     assert argv[argv.index("--distributed-world-size") + 1] == "4"
     assert argv[argv.index("--device-id") + 1] == "1"
     assert "env://" in argv and "--distributed-no-spawn" in argv
+    assert argv[-2:] == ["--log-format", "none"]  # rank 3: rank 0 alone draws the bar
     cpu = worker_argv(["DATA"], "cpu", TORCHRUN_FULL)
     assert {"--cpu", "gloo", "legacy_ddp"} <= set(cpu)
     with pytest.raises(ConfigError, match="runs under torchrun"):

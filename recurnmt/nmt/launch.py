@@ -152,18 +152,25 @@ def device_flags(plan: LaunchPlan, argv: Sequence[str]) -> list[str]:
     return flags
 
 
+# fairseq logs only on rank 0 (the others log warnings), but every rank draws its own progress
+# bar: on a terminal the bars of ranks > 0 overwrite the master's with the same figures
+QUIET_RANK = ("--log-format", "none")
+
+
 def rank_flags(plan: LaunchPlan, local_rank: int, init_method: str) -> list[str]:
     """fairseq's explicit flags for one process of a multi-process run."""
+    rank = plan.node_rank * plan.nproc + local_rank
     return [
         "--distributed-world-size",
         str(plan.world_size),
         "--distributed-rank",
-        str(plan.node_rank * plan.nproc + local_rank),
+        str(rank),
         "--distributed-init-method",
         init_method,
         "--distributed-no-spawn",
         "--device-id",
         str(local_rank if plan.device == "cuda" else 0),
+        *(QUIET_RANK if rank else ()),
     ]
 
 
@@ -243,6 +250,7 @@ def worker_argv(
         "--distributed-no-spawn",
         "--device-id",
         str(local if device == "cuda" else 0),
+        *(QUIET_RANK if rank else ()),
     ]
 
 
