@@ -34,6 +34,7 @@ from data_prep.embedded import data_dir  # noqa: E402
 from recurnmt.analysis.nmt_runs import (  # noqa: E402
     SCHEDULES,
     generate_command,
+    processes,
     recipe_flags,
     run_logged,
     size_flags,
@@ -107,11 +108,6 @@ def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[s
         flush=True,
     )
     return result
-
-
-def processes(nproc: int) -> str:
-    """How training ran, in words."""
-    return "one process" if nproc == 1 else f"{nproc} data-parallel processes (gloo)"
 
 
 def markdown(results: list[dict[str, Any]], args: argparse.Namespace, plot: Path) -> str:
@@ -222,9 +218,6 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     args.argv = argv
 
-    import logging
-
-    logging.basicConfig(handlers=[logging.NullHandler()])  # fairseq's import-time notes
     from recurnmt.nmt.build import check_arch
 
     for arch in args.archs:

@@ -65,3 +65,19 @@ def test_launched_fairseq_commands_import_fairseq_quietly_and_keep_user_filters(
     assert out.returncode == 0, out.stderr[-2000:]
     warned = [line for line in out.stderr.splitlines() if "Warning" in line]
     assert len(warned) == 1 and "a warning of the user" in warned[0], out.stderr
+
+
+def test_importing_the_plugin_leaves_logging_unconfigured():
+    # fairseq's speech tasks call logging.basicConfig(level=INFO) when imported: a script that
+    # imported recurnmt printed "Please install tensorboardX" and every INFO record after it
+    script = (
+        "import logging, recurnmt.nmt; root = logging.getLogger(); "
+        "assert not root.handlers and root.level == logging.WARNING, root.handlers; "
+        "logging.getLogger('fairseq').info('an INFO record'); "
+        "logging.getLogger('user').warning('a warning of the user')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stderr.strip() == "a warning of the user", out.stderr

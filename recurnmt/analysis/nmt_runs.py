@@ -122,6 +122,11 @@ def recipe_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
+def processes(nproc: int) -> str:
+    """How training ran (:func:`train_command` with ``nproc``), in words."""
+    return "one process" if nproc == 1 else f"{nproc} data-parallel processes (gloo)"
+
+
 def train_command(
     data: str | Path, arch: str, flags: Sequence[str], save_dir: Path, nproc: int = 1
 ) -> list[str]:

@@ -6,11 +6,12 @@ torch's weights-only unpickler. It also silences the deprecation warnings that f
 code raises on every run (:mod:`recurnmt.nmt.quiet`).
 """
 
-from recurnmt.nmt.quiet import silence_fairseq_noise
+from recurnmt.nmt.quiet import silence_fairseq_noise, unconfigured_logging_kept
 
 silence_fairseq_noise()  # before fairseq composes its config (fairseq-train imports us first)
 
-from recurnmt.nmt import architectures, checkpoint_safety, criterion  # noqa: E402, F401
-from recurnmt.nmt.model import RecurrentTransformerModel  # noqa: E402
+with unconfigured_logging_kept():  # fairseq's import configures the root logger otherwise
+    from recurnmt.nmt import architectures, checkpoint_safety, criterion  # noqa: F401
+    from recurnmt.nmt.model import RecurrentTransformerModel
 
 __all__ = ["RecurrentTransformerModel"]

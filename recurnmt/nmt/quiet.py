@@ -11,7 +11,10 @@ fairseq composes its configuration and builds its data loaders.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import warnings
+from collections.abc import Iterator
 
 # (category, regular expression matching the start of the message, where it comes from)
 FAIRSEQ_NOISE: tuple[tuple[type[Warning], str, str], ...] = (
@@ -54,3 +57,27 @@ def quiet_env(env: dict[str, str]) -> dict[str, str]:
     if IMPORT_TIME_FILTER in own.split(","):
         return dict(env)
     return dict(env, PYTHONWARNINGS=",".join(f for f in (IMPORT_TIME_FILTER, own) if f))
+
+
+@contextlib.contextmanager
+def unconfigured_logging_kept() -> Iterator[None]:
+    """Keeps the root logger as it is across importing fairseq.
+
+    Two of fairseq's speech task modules call ``logging.basicConfig(level=INFO)`` when they are
+    imported, so any program that imports recurnmt before configuring logging (a script, the
+    launcher, a notebook) printed fairseq's import-time notes ("Please install tensorboardX")
+    and then every INFO record of every library. While the root logger has no handler, a
+    temporary one makes that call a no-op; a program that configured logging itself
+    (fairseq-train does, before it imports the plugin) is left alone.
+    """
+    root = logging.getLogger()
+    if root.handlers:
+        yield
+        return
+    level, guard = root.level, logging.NullHandler()
+    root.addHandler(guard)
+    try:
+        yield
+    finally:
+        root.removeHandler(guard)
+        root.setLevel(level)
