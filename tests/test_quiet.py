@@ -30,18 +30,20 @@ warnings.warn("a warning of the user's own")
 """
 
 
-def test_fairseq_noise_is_silenced_and_other_warnings_show():
+def warnings_of(script: str, env: dict[str, str] | None = None) -> list[str]:
+    """The warning lines a fresh interpreter prints running ``script`` (default filters, as
+    in fairseq-train); fails if it fails."""
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT],  # default warning filters, as in fairseq-train
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+        check=False, timeout=120,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    warned = [line for line in out.stderr.splitlines() if "Warning" in line]
-    assert len(warned) == 1 and "a warning of the user's own" in warned[0], out.stderr
+    return [line for line in out.stderr.splitlines() if "Warning" in line]
+
+
+def test_fairseq_noise_is_silenced_and_other_warnings_show():
+    warned = warnings_of(SCRIPT)
+    assert len(warned) == 1 and "a warning of the user's own" in warned[0], warned
 
 
 def test_launched_fairseq_commands_import_fairseq_quietly_and_keep_user_filters():
@@ -53,18 +55,11 @@ def test_launched_fairseq_commands_import_fairseq_quietly_and_keep_user_filters(
     assert env["PYTHONWARNINGS"] == f"{IMPORT_TIME_FILTER},error::DeprecationWarning"
     assert quiet_env(env) == env  # idempotent
     script = "import fairseq, warnings; warnings.warn('a warning of the user', FutureWarning)"
-    out = subprocess.run(  # as fairseq-train starts: fairseq first, no plugin yet
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=quiet_env({k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
+    # as fairseq-train starts: fairseq first, no plugin yet
+    warned = warnings_of(
+        script, quiet_env({k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
     )
-    assert out.returncode == 0, out.stderr[-2000:]
-    warned = [line for line in out.stderr.splitlines() if "Warning" in line]
-    assert len(warned) == 1 and "a warning of the user" in warned[0], out.stderr
+    assert len(warned) == 1 and "a warning of the user" in warned[0], warned
 
 
 def test_importing_the_plugin_leaves_logging_unconfigured():
