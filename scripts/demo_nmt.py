@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from data_prep.embedded import data_dir  # noqa: E402
-from recurnmt.analysis.nmt_runs import processes, run_logged  # noqa: E402
+from recurnmt.analysis.nmt_runs import processes, recipe_flags, run_logged  # noqa: E402
 from recurnmt.cli import UserError, entry_point, split_extra_args  # noqa: E402
 
 PROG = "python scripts/demo_nmt.py"
@@ -45,29 +45,7 @@ MAX_UPDATE = 1400
 # 30.4 against 25.9 without); a 4,000-piece vocabulary learned on the training split (the
 # output layer was half of a training step at 8,000 pieces); two data-parallel processes of
 # one thread each (more tokens per second than one process with two threads).
-RECIPE = [
-    "--share-all-embeddings",
-    "--dropout",
-    "0",
-    "--optimizer",
-    "adam",
-    "--adam-betas",
-    "(0.9, 0.98)",
-    "--clip-norm",
-    "1.0",
-    "--lr",
-    "3e-3",
-    "--lr-scheduler",
-    "polynomial_decay",
-    "--warmup-updates",
-    "200",
-    "--end-learning-rate",
-    "0",
-    "--criterion",
-    "recurrent_label_smoothed_cross_entropy",
-    "--label-smoothing",
-    "0.1",
-]
+RECIPE = dict(dropout=0.0, lr=3e-3, lr_scheduler="polynomial_decay", warmup=200, seed=1)
 MAX_TOKENS = 2048  # per update, over all processes
 VOCAB_SIZE = 4000
 NPROC = 2
@@ -194,17 +172,13 @@ def main(argv: list[str] | None = None) -> None:
         "--arch",
         args.arch,
         *size_flags(args.levels),
-        *RECIPE,
-        "--max-update",
-        str(args.max_update),
-        "--total-num-update",
-        str(args.max_update),
-        "--max-tokens",
-        str(MAX_TOKENS // args.nproc),
+        *recipe_flags(
+            argparse.Namespace(
+                **RECIPE, max_tokens=MAX_TOKENS, nproc=args.nproc, max_update=args.max_update
+            )
+        ),
         "--num-workers",
         "0",
-        "--seed",
-        "1",
         "--save-dir",
         str(work / "checkpoints"),
         "--no-epoch-checkpoints",
