@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
@@ -11,6 +12,7 @@ from recurnmt.modules import AddAtEveryLevel, LevelOutputs, StackConfig, build_s
 from recurnmt.nmt.embedding import TokenEmbedding
 
 EncoderOut = dict[str, list[Tensor]]
+SENTENCE = "sentence_index"  # encoder_out key: the source sentence of every row (B)
 
 
 class RecurrentEncoder(FairseqEncoder):
@@ -84,10 +86,23 @@ class RecurrentEncoder(FairseqEncoder):
             "src_tokens": [],
             "src_lengths": [src_lengths.view(-1, 1)],
             "ponder": [out.ponder] if out.ponder is not None else [],  # B x T, ACT only
+            SENTENCE: [torch.arange(src_tokens.size(0), device=src_tokens.device)],  # B
         }
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-        """Selects batch entries ``new_order`` (beam search)."""
+        """Selects batch entries ``new_order`` (beam search).
+
+        Every row carries the index of the sentence it was encoded from (``SENTENCE``), and
+        rows of one sentence hold the same encoder output. A reorder that takes every row from
+        a row of its own sentence (beam search reshuffling hypotheses at every step, until a
+        sentence finishes) therefore changes nothing, and ``encoder_out`` is returned as is:
+        the copy of the whole B x S x C memory per step that fairseq's generator otherwise
+        pays is skipped, exactly.
+        """
+        sentence = encoder_out.get(SENTENCE, [])
+        if sentence and new_order.numel() == sentence[0].numel():
+            if torch.equal(sentence[0].index_select(0, new_order), sentence[0]):
+                return encoder_out
         batch_dim = {"encoder_out": 1, "encoder_states": 1}
         return {
             key: [t.index_select(batch_dim.get(key, 0), new_order) for t in values]
