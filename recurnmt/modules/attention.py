@@ -17,7 +17,12 @@ module knows nothing of levels or papers:
 * sliced group attention (``slicing``; SReT sec. 4).
 
 Attention logits and probabilities are computed in one place, :func:`attention_logits`; the
-fast path (no probe) never materialises them and lets SDPA pick a fused kernel.
+fast path (no probe) never materialises them and lets SDPA pick a fused kernel. Masks reach
+SDPA in the forms its flash and memory-efficient kernels take: full causal attention as
+``is_causal`` (no mask), causal queries on top of a cache as the lower-right causal bias,
+padding as a boolean key mask broadcast over queries (B x 1 x 1 x S), and a T x S mask only
+where a decoder target has padding between real tokens. The logit ``bias`` is an additive
+float mask, which the memory-efficient kernel takes.
 
 Cross-attention splits the work in two: :meth:`CrossAttention.project_memory` turns the encoder
 output into keys and values once, and :meth:`CrossAttention.forward` consumes them. A decoder
@@ -34,6 +39,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.bias import causal_lower_right
 
 from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.sliced_attention import SlicedGroups
@@ -294,9 +300,14 @@ class SelfAttention(_Attention):
             k, v = cache.append(k, v)
         t, s = q.size(2), k.size(2)
         causal = self.causal and t > 1
-        if causal and key_padding_mask is None and t == s and terms.bias is None:
-            # the common training case: SDPA's fused causal kernel, no mask tensor
-            return self._attend(q, k, v, None, terms, is_causal=True)
+        if causal and key_padding_mask is None and terms.bias is None:
+            if t == s:
+                # the common training case: SDPA's fused causal kernel, no mask tensor
+                return self._attend(q, k, v, None, terms, is_causal=True)
+            if not self._probed(terms):
+                # several new queries on top of a cache: the lower-right causal bias, which
+                # the fused kernels apply without a T x S mask
+                return self._attend(q, k, v, causal_lower_right(t, s), terms)
         mask = attention_mask(key_padding_mask, causal, t, s, x.device)
         return self._attend(q, k, v, mask, terms)
 

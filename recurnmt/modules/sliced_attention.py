@@ -15,7 +15,8 @@ Differences from the reference pseudo-code, each needed for text or for evaluati
 
 * Any length works: T is padded to a multiple of G with masked slots.
 * Padding masks are honoured: a padded key is never attended to, so padding content cannot
-  leak into real tokens. A query whose whole slice is padding attends to itself only.
+  leak into real tokens. The mask is a key mask (one row per slice), the form the fused SDPA
+  kernels accept; a slice of padding only sees its own padding slots, which no one reads.
 * Evaluation is reproducible without reusing one permutation everywhere: training draws a
   fresh random permutation at every call (as Algorithm 1's ``torch.randperm``); evaluation
   draws from a generator seeded by the level's ``seed`` (its index in the stack) and the
@@ -109,9 +110,12 @@ def sliced_group_attention(
     valid = F.pad(valid, (0, extra), value=False)  # B x (G * S)
     mask = None
     if key_padding_mask is not None or extra:
-        # a slot may always see itself, so no row is empty (padding-only slices)
-        eye = torch.eye(size, dtype=torch.bool, device=q.device)
-        mask = valid.view(b * groups, 1, 1, size) | eye
+        # A key mask, (B * G) x 1 x 1 x S, which the fused SDPA kernels take as it is. A slice
+        # with no real key (padding only) may see all of its slots, so that no row is empty
+        # (an empty row is NaN); its rows are padding and are never read.
+        valid = valid.view(b * groups, size)
+        valid = valid | ~valid.any(dim=1, keepdim=True)
+        mask = valid[:, None, None, :]
     out = F.scaled_dot_product_attention(
         slice_up(q), slice_up(k), slice_up(v), attn_mask=mask, dropout_p=dropout_p
     )
