@@ -77,12 +77,13 @@ def test_registry_lists_every_family():
 
 
 @pytest.mark.parametrize("name", list_models())
-def test_forward_shape_finite_and_every_parameter_gets_a_gradient(name):
+def test_forward_shape_finite_and_every_parameter_gets_a_gradient(name, device):
     model = build_small_with_timm(name).train()
     perturb_zero_parameters(model)
+    model.to(device)
     # 4 images: with the paper models' stochastic depth (up to 0.2) a residual branch is
     # dropped for the whole batch, leaving its block without a gradient, with odds <= 0.2^4
-    x = torch.randn(4, 3, 32, 32)
+    x = torch.randn(4, 3, 32, 32, device=device)
     out = model(x)
     assert out.shape == (4, NUM_CLASSES)
     assert torch.isfinite(out).all()

@@ -121,10 +121,12 @@ def test_inconsistent_launches_are_refused(monkeypatch):
 @pytest.mark.parametrize(
     "model", ["sret_mini", "dvt_vit_mini_patch2", "ringformer_vit_mini_mrla_patch4"]
 )
-def test_resume_continues_the_same_run(tmp_path, model):
+def test_resume_continues_the_same_run(tmp_path, model, device):
     """Losses after resuming equal those of a run that never stopped (augmentation, mixup,
     dropout and sliced-attention permutations included; a DVT cascade and an MRLA model too)."""
     flags = [
+        "--device",
+        device.type,
         "--model",
         model,
         "--epochs",
@@ -303,10 +305,28 @@ def test_digits_training_learns(tmp_path):
     assert history[-1]["train_loss"] < history[0]["train_loss"]
 
 
+TWO_PROCESS = [
+    pytest.param("cpu", id="gloo"),
+    pytest.param(
+        "cuda",
+        id="nccl",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(
+                torch.cuda.device_count() < 2,
+                reason="NCCL needs two CUDA devices (the gloo half of this test ran)",
+            ),
+        ],
+    ),
+]
+
+
 @pytest.mark.e2e
 @pytest.mark.dist
-def test_two_process_gloo_run_and_resume(tmp_path):
-    """torchrun with 2 CPU processes (gloo); resuming the 2-process run is exact as well."""
+@pytest.mark.parametrize("device", TWO_PROCESS)
+def test_two_process_run_and_resume(tmp_path, device):
+    """torchrun with 2 processes: gloo on the CPU, NCCL on two GPUs (the trainer picks the
+    backend from the device); resuming the 2-process run is exact as well."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
     def torchrun(out: Path, *flags: str) -> list[dict]:
@@ -328,6 +348,8 @@ def test_two_process_gloo_run_and_resume(tmp_path):
             "128",
             "--model",
             "sret_mini",
+            "--device",
+            device,
             *flags,
         ]
         subprocess.run(cmd, check=True, env=env, cwd=REPO, timeout=300)

@@ -25,28 +25,37 @@ from recurnmt.vision.distributed import DistInfo, all_reduce_sum
 
 @dataclass
 class Precision:
-    """Mixed precision settings: autocast dtype (``None`` = full precision) and loss scaling."""
+    """How a batch is computed: autocast dtype (``None`` = full precision), loss scaling, and
+    the images' memory layout (``channels_last``: NHWC, which the convolutions of the ResNets,
+    SReT's stem and the patch embeddings run faster in on CUDA tensor cores)."""
 
     dtype: torch.dtype | None = None
     scaler: torch.amp.GradScaler | None = None
+    channels_last: bool = False
 
     @classmethod
-    def build(cls, mode: str, device: torch.device) -> Precision:
+    def build(cls, mode: str, device: torch.device, channels_last: bool = False) -> Precision:
         """``auto``: bf16 (or fp16 with loss scaling) on CUDA, full precision on CPU."""
         if mode == "off" or (mode == "auto" and device.type != "cuda"):
-            return cls()
+            return cls(channels_last=channels_last)
         if mode == "auto":
             mode = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
         if mode == "fp16":
             if device.type != "cuda":
                 raise ValueError("--amp fp16 needs CUDA (use bf16 on CPU)")
-            return cls(torch.float16, torch.amp.GradScaler("cuda"))
-        return cls(torch.bfloat16)
+            return cls(torch.float16, torch.amp.GradScaler("cuda"), channels_last)
+        return cls(torch.bfloat16, channels_last=channels_last)
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=self.dtype)
+
+    def images(self, images: Tensor, device: torch.device) -> Tensor:
+        """A batch of images (B x 3 x H x W) on ``device``, in this setting's layout."""
+        if self.channels_last:
+            return images.to(device, non_blocking=True, memory_format=torch.channels_last)
+        return images.to(device, non_blocking=True)
 
 
 @dataclass
@@ -113,7 +122,7 @@ def train_one_epoch(
     for micro, (images, target) in enumerate(loader):
         if micro >= updates * accum_steps:
             break
-        images = images.to(device, non_blocking=True)
+        images = precision.images(images, device)
         target = target.to(device, non_blocking=True)
         if mixup is not None:
             images, target = mixup(images, target)
@@ -192,7 +201,7 @@ def evaluate(
     for images, target in tqdm(
         loader, desc="eval", leave=False, disable=not (progress and info.is_main)
     ):
-        images, target = images.to(info.device), target.to(info.device)
+        images, target = precision.images(images, info.device), target.to(info.device)
         with precision.autocast(info.device):
             logits = model(images)
         logits = logits.float()

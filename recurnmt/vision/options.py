@@ -210,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "off", "bf16", "fp16"],
         help="mixed precision; auto = bf16/fp16 on CUDA, off on CPU",
     )
+    g.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="images and convolution weights in NHWC layout (faster convolutions on CUDA "
+        "with --amp: the ResNets, SReT's stem, patch embeddings)",
+    )
     g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs")
     g.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     g.add_argument("--no-tensorboard", action="store_true")

@@ -237,6 +237,8 @@ def run(args: Namespace, info: DistInfo) -> dict:
     if args.grad_checkpointing:
         model.set_grad_checkpointing(True)
     model.to(info.device)
+    if args.channels_last:  # NHWC weights for the convolutions, to match the images
+        model.to(memory_format=torch.channels_last)
 
     train_set, _ = build_dataset(
         args.data, "train", root=args.data_root, img_size=img_size, augment=True, spec=spec
@@ -264,7 +266,7 @@ def run(args: Namespace, info: DistInfo) -> dict:
         raise ValueError(f"--batch-size {args.batch_size} exceeds the {len(train_set)} images")
 
     optimizer, scheduler = build_optimization(model, args, steps)
-    precision = Precision.build(args.amp, info.device)
+    precision = Precision.build(args.amp, info.device, args.channels_last)
     teacher = None
     if args.teacher:
         teacher = _build_teacher(args, spec, log).to(info.device)
