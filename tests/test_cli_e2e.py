@@ -7,6 +7,7 @@ sacrebleu, fairseq-interactive, and resuming from checkpoint_last.pt.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -261,17 +262,58 @@ def test_lrc_evolution_is_logged_and_plotted(data, tmp_path):
     assert png.stat().st_size > 1000
 
 
-def test_half_precision_training_without_cuda_stops_before_training(data, tmp_path):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("needs a machine without CUDA")
+def _refused_training(
+    data: Path, save_dir: Path, *flags: str, arch: str = "ringformer_tiny"
+) -> str:
+    """stderr of a fairseq-train run that must stop before training."""
     proc = subprocess.run(
         [str(BIN / "fairseq-train"), str(data), "--user-dir", "user_dir",
-         "--arch", "ringformer_tiny", "--fp16", "--max-update", "1", "--max-tokens", "512",
-         "--save-dir", str(tmp_path / "ckpt")],
-        cwd=ROOT, capture_output=True, text=True, env={"PATH": str(BIN)},
+         "--arch", arch, *flags, "--max-update", "1", "--max-tokens", "512",
+         "--save-dir", str(save_dir)],
+        cwd=ROOT, capture_output=True, text=True, env=ENV,
     )  # fmt: skip
     assert proc.returncode != 0
-    assert "--fp16 needs CUDA" in proc.stderr
-    assert not (tmp_path / "ckpt" / "checkpoint_last.pt").exists()
+    assert not (save_dir / "checkpoint_last.pt").exists()
+    return proc.stderr
+
+
+def test_half_precision_training_without_cuda_stops_before_training(data, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    assert "--fp16 needs CUDA" in _refused_training(data, tmp_path / "fp16", "--fp16")
+
+
+def test_bf16_training_through_fairseq_stops_before_training(data, tmp_path):
+    """fairseq-train's --bf16 is TPU-only: it sets --tpu, and the Trainer's device is then
+    torch_xla's (an AttributeError without it), with or without --cpu. Refused up front."""
+    err = _refused_training(data, tmp_path / "bf16", "--bf16", "--cpu")
+    assert "--bf16 needs a TPU" in err and "fairseq/options.py" in err
+
+
+# fairseq's reduced-precision training modes that work on a GPU (--bf16: a TPU, above)
+CUDA_PRECISION = ["--fp16", "--amp", "--memory-efficient-fp16"]
+PRECISION_ARCHS = ["ringformer_tiny", "universal_transformer_act_tiny", "sret_tiny"]
+
+
+@pytest.mark.parametrize("arch", PRECISION_ARCHS)
+@pytest.mark.parametrize("flag", [*CUDA_PRECISION, "--bf16"])
+def test_mixed_precision_training_and_generation_on_cuda(data, tmp_path, device, flag, arch):
+    """A few updates of fairseq-train in each precision mode (finite losses), then
+    fairseq-generate from the checkpoint (half precision for --fp16 models)."""
+    if device.type != "cuda":
+        pytest.skip(
+            "fairseq's --fp16, --amp and --memory-efficient-fp16 need CUDA (their CPU "
+            "refusal and bf16 on CPU: the tests above and tests/test_nmt_precision.py)"
+        )
+    if flag == "--bf16":
+        err = _refused_training(data, tmp_path / "bf16", "--bf16", arch=arch)
+        assert "--bf16 needs a TPU" in err
+        return
+    log = train(data, tmp_path, arch, 4, flag, device="cuda")
+    by_update = losses(log)
+    assert by_update and all(math.isfinite(float(v)) for v in by_update.values()), by_update
+    assert '"loss_scale"' in log  # fairseq scaled the loss (FP16 optimizer, or AMP's scaler)
+    half = ("--fp16",) if "fp16" in flag else ()
+    out = generate(data, tmp_path / "checkpoint_last.pt", *half, device="cuda")
+    assert len(re.findall(r"^H-\d+\t", out, flags=re.M)) == SIZES["test"]
+    assert "BLEU" in out

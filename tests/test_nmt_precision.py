@@ -71,10 +71,10 @@ def test_every_family_trains_a_step_in_each_precision(family, precision, device)
     half_loss = _loss(half, device)
     half_loss.backward()
     _assert_finite_gradients(half)
-    # a mean log-probability over a 40-word vocabulary (about -3.7) to a few half-precision
-    # steps (bf16: 2^-8 relative; the logits' errors partly cancel in the mean)
+    # a mean log-probability of about -4.5, to one bf16 step there (2^-6 = 0.016; the
+    # logits' rounding errors largely cancel in the mean: measured at most 0.003 on the CPU)
     for value in (loss, half_loss):
-        assert value.item() == pytest.approx(reference.item(), abs=0.05)
+        assert value.item() == pytest.approx(reference.item(), abs=0.02)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -182,7 +182,7 @@ def test_bf16_gradients_of_signals_and_residual_coefficients_follow_float32(fami
     half = _grads(model.to(torch.bfloat16), device, names)
     assert fp32.numel() > 0 and torch.isfinite(half).all()
     cosine = torch.nn.functional.cosine_similarity(fp32, half, dim=0)
-    assert cosine > 0.99, cosine.item()
+    assert cosine > 0.999, cosine.item()  # measured on the CPU: 0.9999 for both
 
 
 def test_residual_coefficient_updates_need_float32_master_weights():
