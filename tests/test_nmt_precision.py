@@ -61,15 +61,17 @@ def test_every_family_trains_a_step_in_each_precision(family, precision, device)
         reference.backward()
         _assert_finite_gradients(model)
         return
+    # losses scaled as fairseq's FP16 optimizer starts (--fp16-init-scale 128): small fp16
+    # gradients would otherwise underflow to zero
     with torch.autocast(device.type, dtype=dtype):
         loss = _loss(model, device)
-    loss.backward()
+    (loss * 128).backward()
     _assert_finite_gradients(model)
     model.zero_grad(set_to_none=True)
     half = model.to(dtype)
     assert next(half.parameters()).dtype is dtype
     half_loss = _loss(half, device)
-    half_loss.backward()
+    (half_loss * 128).backward()
     _assert_finite_gradients(half)
     # a mean log-probability of about -4.5, to one bf16 step there (2^-6 = 0.016; the
     # logits' rounding errors largely cancel in the mean: measured at most 0.003 on the CPU)
