@@ -29,8 +29,8 @@ def _dtype(precision: str, device: torch.device) -> torch.dtype:
     return HALF.get(precision, torch.float32)
 
 
-def _model(family: str, device: torch.device, *extra: str):
-    model, _, _ = build(f"{family}_tiny", *extra)
+def _model(family: str, device: torch.device):
+    model, _, _ = build(f"{family}_tiny")
     train_signals(model)  # RingFormer's signals non-zero, so their down factors get gradients
     return model.to(device)
 
