@@ -32,18 +32,20 @@ def _assert_same(plain, checkpointed) -> None:
         torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
-def _nmt_forward(model):
-    src, lengths, prev = batch()
+def _nmt_forward(model, device: torch.device | str = "cpu"):
+    src, lengths, prev = (t.to(device) for t in batch())
     return lambda: model(src, lengths, prev)[0].float().logsumexp(-1).mean()
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_nmt_checkpointed_training_equals_plain(family):
+def test_nmt_checkpointed_training_equals_plain(family, device):
+    """On CUDA too: the recomputation in backward draws the same dropout masks (checkpoint
+    saves and restores the device's RNG state)."""
     flags = ["--dropout", "0.2", "--attention-dropout", "0.1"]
     model, _, _ = build_model(f"{family}_tiny", flags, DICT)
     train_signals(model)
-    model.train()
-    forward = _nmt_forward(model)
+    model.to(device).train()
+    forward = _nmt_forward(model, device)
     plain = _loss_and_grads(model, forward)
     saved_plain = saved_for_backward_bytes(forward)[1]
     for side in (model.encoder, model.decoder):

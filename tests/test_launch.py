@@ -105,9 +105,17 @@ def test_unsummable_criterion_on_cpu_is_refused(monkeypatch):
     assert problems(arch_train_args("ringformer_tiny", GOOD_CPU), world_size=2) == ""
 
 
-@pytest.mark.parametrize("flag", ["--fp16", "--bf16", "--amp"])
+@pytest.mark.parametrize("flag", ["--fp16", "--amp", "--memory-efficient-fp16"])
 def test_half_precision_on_cpu_is_refused(flag):
     assert "needs CUDA" in problems(args("--cpu", flag), world_size=1)
+
+
+@pytest.mark.parametrize("flag", ["--bf16", "--memory-efficient-bf16"])
+@pytest.mark.parametrize("cuda", [False, True])
+def test_bf16_training_is_refused_without_a_tpu(flag, cuda):
+    """fairseq-train's --bf16 means --tpu, on a GPU machine too (fairseq/options.py)."""
+    text = problems(args(flag), world_size=1, cuda_available=cuda)
+    assert f"{flag} needs a TPU" in text and "xla_device" in text and "needs CUDA" not in text
 
 
 def test_generation_from_a_gpu_checkpoint_is_not_refused():

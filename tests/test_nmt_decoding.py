@@ -42,11 +42,11 @@ def _ids(case):
 
 
 @pytest.mark.parametrize("case", DECODERS, ids=_ids)
-def test_incremental_decoding_equals_full_pass(case):
+def test_incremental_decoding_equals_full_pass(case, device):
     model, _, _ = build(*case)
     train_signals(model)
-    model.eval()
-    src, lengths, prev = batch()
+    model.to(device).eval()
+    src, lengths, prev = (t.to(device) for t in batch())
     full, steps, _, _ = full_and_stepwise(model, src, lengths, prev)
     with torch.no_grad():
         enc = model.encoder(src, lengths)  # in evaluation mode, as for the passes above
@@ -94,13 +94,13 @@ def _generate(model, src, lengths, beam=4):
 
 
 @pytest.mark.parametrize("case", DECODERS, ids=_ids)
-def test_beam_search_matches_untied_reference(case):
+def test_beam_search_matches_untied_reference(case, device):
     model, _, _ = build(*case, "--share-all-embeddings")
     train_signals(model)
-    model.eval()
+    model.to(device).eval()
     reference = untied(model)
     assert len(reference.decoder.stack.blocks) == reference.decoder.stack.num_levels
-    src, lengths, _ = batch(seed=1, bsz=4)
+    src, lengths, _ = (t.to(device) for t in batch(seed=1, bsz=4))
     out = _generate(model, src, lengths)
     assert out == _generate(reference, src, lengths)
     assert any(len(hyp[0][0]) > 2 for hyp in out)  # really decoded several steps

@@ -11,6 +11,17 @@ eq. 5, N <= max levels). The ponder cost N + R (Graves eq. 11) is added to the l
 As in the Universal Transformer code, halted positions keep being transformed (their
 states still serve as keys and values for positions that run on), but their output no
 longer changes. The output is accumulated as y <- w_t * s_t + (1 - w_t) * y.
+
+Precision: the halting unit, the cumulative halting probability, the remainders, the update
+counts and the output mixture are computed in float32 whatever the model's dtype, and the
+output is cast back to it. In bfloat16 (8 significant bits) the numbers between 0.5 and 1 lie
+2^-8 = 0.0039 apart, so positions would halt at other levels than in float32: the threshold
+0.99 itself rounds to 0.988; a cumulative probability near 0.99 stops growing when the next
+p is below 0.002 (the sum rounds back) and the position runs on to the last level; three
+levels of p = 0.3294 sum to 0.988 but to 0.992 in bf16, which halts a level early. The
+remainder R = 1 - sum p would carry an error of up to 0.002 into every output mixture. In
+float16 (11 bits) the same happens with p below 0.00024. The cost is a few B x T vectors and
+one B x T x C output in float32; ``tests/test_nmt_precision.py`` holds both cases.
 """
 
 from __future__ import annotations
@@ -38,11 +49,18 @@ class HaltingUnit(nn.Module):
         nn.init.constant_(self.proj.bias, bias_init)
 
     def forward(self, state: Tensor) -> Tensor:
-        return torch.sigmoid(self.proj(state)).squeeze(-1)  # B x T
+        """p_t (B x T) in float32 for a state of any dtype (see the module docstring)."""
+        weight, bias = self.proj.weight.float(), self.proj.bias.float()
+        with torch.autocast(state.device.type, enabled=False):  # autocast would pick bf16
+            logit = nn.functional.linear(state.float(), weight, bias)
+        return torch.sigmoid(logit).squeeze(-1)
 
 
 class HaltingAccumulator:
     """Per-position ACT bookkeeping over the levels of one forward pass.
+
+    All bookkeeping is float32 (see the module docstring); :attr:`output` has the dtype of
+    ``like``.
 
     Args:
         like: the state tensor (B x T x C), for shapes, device and dtype.
@@ -52,14 +70,18 @@ class HaltingAccumulator:
     def __init__(self, like: Tensor, threshold: float = 0.99) -> None:
         shape = like.shape[:-1]
         self.threshold = threshold
-        self.halting_prob = like.new_zeros(shape)
-        self.remainders = like.new_zeros(shape)
-        self.n_updates = like.new_zeros(shape)
+        self.dtype = like.dtype
+        fp32 = {"dtype": torch.float32, "device": like.device}
+        self.halting_prob = torch.zeros(shape, **fp32)
+        self.remainders = torch.zeros(shape, **fp32)
+        self.n_updates = torch.zeros(shape, **fp32)
         self.running = torch.ones(shape, dtype=torch.bool, device=like.device)
-        self.output = torch.zeros_like(like)
+        self._output = torch.zeros(like.shape, **fp32)
 
     def weights(self, p: Tensor, last: bool) -> Tensor:
-        """Updates the bookkeeping with this level's p (B x T); returns the mixing weights."""
+        """Updates the bookkeeping with this level's p (B x T); returns the mixing weights
+        (float32)."""
+        p = p.float()
         # an explicit mask: halting_prob + remainder may round to just below 1
         running = self.running.to(p)
         total = self.halting_prob + p * running
@@ -77,13 +99,18 @@ class HaltingAccumulator:
         return p * running + new_halted * self.remainders
 
     def accumulate(self, state: Tensor, weights: Tensor) -> None:
-        w = weights.unsqueeze(-1)
-        self.output = state * w + self.output * (1.0 - w)
+        w = weights.float().unsqueeze(-1)
+        self._output = state.float() * w + self._output * (1.0 - w)
+
+    @property
+    def output(self) -> Tensor:
+        """The mixture sum_t w_t y_t (B x T x C) in the dtype of the states."""
+        return self._output.to(self.dtype)
 
     def all_halted(self) -> bool:
         return not bool(self.running.any())
 
     @property
     def ponder_cost(self) -> Tensor:
-        """N + R per position (Graves 2016 eq. 11), B x T."""
+        """N + R per position (Graves 2016 eq. 11), B x T, float32."""
         return self.n_updates + self.remainders

@@ -14,7 +14,11 @@ wrong combinations fail silently or with unrelated-looking errors (seen on fairs
   DistributedDataParallel; the default ``--distributed-backend nccl`` on CPU: no NCCL;
 * a criterion whose logging outputs cannot be summed (fairseq then gathers them with
   ``all_gather_list``, which allocates a CUDA tensor): a crash after the first update on CPU;
-* ``--fp16`` / ``--bf16`` on CPU: ``Torch not compiled with CUDA`` or an ``xla_device`` error.
+* ``--fp16`` / ``--amp`` on CPU: ``Torch not compiled with CUDA``;
+* ``--bf16`` / ``--memory-efficient-bf16`` anywhere but on a TPU: fairseq-train's argument
+  parser sets ``--tpu`` whenever ``--bf16`` is given (``fairseq/options.py``), and the
+  Trainer then asks ``torch_xla`` for its device: ``AttributeError: 'NoneType' object has no
+  attribute 'xla_device'`` without torch_xla, on a CPU and (by the same code path) a GPU.
 
 :func:`check_distributed` refuses all of these with a message that says what to do instead.
 Two callers, both above this module: :class:`recurnmt.nmt.model.RecurrentTransformerModel`
@@ -23,6 +27,7 @@ when fairseq builds the model, and :mod:`recurnmt.nmt.launch` before it starts a
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping
@@ -33,6 +38,11 @@ import torch
 from recurnmt.modules import ConfigError
 
 PRECISION_FLAGS = ("fp16", "bf16", "memory_efficient_fp16", "memory_efficient_bf16", "amp")
+BF16_FLAGS = ("bf16", "memory_efficient_bf16")  # fairseq-train: TPU only (torch_xla)
+
+
+def _has_torch_xla() -> bool:
+    return importlib.util.find_spec("torch_xla") is not None
 
 
 def _env_int(environ: Mapping[str, str], name: str) -> int | None:
@@ -118,13 +128,22 @@ def distributed_problems(
     # a checkpoint trained with --fp16 on GPUs may be decoded on a CPU machine, so outside
     # training (no process group, not fairseq-train) only an explicit --cpu refuses it
     training = "fairseq_cli.train" in sys.modules
-    wants_half = [f for f in PRECISION_FLAGS if getattr(args, f, False)]
-    if wants_half and on_cpu and (explicit_cpu or not runtime or world > 1 or training):
+    checked = explicit_cpu or not runtime or world > 1 or training
+    wants_bf16 = [f for f in BF16_FLAGS if getattr(args, f, False)]
+    if wants_bf16 and checked and not _has_torch_xla():
+        flags = " ".join("--" + f.replace("_", "-") for f in wants_bf16)
+        problems.append(
+            f"{flags} needs a TPU: fairseq-train turns --bf16 into --tpu (fairseq/options.py) "
+            "and then fails without torch_xla ('NoneType' object has no attribute "
+            "'xla_device'), on CPU and GPU alike. On GPUs train with --fp16 or --amp; the "
+            "models themselves run in bf16 (model.to(torch.bfloat16), torch.autocast)"
+        )
+    wants_half = [f for f in PRECISION_FLAGS if getattr(args, f, False) and f not in BF16_FLAGS]
+    if wants_half and on_cpu and checked:
         flags = " ".join("--" + f.replace("_", "-") for f in wants_half)
         problems.append(
             f"{flags} needs CUDA; on CPU fairseq fails with unrelated-looking errors "
-            "('Torch not compiled with CUDA enabled', an xla_device AttributeError). "
-            "Drop the flag or train on GPUs"
+            "('Torch not compiled with CUDA enabled'). Drop the flag or train on GPUs"
         )
 
     if world > 1 and on_cpu:
