@@ -384,12 +384,16 @@ def run_check(opts: argparse.Namespace, python: Path, env: dict) -> dict:
         nmt_flags += ["--archs", *opts.archs] if opts.archs else []
         if opts.data:
             nmt_flags += ["--data", str(opts.data)]
-        nmt[dtype] = run_benchmark(python, "benchmark_nmt.py", nmt_flags, raw / f"nmt_{dtype}.json")
+        if "nmt" in opts.parts:
+            nmt[dtype] = run_benchmark(
+                python, "benchmark_nmt.py", nmt_flags, raw / f"nmt_{dtype}.json"
+            )
         vision_flags = [*VISION_SIZES[size].split(), *common]
         vision_flags += ["--models", *opts.models] if opts.models else []
-        vision[dtype] = run_benchmark(
-            python, "benchmark_vision.py", vision_flags, raw / f"vision_{dtype}.json"
-        )
+        if "vision" in opts.parts:
+            vision[dtype] = run_benchmark(
+                python, "benchmark_vision.py", vision_flags, raw / f"vision_{dtype}.json"
+            )
     return {
         "command": "make gpu-check" if not opts.cpu_smoke else f"{PROG} --cpu-smoke",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -418,6 +422,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--archs", nargs="+", default=[], help="NMT families (default: all)")
     parser.add_argument("--models", nargs="+", default=[], help="image models (default: all)")
     parser.add_argument("--data", type=Path, help="the NMT benchmark's data-bin")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        default=["nmt", "vision"],
+        choices=["nmt", "vision"],
+        help="which benchmarks run (default: both)",
+    )
     parser.add_argument(
         "--cpu-smoke",
         action="store_true",
