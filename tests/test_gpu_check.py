@@ -102,6 +102,18 @@ def test_the_report_of_a_real_tiny_cpu_run(tiny_run):
     assert any(line.startswith("| `ringformer_vit` |") for line in lines)
 
 
+def test_the_nmt_worker_measures_on_the_device_in_mixed_precision(data, device):
+    """bf16 on the CPU, fp16 on CUDA (autocast and loss scaler in training, fp16 weights in
+    beam search, the allocator's peak as memory); the shared decoder's one memory projection."""
+    nmt = load("benchmark_nmt")
+    opts = worker_opts(gpu_check.NMT_SIZES["smoke"], data=data, arch="universal_transformer")
+    opts.device, opts.dtype = str(device), "fp16" if device.type == "cuda" else "bf16"
+    result = nmt.worker(opts)
+    assert result["train_tokens_per_s"] > 0 and result["gen_sentences_per_s"] > 0
+    assert result["peak_mem_mb"] > 0 and result["cross_attentions"] == 1
+    assert 0 < result["cross_cache_mb"] < result["cache_mb"]
+
+
 def test_speed_targets_hold_for_shared_families_in_fp16(tiny_run):
     transformer, ut = tiny_run["nmt"]["bf16"]["results"]
     vanilla = {**transformer, "arch": "recurrent_transformer"}  # unshared: no speed target
