@@ -430,6 +430,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="which benchmarks run (default: both)",
     )
     parser.add_argument(
+        "--list-missing",
+        action="store_true",
+        help="print the pinned packages that --python lacks (what WHEELS= must hold), then stop",
+    )
+    parser.add_argument(
         "--cpu-smoke",
         action="store_true",
         help="the benchmarks and the report on the CPU at a tiny size, bf16 (no GPU needed)",
@@ -444,6 +449,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if opts.list_missing:
+        names = sorted({normalize(r.split("==")[0]) for r in pinned_requirements()})
+        print("\n".join(missing_requirements(probe(opts.python, names)["packages"])))
+        return 0
     if not opts.cpu_smoke and not has_nvidia_driver():
         raise UserError(
             "no NVIDIA GPU on this machine (no nvidia-smi, no /proc/driver/nvidia): "

@@ -170,6 +170,16 @@ def test_only_missing_packages_are_installed_at_their_pins():
     assert "timm==1.0.31" in missing and "fairseq-fixed==0.12.3.1" in missing
 
 
+def test_list_missing_prints_what_the_wheels_folder_must_hold(monkeypatch, capsys):
+    installed = {"torch": "2.11.0", "numpy": "2.5.2", "pytest": "8.0"}
+    monkeypatch.setattr(gpu_check, "has_nvidia_driver", lambda: pytest.fail("GPU asked for"))
+    monkeypatch.setattr(gpu_check, "probe", lambda python, names: {"packages": installed})
+    assert gpu_check.main(["--list-missing"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert "fairseq-fixed==0.12.3.1" in printed and "hydra-core==1.3.2" in printed
+    assert not any(r.split("==")[0] in installed for r in printed)
+
+
 def test_the_venv_sees_the_base_interpreters_packages(tmp_path):
     site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
     site.mkdir(parents=True)
