@@ -18,8 +18,8 @@ figures and ratios to fairseq's ``transformer``:
 * parameters (all) and P* (without embeddings and output projection).
 
 ``--dtype bf16`` / ``fp16`` trains under ``torch.autocast`` (fp16 with a loss scaler, CUDA
-only) and generates with the weights cast to the dtype, as ``fairseq-generate --bf16`` /
-``--fp16`` do. ``--json OUT`` writes the figures with the device, versions and settings.
+only) and generates with the weights cast to the dtype, as ``fairseq-generate --fp16`` does
+(fairseq's own ``--bf16`` implies ``--tpu``, so bf16 on CUDA is this cast). ``--json OUT`` writes the figures with the device, versions and settings.
 
     python scripts/benchmark_nmt.py                      # CPU-sized default
     python scripts/benchmark_nmt.py --device cuda --dtype fp16 --embed-dim 512 --ffn-dim 2048 \
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         default="fp32",
         choices=list(DTYPES),
         help="fp32, or autocast to bf16 / fp16 (fp16 with loss scaling; CUDA only); "
-        "generation casts the weights, as fairseq-generate --bf16 / --fp16",
+        "generation casts the weights to it, as fairseq-generate --fp16 does",
     )
     parser.add_argument("--embed-dim", type=int, default=256)
     parser.add_argument("--ffn-dim", type=int, default=1024)
