@@ -19,7 +19,8 @@ figures and ratios to fairseq's ``transformer``:
 
 ``--dtype bf16`` / ``fp16`` trains under ``torch.autocast`` (fp16 with a loss scaler, CUDA
 only) and generates with the weights cast to the dtype, as ``fairseq-generate --fp16`` does
-(fairseq's own ``--bf16`` implies ``--tpu``, so bf16 on CUDA is this cast). ``--json OUT`` writes the figures with the device, versions and settings.
+(fairseq's own ``--bf16`` implies ``--tpu``, so bf16 on CUDA is this cast). ``--json OUT``
+writes the figures with the device, versions and settings.
 
     python scripts/benchmark_nmt.py                      # CPU-sized default
     python scripts/benchmark_nmt.py --device cuda --dtype fp16 --embed-dim 512 --ffn-dim 2048 \
