@@ -11,7 +11,7 @@ STAMP := $(VENV)/.recurnmt-installed
 BUILD_DEPS := torch==2.14.1 numpy==2.4.6 cython==3.3.1 setuptools==84.2.1 wheel==0.48.0
 FAIRSEQ := fairseq-fixed==0.12.3.1 hydra-core==1.3.2 omegaconf==2.3.0
 
-.PHONY: setup demo test test-fast test-e2e lint format benchmark clean
+.PHONY: setup demo test test-fast test-e2e lint format benchmark gpu-check clean
 
 setup: $(STAMP)
 
@@ -49,5 +49,15 @@ format: $(STAMP)
 benchmark: $(STAMP)
 	$(BIN)/python scripts/benchmark_nmt.py
 
+# gpu-check: on a CUDA machine, .venv-gpu on the CUDA torch already installed (python3's, or
+# PYTHON=... given here), the rest from the index or from WHEELS=dir alone; then pytest -m cuda
+# and the base-size benchmarks in fp16 and bf16, reported in docs/gpu_check.md (GPU_REPORT=...).
+GPU_PYTHON := $(if $(filter command line environment,$(origin PYTHON)),$(PYTHON),python3)
+GPU_REPORT ?= docs/gpu_check.md
+
+gpu-check:
+	$(GPU_PYTHON) scripts/gpu_check.py --python $(GPU_PYTHON) --out $(GPU_REPORT) \
+		$(if $(WHEELS),--wheels $(WHEELS)) $(GPU_CHECK_FLAGS)
+
 clean:
-	rm -rf $(VENV) data-bin checkpoints work
+	rm -rf $(VENV) .venv-gpu data-bin checkpoints work

@@ -12,16 +12,24 @@ figures and ratios to fairseq's ``transformer``:
   keeps a peak, the activations one training forward saves for backward
   (:mod:`recurnmt.analysis.memory`), which is deterministic; ``ckpt mem`` is the same with
   fairseq's ``--checkpoint-activations`` (per level in recurnmt's stacks);
+* the decoder's incremental cache after beam search decoded one batch (``--gen-batch``
+  sentences): all of it, and its cross-attention part (the projected encoder keys and
+  values: once per layer in fairseq, once per unique block in a weight-shared decoder);
 * parameters (all) and P* (without embeddings and output projection).
 
+``--dtype bf16`` / ``fp16`` trains under ``torch.autocast`` (fp16 with a loss scaler, CUDA
+only) and generates with the weights cast to the dtype, as ``fairseq-generate --fp16`` does
+(fairseq's own ``--bf16`` implies ``--tpu``, so bf16 on CUDA is this cast). ``--json OUT``
+writes the figures with the device, versions and settings.
+
     python scripts/benchmark_nmt.py                      # CPU-sized default
-    python scripts/benchmark_nmt.py --device cuda --embed-dim 512 --ffn-dim 2048 --heads 8
+    python scripts/benchmark_nmt.py --device cuda --dtype fp16 --embed-dim 512 --ffn-dim 2048 \
+        --heads 8 --json nmt.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -31,16 +39,25 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
+
 from recurnmt.analysis.benchmark import (  # noqa: E402
+    DTYPES,
     Column,
+    MixedPrecision,
     emit,
     fixed_length_generator,
     forward_flags,
     load_batches,
     nmt_model_flags,
+    peak_memory_mb,
     ratio_table,
+    resolve_device,
     run_workers,
+    storage_bytes,
     sync,
+    training_step,
+    write_json,
 )
 from recurnmt.cli import entry_point  # noqa: E402
 from recurnmt.nmt.results import FAMILY_ORDER  # noqa: E402
@@ -49,6 +66,7 @@ BASELINE = "transformer"
 WORKER_OPTIONS = (
     "data",
     "device",
+    "dtype",
     "embed_dim",
     "ffn_dim",
     "heads",
@@ -66,25 +84,59 @@ WORKER_OPTIONS = (
 DEFAULT_ARCHS = list(FAMILY_ORDER)  # fairseq's transformer, then recurnmt's families
 
 
-def training_memory_mb(model, criterion, sample, device) -> float:
-    """Memory of one training step: the CUDA peak, or on CPU the bytes saved for backward."""
-    import torch
+def cross_attention_count(decoder) -> int:
+    """Distinct cross-attention modules of a decoder: one per layer in fairseq's transformer,
+    one per unique block in a weight-shared stack (``modules()`` lists a shared one once)."""
+    from fairseq.modules import MultiheadAttention
 
-    if device.type == "cuda":
-        from fairseq import utils
+    from recurnmt.modules.attention import CrossAttention
 
-        sample = utils.move_to_cuda(sample, device)
-        torch.cuda.reset_peak_memory_stats(device)
-        criterion(model, sample)[0].backward()
-        model.zero_grad(set_to_none=True)
-        sync(device)
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    from recurnmt.analysis.memory import saved_for_backward_bytes
+    return sum(
+        isinstance(m, CrossAttention)
+        or (isinstance(m, MultiheadAttention) and m.encoder_decoder_attention)
+        for m in decoder.modules()
+    )
 
-    loss, saved = saved_for_backward_bytes(lambda: criterion(model, sample)[0])
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return saved / 2**20
+
+def decoder_cache_bytes(decoder, state: dict) -> tuple[int, int]:
+    """Bytes of one incremental decoding state: (all of it, the cross-attention part).
+
+    fairseq's layers keep ``{attention id}.attn_state`` entries, the cross-attention ones
+    holding the projected encoder keys and values; recurnmt's decoder keeps one
+    :class:`~recurnmt.modules.StackCache`, whose ``memory`` holds them per unique block.
+    """
+    from fairseq.modules import MultiheadAttention
+
+    from recurnmt.modules import StackCache
+
+    cross_ids = {
+        m._incremental_state_id
+        for m in decoder.modules()
+        if isinstance(m, MultiheadAttention) and m.encoder_decoder_attention
+    }
+    cross = []
+    for key, value in state.items():
+        if isinstance(value, StackCache):
+            cross.append(value.memory)
+        elif key.split(".")[0] in cross_ids:
+            cross.append(value)
+    return storage_bytes(state), storage_bytes(cross)
+
+
+class StateCapture:
+    """Keeps the incremental states of a fairseq ``SequenceGenerator``'s latest decoder call
+    (the generator builds them inside ``generate`` and drops them on return)."""
+
+    def __init__(self, generator) -> None:
+        self.states: list[dict] = []
+        ensemble = generator.model
+        forward_decoder = ensemble.forward_decoder
+
+        def capture(tokens, encoder_outs, incremental_states, temperature=1.0):
+            self.states = incremental_states
+            return forward_decoder(tokens, encoder_outs, incremental_states, temperature)
+
+        ensemble.forward_decoder = capture
 
 
 def worker(opts: argparse.Namespace) -> dict:
@@ -98,7 +150,8 @@ def worker(opts: argparse.Namespace) -> dict:
     torch.manual_seed(opts.seed)
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    device = torch.device(opts.device)
+    device = resolve_device(opts.device)
+    precision = MixedPrecision.build(opts.dtype, device)
     task, train_batches = load_batches(
         opts.data, "train", opts.max_tokens, opts.steps + opts.warmup, opts.seed
     )
@@ -110,13 +163,17 @@ def worker(opts: argparse.Namespace) -> dict:
     params = parameter_report(model)
     criterion = task.build_criterion(args)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
+    scaler = precision.scaler()
+
+    def on_device(sample):
+        return utils.move_to_cuda(sample, device) if device.type == "cuda" else sample
+
+    def loss_of(net, sample):
+        with precision.autocast():
+            return criterion(net, on_device(sample))[0]
 
     def step(sample) -> int:
-        sample = utils.move_to_cuda(sample, device) if device.type == "cuda" else sample
-        loss, _, _ = criterion(model, sample)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        training_step(loss_of(model, sample), optimizer, scaler)
         return int(sample["ntokens"])
 
     model.train()
@@ -128,7 +185,9 @@ def worker(opts: argparse.Namespace) -> dict:
         tokens += step(sample)
     sync(device)
     train_time = time.perf_counter() - start
-    peak_mb = training_memory_mb(model, criterion, train_batches[-1], device)
+    last = train_batches[-1]
+    peak_mb = peak_memory_mb(lambda: loss_of(model, last), device)
+    model.zero_grad(set_to_none=True)
     # the same weights with fairseq's --checkpoint-activations (per level in our stacks)
     ckpt_model, _, _ = build_model(
         opts.arch,
@@ -137,34 +196,45 @@ def worker(opts: argparse.Namespace) -> dict:
     )
     ckpt_model.load_state_dict(model.state_dict())
     ckpt_model.to(device).train()
-    ckpt_mb = training_memory_mb(ckpt_model, criterion, train_batches[-1], device)
-    del ckpt_model
+    ckpt_mb = peak_memory_mb(lambda: loss_of(ckpt_model, last), device)
+    ckpt_model = optimizer = None  # their memory is free for generation
 
+    # generation as fairseq-generate --fp16 / --bf16 runs it: the weights cast to the dtype
+    model.to(precision.dtype)
     model.eval()
     sample = test_batches[0]
     src = sample["net_input"]["src_tokens"][: opts.sentences].to(device)
     lengths = sample["net_input"]["src_lengths"][: opts.sentences].to(device)
     generator = fixed_length_generator(model, task, opts.beam, opts.decode_len)
+    capture = StateCapture(generator)
+
+    def generate(first: int, count: int) -> None:
+        batch = {
+            "src_tokens": src[first : first + count],
+            "src_lengths": lengths[first : first + count],
+        }
+        generator.generate([model], {"net_input": batch})
+
     with torch.no_grad():
-        generator.generate(
-            [model], {"net_input": {"src_tokens": src[:2], "src_lengths": lengths[:2]}}
-        )
+        generate(0, 2)
         sync(device)
         start = time.perf_counter()
         for i in range(0, src.size(0), opts.gen_batch):
-            batch = {
-                "src_tokens": src[i : i + opts.gen_batch],
-                "src_lengths": lengths[i : i + opts.gen_batch],
-            }
-            generator.generate([model], {"net_input": batch})
+            generate(i, opts.gen_batch)
         sync(device)
-    gen_time = time.perf_counter() - start
+        gen_time = time.perf_counter() - start
+        generate(0, opts.gen_batch)  # the state of one full batch, kept by the capture
+        cache, cross_cache = decoder_cache_bytes(model.decoder, capture.states[0])
     return {
         "arch": opts.arch,
         "train_tokens_per_s": tokens / train_time,
         "gen_sentences_per_s": src.size(0) / gen_time,
         "peak_mem_mb": peak_mb,
         "ckpt_mem_mb": ckpt_mb,
+        "cache_mb": cache / 2**20,
+        "cross_cache_mb": cross_cache / 2**20,
+        "cross_attentions": cross_attention_count(model.decoder),
+        "levels": opts.levels,
         "params": params.total,
         "p_star": params.p_star,
     }
@@ -177,7 +247,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--archs", nargs="+", default=DEFAULT_ARCHS)
     parser.add_argument("--data", type=Path, default=ROOT / "data-bin/lohelp_de_en")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--device", default="cpu", help="auto (CUDA where present), cpu, cuda or cuda:N"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=list(DTYPES),
+        help="fp32, or autocast to bf16 / fp16 (fp16 with loss scaling; CUDA only); "
+        "generation casts the weights to it, as fairseq-generate --fp16 does",
+    )
     parser.add_argument("--embed-dim", type=int, default=256)
     parser.add_argument("--ffn-dim", type=int, default=1024)
     parser.add_argument("--heads", type=int, default=4)
@@ -191,13 +270,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decode-len", type=int, default=24, help="fixed output length")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json-out", type=Path, help="also write the results as JSON")
+    parser.add_argument(
+        "--json", "--json-out", dest="json", type=Path, help="also write the results as JSON"
+    )
     parser.add_argument("--arch", help=argparse.SUPPRESS)  # worker mode
     opts = parser.parse_args(argv)
 
     if opts.arch:
         emit(worker(opts))
         return
+    opts.device = str(resolve_device(opts.device))  # before any worker starts
+    MixedPrecision.build(opts.dtype, torch.device(opts.device))
     from recurnmt.nmt.build import check_arch  # fairseq: not before a worker needs it
 
     for arch in opts.archs:
@@ -213,20 +296,22 @@ def main(argv: list[str] | None = None) -> None:
     shared = forward_flags(opts, WORKER_OPTIONS)
     results = run_workers(Path(__file__), "--arch", opts.archs, shared, ROOT)
     print_table(results, opts)
-    if opts.json_out:
-        opts.json_out.write_text(json.dumps(results, indent=2))
+    if opts.json:
+        write_json(opts.json, results, opts, WORKER_OPTIONS)
 
 
 def print_table(results: list[dict], opts: argparse.Namespace) -> None:
     print(
         f"\nH={opts.embed_dim} FF={opts.ffn_dim} heads={opts.heads} levels={opts.levels} "
-        f"device={opts.device}; ratios are to fairseq's `{BASELINE}`\n"
+        f"device={opts.device} dtype={opts.dtype}; ratios are to fairseq's `{BASELINE}`\n"
     )
     columns = [
         Column("train tok/s", "train_tokens_per_s", ".0f"),
         Column("gen sent/s", "gen_sentences_per_s", ".1f"),
         Column("mem MB", "peak_mem_mb", ".0f"),
         Column("ckpt mem MB", "ckpt_mem_mb", ".0f"),
+        Column("cache MB", "cache_mb", ".2f"),
+        Column("cross MB", "cross_cache_mb", ".2f"),
         Column("params", "params", ".2f", ratio=False, scale=1e6, suffix="M"),
         Column("P*", "p_star", ".2f", scale=1e6, suffix="M"),
     ]

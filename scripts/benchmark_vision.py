@@ -20,15 +20,18 @@ absolute figures and ratios to ``--baseline`` (timm's ViT by default):
   checkpointing per level (``set_grad_checkpointing``, timm's API; ``torch_vit`` has none);
 * parameters.
 
+``--dtype bf16`` / ``fp16`` runs training and inference under ``torch.autocast`` (fp16 with a
+loss scaler, CUDA only), as ``recurnmt.vision.train --amp`` does. ``--json OUT`` writes the
+figures with the device, versions and settings.
+
     python scripts/benchmark_vision.py                     # CPU-sized default
-    python scripts/benchmark_vision.py --device cuda --embed-dim 384 --heads 6 --levels 12 \\
-        --img-size 224 --patch-size 16 --batch-size 128
+    python scripts/benchmark_vision.py --device cuda --dtype bf16 --embed-dim 384 --heads 6 \\
+        --levels 12 --img-size 224 --patch-size 16 --batch-size 128
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -37,13 +40,21 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
+
 from recurnmt.analysis.benchmark import (  # noqa: E402
+    DTYPES,
     Column,
+    MixedPrecision,
     emit,
     forward_flags,
+    peak_memory_mb,
     ratio_table,
+    resolve_device,
     run_workers,
     sync,
+    training_step,
+    write_json,
 )
 from recurnmt.cli import entry_point  # noqa: E402
 
@@ -54,6 +65,7 @@ BASELINE = "timm vit"
 REFERENCES = [*TIMM_MODELS, TORCH_VIT]
 WORKER_OPTIONS = (
     "device",
+    "dtype",
     "embed_dim",
     "ffn_dim",
     "heads",
@@ -167,24 +179,20 @@ def real_images(count: int, size: int):
     return (x.expand(-1, 3, -1, -1) - 0.5) / 0.5, torch.tensor(digits.target)[idx]
 
 
-def training_memory_mb(model, x, y) -> float:
+def training_memory_mb(model, x, y, precision: MixedPrecision | None = None) -> float:
     """Memory of one training step: the CUDA peak, or on CPU the MB of the distinct tensor
-    storages one training forward saves for backward."""
-    import torch
+    storages one training forward saves for backward (:func:`peak_memory_mb`)."""
     import torch.nn.functional as F
 
-    if x.is_cuda:
-        torch.cuda.reset_peak_memory_stats(x.device)
-        F.cross_entropy(model(x), y).backward()
-        model.zero_grad(set_to_none=True)
-        sync(x.device)
-        return torch.cuda.max_memory_allocated(x.device) / 2**20
-    from recurnmt.analysis.memory import saved_for_backward_bytes
+    precision = precision or MixedPrecision("fp32", x.device)
 
-    loss, saved = saved_for_backward_bytes(lambda: F.cross_entropy(model(x), y))
-    loss.backward()
+    def loss():
+        with precision.autocast():
+            return F.cross_entropy(model(x), y)
+
+    mb = peak_memory_mb(loss, x.device)
     model.zero_grad(set_to_none=True)
-    return saved / 2**20
+    return mb
 
 
 def worker(opts: argparse.Namespace) -> dict:
@@ -195,7 +203,9 @@ def worker(opts: argparse.Namespace) -> dict:
     torch.manual_seed(opts.seed)
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    device = torch.device(opts.device)
+    device = resolve_device(opts.device)
+    precision = MixedPrecision.build(opts.dtype, device)
+    scaler = precision.scaler()
     model = build(opts.model, opts, num_classes=10).to(device)
     params = sum(p.numel() for p in model.parameters())
     batches = opts.warmup + opts.steps
@@ -204,10 +214,9 @@ def worker(opts: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(x, y) -> None:
-        loss = F.cross_entropy(model(x.to(device)), y.to(device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        with precision.autocast():
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        training_step(loss, optimizer, scaler)
 
     model.train()
     for x, y in zip(images[: opts.warmup], labels[: opts.warmup], strict=True):
@@ -219,14 +228,14 @@ def worker(opts: argparse.Namespace) -> dict:
     sync(device)
     train_time = time.perf_counter() - start
     x0, y0 = images[0].to(device), labels[0].to(device)
-    peak_mb = training_memory_mb(model, x0, y0)
+    peak_mb = training_memory_mb(model, x0, y0, precision)
     ckpt_mb = peak_mb  # the reference ViT has no checkpointing: its figure stays
     if hasattr(model, "set_grad_checkpointing"):
         model.set_grad_checkpointing(True)
-        ckpt_mb = training_memory_mb(model, x0, y0)
+        ckpt_mb = training_memory_mb(model, x0, y0, precision)
         model.set_grad_checkpointing(False)
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), precision.autocast():
         model(images[0].to(device))
         sync(device)
         start = time.perf_counter()
@@ -254,7 +263,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--baseline", default=BASELINE, choices=REFERENCES, help="the row ratios refer to"
     )
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--device", default="cpu", help="auto (CUDA where present), cpu, cuda or cuda:N"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=list(DTYPES),
+        help="fp32, or autocast to bf16 / fp16 (fp16 with loss scaling; CUDA only)",
+    )
     parser.add_argument("--embed-dim", type=int, default=192)
     parser.add_argument("--ffn-dim", type=int, default=768)
     parser.add_argument("--heads", type=int, default=3)
@@ -266,25 +283,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed updates (and batches)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json-out", type=Path, help="also write the results as JSON")
+    parser.add_argument(
+        "--json", "--json-out", dest="json", type=Path, help="also write the results as JSON"
+    )
     parser.add_argument("--model", help=argparse.SUPPRESS)  # worker mode
     opts = parser.parse_args(argv)
 
     if opts.model:
         emit(worker(opts))
         return
+    opts.device = str(resolve_device(opts.device))  # before any worker starts
+    MixedPrecision.build(opts.dtype, torch.device(opts.device))
     shared = forward_flags(opts, WORKER_OPTIONS)
     names = [opts.baseline, *(r for r in REFERENCES if r != opts.baseline), *opts.models]
     results = run_workers(Path(__file__), "--model", names, shared, ROOT)
     print_table(results, opts)
-    if opts.json_out:
-        opts.json_out.write_text(json.dumps(results, indent=2))
+    if opts.json:
+        write_json(opts.json, results, opts, WORKER_OPTIONS)
 
 
 def print_table(results: list[dict], opts: argparse.Namespace) -> None:
     print(
         f"\nD={opts.embed_dim} FF={opts.ffn_dim} heads={opts.heads} levels={opts.levels} "
-        f"{opts.img_size}px/{opts.patch_size} batch={opts.batch_size} device={opts.device}; "
+        f"{opts.img_size}px/{opts.patch_size} batch={opts.batch_size} device={opts.device} "
+        f"dtype={opts.dtype}; "
         f"ratios are to `{opts.baseline}`\n"
     )
     columns = [

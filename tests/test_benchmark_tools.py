@@ -59,3 +59,47 @@ def test_workers_run_in_their_own_processes(tmp_path: Path):
     assert a["pid"] != b["pid"]
     with pytest.raises(WorkerError, match="worker bad failed.*\n.*no such model"):
         run_workers(script, "--model", ["bad"], flags, cwd)
+
+
+def test_device_auto_resolves_and_cuda_is_refused_where_absent(monkeypatch):
+    import torch
+
+    from recurnmt.analysis.benchmark import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="--device cuda: no CUDA device"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="--device 'tpu'"):
+        resolve_device("tpu")
+
+
+def test_fp16_is_refused_on_the_cpu_and_bf16_autocasts():
+    import torch
+
+    from recurnmt.analysis.benchmark import MixedPrecision
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="--dtype fp16 needs CUDA"):
+        MixedPrecision.build("fp16", cpu)
+    bf16 = MixedPrecision.build("bf16", cpu)
+    assert bf16.scaler() is None
+    with bf16.autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with MixedPrecision.build("fp32", cpu).autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+
+
+def test_storage_bytes_counts_a_shared_buffer_once():
+    import torch
+
+    from recurnmt.analysis.benchmark import storage_bytes
+
+    class Holder:
+        def __init__(self, t):
+            self.t = t
+
+    buffer = torch.zeros(4, 8)  # 128 bytes
+    state = {"a": buffer[:2], "b": [buffer[2:], Holder(buffer)], "c": (torch.zeros(3),)}
+    assert storage_bytes(state) == 128 + 12

@@ -51,3 +51,23 @@ def test_saved_activation_memory_is_deterministic_and_grows_with_batch():
     small = bench.training_memory_mb(model, x[:4], y[:4])
     assert small == bench.training_memory_mb(model, x[:4], y[:4])
     assert bench.training_memory_mb(model, x, y) > 1.5 * small
+
+
+def test_the_worker_measures_on_the_device_in_mixed_precision(device):
+    """One tiny worker run: bf16 on the CPU, fp16 (autocast + loss scaler) on CUDA, where the
+    memory is the allocator's peak."""
+    dtype = "fp16" if device.type == "cuda" else "bf16"
+    opts = argparse.Namespace(
+        **{**vars(OPTS), "levels": 2, "device": str(device)},
+        dtype=dtype,
+        model="ringformer_vit",
+        batch_size=4,
+        warmup=1,
+        steps=1,
+        threads=0,
+        seed=1,
+    )
+    result = bench.worker(opts)
+    assert result["model"] == "ringformer_vit"
+    assert result["train_images_per_s"] > 0 and result["infer_images_per_s"] > 0
+    assert result["peak_mem_mb"] > 0 and result["ckpt_mem_mb"] > 0

@@ -179,6 +179,7 @@ BAD_INPUTS: dict[str, BadInput] = {
         "no_images",
     ),
     "python scripts/demo_nmt.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
+    "python scripts/gpu_check.py": lambda tmp: (["--wheels", str(tmp / "no_wheels")], "no_wheels"),
     "python scripts/make_vision_fixtures.py": lambda tmp: (
         ["--out", str(tmp / "bad_input.py")],
         "bad_input.py",

@@ -9,10 +9,11 @@ row.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,124 @@ RESULT = "RESULT "
 
 class WorkerError(UserError):
     """A benchmark worker failed; the message ends with its stderr."""
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``--device``: ``auto`` (CUDA where present, else the CPU), ``cpu`` or ``cuda[:N]``.
+
+    Raises:
+        ValueError: an unknown device, or CUDA asked for where there is none.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: expected auto, cpu or cuda[:N]")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {name}: no CUDA device on this machine (torch {torch.__version__}, "
+            f"CUDA build {torch.version.cuda})"
+        )
+    return device
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """``--dtype``: full precision (fp32) or autocast to bf16 / fp16, fp16 with loss scaling
+    (``torch.amp``: what ``fairseq-train --amp`` and ``recurnmt.vision.train --amp`` do)."""
+
+    name: str
+    device: torch.device
+
+    @classmethod
+    def build(cls, name: str, device: torch.device) -> MixedPrecision:
+        """Raises ValueError for an unknown dtype and for fp16 on the CPU."""
+        if name not in DTYPES:
+            raise ValueError(f"--dtype {name!r}: expected one of {', '.join(DTYPES)}")
+        if name == "fp16" and device.type != "cuda":
+            raise ValueError("--dtype fp16 needs CUDA (bf16 runs on the CPU too)")
+        return cls(name, device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.name]
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward passes' context: nothing for fp32, else ``torch.autocast``."""
+        if self.name == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """Loss scaling for fp16 (its gradients underflow without it), else None."""
+        return torch.amp.GradScaler(self.device.type) if self.name == "fp16" else None
+
+
+def training_step(
+    loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
+) -> None:
+    """Backward and optimizer step, through the loss scaler when there is one."""
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+        return
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+
+
+def peak_memory_mb(step, device: torch.device) -> float:
+    """Memory of ``step()`` (which returns a loss; the gradients are dropped afterwards).
+
+    On CUDA the peak ``torch.cuda.max_memory_allocated`` during the step, weights, gradients
+    and optimizer state included; on the CPU, which keeps no peak, the bytes of the distinct
+    storages the forward saves for backward (:mod:`recurnmt.analysis.memory`).
+    """
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step().backward()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    from recurnmt.analysis.memory import saved_for_backward_bytes
+
+    loss, saved = saved_for_backward_bytes(step)
+    loss.backward()
+    return saved / 2**20
+
+
+def _tensors(value: object, seen: set[int]) -> Iterator[torch.Tensor]:
+    """Every tensor reachable from ``value`` through dicts, sequences and object attributes."""
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item, seen)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item, seen)
+    elif hasattr(value, "__dict__"):
+        yield from _tensors(vars(value), seen)
+
+
+def storage_bytes(value: object) -> int:
+    """Bytes of the distinct tensor storages reachable from ``value`` (a view of a buffer
+    counts the whole buffer once: that is what stays allocated)."""
+    storages = {}
+    for t in _tensors(value, set()):
+        storage = t.untyped_storage()
+        storages[(t.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
 
 
 def sync(device: torch.device) -> None:
@@ -195,3 +314,30 @@ def fixed_length_generator(model, task, beam: int, length: int):
         max_len_b=length,
         min_len=length,
     )
+
+
+def device_name(device: torch.device) -> str:
+    """The device in words: the GPU's name, or the CPU's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def write_json(
+    path: Path, results: Sequence[dict], opts: argparse.Namespace, settings: Sequence[str]
+) -> None:
+    """Writes the results with what they were measured on and with (``--json``)."""
+    device = torch.device(opts.device)
+    document = {
+        "device": str(device),
+        "device_name": device_name(device),
+        "dtype": opts.dtype,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "settings": {name: str(getattr(opts, name)) for name in settings},
+        "results": list(results),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,203 @@
+"""scripts/gpu_check.py: the report of a real tiny CPU run, its targets, the refusal without
+CUDA, its argument errors and the environment plumbing it can show here (no GPU figure)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recurnmt.cli import UserError, entry_point
+from tests import nmt_fixtures
+
+data = nmt_fixtures.data  # the shared fixture, found by pytest under this name
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load(name: str):
+    """A script of scripts/ as a module (registered: its dataclasses need that)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = load("gpu_check")
+
+
+def worker_opts(flags: str, **extra) -> argparse.Namespace:
+    """The options a benchmark worker gets from ``flags`` (``--name value`` pairs)."""
+    tokens = flags.split()
+    opts = {k[2:].replace("-", "_"): int(v) for k, v in zip(tokens[::2], tokens[1::2], strict=True)}
+    return argparse.Namespace(**opts, device="cpu", dtype="bf16", seed=1, **extra)
+
+
+def document(opts: argparse.Namespace, results: list[dict]) -> dict:
+    """What ``--json`` writes (see recurnmt.analysis.benchmark.write_json)."""
+    settings = {k: str(v) for k, v in vars(opts).items()}
+    return {"device": "cpu", "dtype": opts.dtype, "settings": settings, "results": results}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(data: Path) -> dict:
+    """A real tiny CPU measurement, in this process: fairseq's transformer against the
+    Universal Transformer, timm's ViT against the RingFormer ViT, bf16, two levels."""
+    nmt, vision = load("benchmark_nmt"), load("benchmark_vision")
+    nmt_opts = worker_opts(gpu_check.NMT_SIZES["smoke"], data=data)
+    nmt_rows = [
+        nmt.worker(argparse.Namespace(**vars(nmt_opts), arch=arch))
+        for arch in ("transformer", "universal_transformer")
+    ]
+    vision_opts = worker_opts(gpu_check.VISION_SIZES["smoke"])
+    vision_rows = [
+        vision.worker(argparse.Namespace(**vars(vision_opts), model=model))
+        for model in ("timm vit", "ringformer_vit")
+    ]
+    import torch
+
+    env = {  # what probe() reads from the interpreter (the e2e test runs the real one)
+        "device_name": "CPU",
+        "python": "3.x",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": None,
+        "packages": {"timm": "1.0", "triton": None},
+    }
+    return {
+        "command": "test",
+        "date": "today",
+        "smoke": True,
+        "environment": env,
+        "tests": {"summary": "not run (test)", "returncode": 0},
+        "nmt": {"bf16": document(nmt_opts, nmt_rows)},
+        "vision": {"bf16": document(vision_opts, vision_rows)},
+    }
+
+
+def test_the_report_of_a_real_tiny_cpu_run(tiny_run):
+    transformer, ut = tiny_run["nmt"]["bf16"]["results"]
+    # one memory projection for both levels of the shared decoder, one per layer in fairseq's
+    assert (transformer["cross_attentions"], ut["cross_attentions"]) == (2, 1)
+    assert ut["cross_cache_mb"] == pytest.approx(transformer["cross_cache_mb"] / 2, rel=0.05)
+    assert 0 < ut["cache_mb"] and 0 < transformer["peak_mem_mb"]
+    report = gpu_check.render_report(tiny_run)
+    assert "CPU smoke run at a tiny size: no GPU figure" in report
+    assert f"| torch | {tiny_run['environment']['torch']} " in report
+    assert "| timm | 1.0 |" in report and "| triton | not installed |" in report
+    assert "| tests (`pytest -m cuda`) | not run (test) |" in report
+    lines = report.splitlines()
+    assert "## Translation, bf16" in lines and "## Images, bf16" in lines
+    ut_row = next(line for line in lines if line.startswith("| `universal_transformer`"))
+    cells = [c.strip() for c in ut_row.strip("|").split("|")]
+    # arch, train + ratio + target, gen + ratio + target, peak + ratio, cross + ratio + target
+    assert cells[3] == "-" and cells[6] == "-"  # no speed target in bf16
+    assert cells[10] in ("0.49", "0.50") and cells[11] == "<= 0.50 met"
+    assert any(line.startswith("| `ringformer_vit` |") for line in lines)
+
+
+def test_the_nmt_worker_measures_on_the_device_in_mixed_precision(data, device):
+    """bf16 on the CPU, fp16 on CUDA (autocast and loss scaler in training, fp16 weights in
+    beam search, the allocator's peak as memory); the shared decoder's one memory projection."""
+    nmt = load("benchmark_nmt")
+    opts = worker_opts(gpu_check.NMT_SIZES["smoke"], data=data, arch="universal_transformer")
+    opts.device, opts.dtype = str(device), "fp16" if device.type == "cuda" else "bf16"
+    result = nmt.worker(opts)
+    assert result["train_tokens_per_s"] > 0 and result["gen_sentences_per_s"] > 0
+    assert result["peak_mem_mb"] > 0 and result["cross_attentions"] == 1
+    assert 0 < result["cross_cache_mb"] < result["cache_mb"]
+
+
+def test_speed_targets_hold_for_shared_families_in_fp16(tiny_run):
+    transformer, ut = tiny_run["nmt"]["bf16"]["results"]
+    vanilla = {**transformer, "arch": "recurrent_transformer"}  # unshared: no speed target
+    fp16 = gpu_check.nmt_targets(ut, transformer, "fp16")
+    assert fp16["train_tokens_per_s"].cell(1.004) == ">= 1.00 met"
+    assert fp16["gen_sentences_per_s"].cell(0.99) == ">= 1.00 **missed**"
+    assert gpu_check.nmt_targets(vanilla, transformer, "fp16")["train_tokens_per_s"] is None
+    assert gpu_check.nmt_targets(transformer, transformer, "fp16")["cross_cache_mb"].bound == 1
+    assert fp16["cross_cache_mb"].cell(0.51) == "<= 0.50 **missed**"
+
+
+def test_a_failed_benchmark_is_reported(tiny_run):
+    check = {**tiny_run, "vision": {"fp16": {"error": "worker timm vit failed"}}}
+    assert "The benchmark failed:\n\n```\nworker timm vit failed\n```" in (
+        gpu_check.render_report(check)
+    )
+
+
+def test_without_a_gpu_it_stops_at_once(monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "has_nvidia_driver", lambda: False)
+    monkeypatch.setattr(gpu_check, "build_environment", lambda opts: pytest.fail("built"))
+    code = entry_point(gpu_check.main, gpu_check.PROG)([])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith("python scripts/gpu_check.py: error: no NVIDIA GPU on this machine")
+    assert "--cpu-smoke" in err
+
+
+def test_a_torch_that_sees_no_cuda_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_check, "has_nvidia_driver", lambda: True)
+    monkeypatch.setattr(gpu_check, "probe", lambda python, packages=(): {"torch": "2.0+cpu"})
+    with pytest.raises(UserError, match=r"torch 2.0\+cpu of .* sees no CUDA device"):
+        gpu_check.main(["--no-setup", "--out", str(tmp_path / "r.md")])
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_argument_errors(tmp_path):
+    with pytest.raises(ValueError, match="--wheels .*no_wheels: not a directory"):
+        gpu_check.parse_args(["--wheels", str(tmp_path / "no_wheels")])
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--dtypes", "fp8"])
+    # fp16 needs CUDA: a CPU smoke run keeps the other dtypes
+    assert gpu_check.parse_args(["--cpu-smoke", "--dtypes", "fp16", "bf16"]).dtypes == ["bf16"]
+
+
+def test_only_missing_packages_are_installed_at_their_pins():
+    pins = gpu_check.pinned_requirements()
+    assert "torch==2.14.1" in pins and "cython==3.3.1" in pins and "pytest==9.2.0" in pins
+    assert not any(r.startswith("ruff") for r in pins)
+    # the GPU machine's own torch, torchvision and numpy stay, whatever their versions
+    installed = {"torch": "2.11.0", "torchvision": "0.26.0", "numpy": "2.5.2", "timm": None}
+    missing = gpu_check.missing_requirements(installed)
+    assert not any(r.split("==")[0] in ("torch", "torchvision", "numpy") for r in missing)
+    assert "timm==1.0.31" in missing and "fairseq-fixed==0.12.3.1" in missing
+
+
+def test_list_missing_prints_what_the_wheels_folder_must_hold(monkeypatch, capsys):
+    installed = {"torch": "2.11.0", "numpy": "2.5.2", "pytest": "8.0"}
+    monkeypatch.setattr(gpu_check, "has_nvidia_driver", lambda: pytest.fail("GPU asked for"))
+    monkeypatch.setattr(gpu_check, "probe", lambda python, names: {"packages": installed})
+    assert gpu_check.main(["--list-missing"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert "fairseq-fixed==0.12.3.1" in printed and "hydra-core==1.3.2" in printed
+    assert not any(r.split("==")[0] in installed for r in printed)
+
+
+def test_the_venv_sees_the_base_interpreters_packages(tmp_path):
+    site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    pth = gpu_check.base_site_pth(tmp_path / "venv", ["/opt/torch/site-packages"])
+    assert pth.parent == site and pth.read_text() == "/opt/torch/site-packages\n"
+
+
+@pytest.mark.e2e
+def test_cpu_smoke_writes_the_report_and_the_raw_figures(data, tmp_path):
+    out = tmp_path / "report" / "gpu_check.md"
+    cmd = [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--cpu-smoke"]
+    cmd += ["--out", str(out), "--data", str(data), "--archs", "transformer", "ringformer"]
+    cmd += ["--parts", "nmt"]  # the image benchmark's run is test_the_report_of_a_real_...
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = out.read_text()
+    assert "| `ringformer` |" in report and "## Images" not in report
+    check = json.loads(out.with_suffix(".json").read_text())
+    assert check["smoke"] and list(check["nmt"]) == ["bf16"] and check["vision"] == {}
+    assert check["environment"]["torch"] and check["environment"]["cuda_available"] is False
+    assert (out.parent / "gpu_check" / "nmt_bf16.json").exists()
