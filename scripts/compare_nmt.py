@@ -147,7 +147,15 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, plot: Path
             f"| {num(r['train'].get('ppl'))} | {r['train_seconds'] / 60:.1f} min "
             f"| {r['sentences_per_second']:.1f} sent/s |"
         )
-    lines += ["", f"![sacreBLEU against P*]({plot.name})", ""]
+    lines += [
+        "",
+        "Training and generation times are wall-clock, each model's own, and move with whatever "
+        "else the machine runs meanwhile; speed is compared by `scripts/benchmark_nmt.py`, "
+        "which times every model on the same batches in one sequence.",
+        "",
+        f"![sacreBLEU against P*]({plot.name})",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -167,6 +175,7 @@ def plot_bleu_vs_pstar(results: list[dict[str, Any]], path: Path) -> None:
             fontsize=8,
             textcoords="offset points",
         )
+    ax.margins(x=0.3, y=0.15)  # room for the labels right of the outermost points
     ax.set_xlabel("P* (millions of parameters, embeddings and head excluded)")
     ax.set_ylabel("sacreBLEU (test)")
     ax.set_title("Translation families on the embedded de-en corpus")
