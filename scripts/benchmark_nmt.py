@@ -42,9 +42,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from recurnmt.analysis.benchmark import (  # noqa: E402
-    DTYPES,
     Column,
     MixedPrecision,
+    add_device_arguments,
     emit,
     fixed_length_generator,
     forward_flags,
@@ -247,15 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--archs", nargs="+", default=DEFAULT_ARCHS)
     parser.add_argument("--data", type=Path, default=ROOT / "data-bin/lohelp_de_en")
-    parser.add_argument(
-        "--device", default="cpu", help="auto (CUDA where present), cpu, cuda or cuda:N"
-    )
-    parser.add_argument(
-        "--dtype",
-        default="fp32",
-        choices=list(DTYPES),
-        help="fp32, or autocast to bf16 / fp16 (fp16 with loss scaling; CUDA only); "
-        "generation casts the weights to it, as fairseq-generate --fp16 does",
+    add_device_arguments(
+        parser, "; generation casts the weights to it, as fairseq-generate --fp16 does"
     )
     parser.add_argument("--embed-dim", type=int, default=256)
     parser.add_argument("--ffn-dim", type=int, default=1024)

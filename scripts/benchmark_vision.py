@@ -43,9 +43,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from recurnmt.analysis.benchmark import (  # noqa: E402
-    DTYPES,
     Column,
     MixedPrecision,
+    add_device_arguments,
     emit,
     forward_flags,
     peak_memory_mb,
@@ -263,15 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--baseline", default=BASELINE, choices=REFERENCES, help="the row ratios refer to"
     )
-    parser.add_argument(
-        "--device", default="cpu", help="auto (CUDA where present), cpu, cuda or cuda:N"
-    )
-    parser.add_argument(
-        "--dtype",
-        default="fp32",
-        choices=list(DTYPES),
-        help="fp32, or autocast to bf16 / fp16 (fp16 with loss scaling; CUDA only)",
-    )
+    add_device_arguments(parser)
     parser.add_argument("--embed-dim", type=int, default=192)
     parser.add_argument("--ffn-dim", type=int, default=768)
     parser.add_argument("--heads", type=int, default=3)

@@ -31,6 +31,19 @@ class WorkerError(UserError):
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def add_device_arguments(parser: argparse.ArgumentParser, dtype_help: str = "") -> None:
+    """``--device`` and ``--dtype``, the same in every benchmark script."""
+    parser.add_argument(
+        "--device", default="cpu", help="auto (CUDA where present), cpu, cuda or cuda:N"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=list(DTYPES),
+        help="fp32, or autocast to bf16 / fp16 (fp16 with loss scaling; CUDA only)" + dtype_help,
+    )
+
+
 def resolve_device(name: str) -> torch.device:
     """``--device``: ``auto`` (CUDA where present, else the CPU), ``cpu`` or ``cuda[:N]``.
 
