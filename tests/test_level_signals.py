@@ -21,15 +21,16 @@ def test_signal_is_computed_in_rank_space():
     assert sum(p.numel() for p in sig.parameters()) == 3 * 2 * 64 * 4
 
 
-def test_grouped_signal_equals_separate_products():
+@pytest.mark.parametrize("lead", [(4,), (2, 3)], ids=["N x C", "B x T x C"])
+def test_grouped_signal_equals_separate_products(lead):
     sig = LowRankSignal(16, 16, rank=2, groups=3)
     torch.nn.init.normal_(sig.up)
-    x = torch.randn(4, 16)
-    out = sig(x).view(4, 3, 16)
+    x = torch.randn(*lead, 16)
+    out = sig(x).view(*lead, 3, 16)
     down = sig.down.view(3, 2, 16)
     for g in range(3):
         m = sig.up[g] @ down[g]  # M_g = A_g B_g^T, 16 x 16 (eq. 5), formed only in the test
-        torch.testing.assert_close(out[:, g], x @ m.t(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[..., g, :], x @ m.t(), atol=1e-5, rtol=1e-5)
 
 
 def test_every_factor_learns():
