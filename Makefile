@@ -15,13 +15,15 @@ FAIRSEQ := fairseq-fixed==0.12.3.1 hydra-core==1.3.2 omegaconf==2.3.0
 
 setup: $(STAMP)
 
+# PYTHONWARNINGS: setuptools prints an "Editable installation" notice nobody can act on.
 $(STAMP): setup.cfg pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (need Python 3.11)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip==26.3
 	$(BIN)/pip install --quiet $(BUILD_DEPS)
 	$(BIN)/pip install --quiet --no-build-isolation $(FAIRSEQ)
-	$(BIN)/pip install --quiet --no-build-isolation -e ".[dev,vision]"
+	PYTHONWARNINGS="ignore:Editable installation" \
+		$(BIN)/pip install --quiet --no-build-isolation -e ".[dev,vision]"
 	$(BIN)/python -c "import fairseq, recurnmt.nmt" 2>/dev/null
 	touch $(STAMP)
 
