@@ -103,3 +103,15 @@ def test_storage_bytes_counts_a_shared_buffer_once():
     buffer = torch.zeros(4, 8)  # 128 bytes
     state = {"a": buffer[:2], "b": [buffer[2:], Holder(buffer)], "c": (torch.zeros(3),)}
     assert storage_bytes(state) == 128 + 12
+
+
+def test_generation_rounds_must_be_positive(capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_nmt.py"
+    spec = importlib.util.spec_from_file_location("benchmark_nmt", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit):
+        script.main(["--gen-rounds", "0"])
+    assert "--gen-rounds 0: at least one round" in capsys.readouterr().err
