@@ -23,6 +23,7 @@ from recurnmt.vision.distributed import (
     DistributedSetupError,
     check_batch_size,
     init_distributed,
+    resolve_device,
 )
 from recurnmt.vision.losses import ClassificationLoss, distillation_loss
 from recurnmt.vision.options import parse_args
@@ -116,6 +117,18 @@ def test_inconsistent_launches_are_refused(monkeypatch):
         check_batch_size(64, DistInfo(rank=0, world_size=3))
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert init_distributed("cpu").world_size == 1
+
+
+def test_device_errors_are_setup_errors(monkeypatch):
+    """The trainer reads --device with the benchmarks' function (recurnmt.device) and raises
+    its own DistributedSetupError, naming the flag."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert init_distributed("auto").device == torch.device("cpu")
+    with pytest.raises(DistributedSetupError, match="--device 'tpu': expected auto, cpu or cuda"):
+        init_distributed("tpu")
+    with pytest.raises(DistributedSetupError, match="--device cuda: no CUDA device"):
+        resolve_device("cuda")
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from recurnmt.device import resolve_device as _resolve_device
+
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -59,17 +61,13 @@ def _env_int(name: str) -> int:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available else CPU; ``cuda``/``cpu`` as asked.
+    """``--device``: ``auto`` (CUDA where present, else the CPU), ``cpu`` or ``cuda[:N]``
+    (:func:`recurnmt.device.resolve_device`).
 
     Raises:
-        DistributedSetupError: CUDA asked for but not available.
+        DistributedSetupError: an unknown device, or CUDA asked for where there is none.
     """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DistributedSetupError("--device cuda was given but no CUDA device is visible")
-    return device
+    return _resolve_device(name, error=DistributedSetupError)
 
 
 def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistInfo:

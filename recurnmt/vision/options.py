@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="end after this epoch as if interrupted (the schedule still spans --epochs)",
     )
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    g.add_argument("--device", default="auto", help="auto (CUDA where present), cpu or cuda[:N]")
     g.add_argument(
         "--amp",
         default="auto",
