@@ -131,6 +131,17 @@ def test_device_errors_are_setup_errors(monkeypatch):
         resolve_device("cuda")
 
 
+def test_a_setup_error_is_one_line_at_the_command_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RECURNMT_TRACEBACK", raising=False)
+    assert train_cli.cli(["--device", "tpu", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err == (
+        "python -m recurnmt.vision.train: error: --device 'tpu': expected auto, cpu or cuda[:N]\n"
+    )
+
+
 @pytest.mark.parametrize(
     "model", ["sret_mini", "dvt_vit_mini_patch2", "ringformer_vit_mini_mrla_patch4"]
 )

@@ -18,13 +18,19 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from recurnmt.cli import UserError
 from recurnmt.device import resolve_device as _resolve_device
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-class DistributedSetupError(RuntimeError):
-    """The launch environment cannot give a consistent process group."""
+class DistributedSetupError(UserError, RuntimeError):
+    """The launch environment cannot give a consistent process group.
+
+    A user error: at the command line (:mod:`recurnmt.cli`) its message is printed on one
+    line, without a traceback, and the command exits with 2. Still a ``RuntimeError``, as it
+    always was, for code that catches that.
+    """
 
 
 @dataclass(frozen=True)
