@@ -52,7 +52,6 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     nmt_model_flags,
     peak_memory_mb,
     ratio_table,
-    resolve_device,
     run_workers,
     storage_bytes,
     sync,
@@ -60,6 +59,7 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     write_json,
 )
 from recurnmt.cli import entry_point  # noqa: E402
+from recurnmt.device import resolve_device  # noqa: E402
 from recurnmt.nmt.results import FAMILY_ORDER  # noqa: E402
 
 BASELINE = "transformer"

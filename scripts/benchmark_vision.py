@@ -50,13 +50,13 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     forward_flags,
     peak_memory_mb,
     ratio_table,
-    resolve_device,
     run_workers,
     sync,
     training_step,
     write_json,
 )
 from recurnmt.cli import entry_point  # noqa: E402
+from recurnmt.device import resolve_device  # noqa: E402
 
 TORCH_VIT = "torch_vit"
 # name -> timm's registered model, rebuilt at the benchmark's sizes

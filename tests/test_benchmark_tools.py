@@ -64,15 +64,23 @@ def test_workers_run_in_their_own_processes(tmp_path: Path):
 def test_device_auto_resolves_and_cuda_is_refused_where_absent(monkeypatch):
     import torch
 
-    from recurnmt.analysis.benchmark import resolve_device
+    from recurnmt.device import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu")
     assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(ValueError, match="--device cuda: no CUDA device"):
         resolve_device("cuda")
-    with pytest.raises(ValueError, match="--device 'tpu'"):
+    with pytest.raises(ValueError, match="--device 'tpu': expected auto, cpu or cuda"):
         resolve_device("tpu")
+    with pytest.raises(ValueError, match="--device 'meta': expected auto, cpu or cuda"):
+        resolve_device("meta")  # a torch device, but not one to compute on
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="--device cuda:1: only 1 CUDA device"):
+        resolve_device("cuda:1")
 
 
 def test_fp16_is_refused_on_the_cpu_and_bf16_autocasts():

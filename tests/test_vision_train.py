@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ from recurnmt.vision.distributed import (
     DistributedSetupError,
     check_batch_size,
     init_distributed,
+    resolve_device,
 )
 from recurnmt.vision.losses import ClassificationLoss, distillation_loss
 from recurnmt.vision.options import parse_args
@@ -93,6 +96,93 @@ def test_timm_optimizer_and_cosine_schedule_with_warmup():
     assert lr(100) == pytest.approx(1e-5)
 
 
+@pytest.fixture
+def process_group_of_one(tmp_path):
+    """A gloo process group of this process alone (ZeroRedundancyOptimizer needs a group)."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_zero_keeps_timm_groups_and_schedule_and_trains_like_timm(process_group_of_one):
+    """--zero wraps timm's optimizer in ZeroRedundancyOptimizer: the same groups (weight decay
+    off for biases, norms, class token, position table), the same class, the scheduler's rate
+    reaching the local optimizer, the same updates and the same (full) state_dict; that state
+    loads back, and a checkpoint of another model is refused naming --resume."""
+    import copy
+
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from recurnmt.vision import create_model
+    from recurnmt.vision.zero import full_optimizer_state, load_optimizer_state, shard_sizes
+
+    args = parse_args(["--lr", "1e-2", "--warmup-lr", "1e-3", "--min-lr", "1e-4"])
+    args.epochs, args.warmup_epochs = 2, 1
+    model = create_model("vit_mini_patch4", num_classes=3)
+    twin = copy.deepcopy(model)
+    plain, plain_sched = train_cli.build_optimization(model, args, steps=2)
+    zero, zero_sched = train_cli.build_optimization(twin, args, steps=2, shard=True)
+    assert isinstance(zero, ZeroRedundancyOptimizer) and type(zero.optim) is type(plain)
+    assert shard_sizes(zero) == (count := sum(p.numel() for p in twin.parameters()), count)
+    names = {id(p): n for net in (model, twin) for n, p in net.named_parameters()}
+    for ours, theirs in zip(zero.param_groups, plain.param_groups, strict=True):
+        assert {k: v for k, v in ours.items() if k != "params"} == {
+            k: v for k, v in theirs.items() if k != "params"
+        }
+        assert [names[id(p)] for p in ours["params"]] == [names[id(p)] for p in theirs["params"]]
+    decay = {names[id(p)]: g["weight_decay"] for g in zero.optim.param_groups for p in g["params"]}
+    assert decay["cls_token"] == decay["pos_embed.weight"] == decay["head.bias"] == 0.0
+    assert decay["head.weight"] == args.weight_decay
+
+    images, target = torch.randn(4, 3, 16, 16), torch.tensor([0, 1, 2, 0])
+    for update in range(4):
+        for net, opt, sched in ((model, plain, plain_sched), (twin, zero, zero_sched)):
+            sched.step_update(update)
+            F.cross_entropy(net(images), target).backward()
+            opt.step()
+            opt.zero_grad()
+        # the rate the scheduler set is the one the local optimizer stepped with
+        assert [g["lr"] for g in zero.optim.param_groups] == [g["lr"] for g in plain.param_groups]
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    state = full_optimizer_state(zero, DistInfo())
+    torch.testing.assert_close(state, plain.state_dict(), rtol=0, atol=0)
+
+    fresh, _ = train_cli.build_optimization(copy.deepcopy(twin), args, steps=2, shard=True)
+    load_optimizer_state(fresh, plain.state_dict(), "ckpt.pt")  # a run without --zero's state
+    assert not fresh.state  # the wrapper keeps no second copy of the shard's state
+    assert len(fresh.optim.state) == len(plain.state)
+    other, _ = train_cli.build_optimization(create_model("sret_mini", num_classes=3), args, 2)
+    with pytest.raises(ConfigError, match="--resume='ckpt.pt': its optimizer has parameter"):
+        load_optimizer_state(fresh, other.state_dict(), "ckpt.pt")
+
+
+@pytest.mark.parametrize(
+    ("opt", "reason"),
+    [("lookahead_adamw", "Lookahead wraps another optimizer"), ("lamb", "gradient norm over all")],
+)
+def test_zero_refuses_optimizers_that_need_every_parameter(opt, reason):
+    from recurnmt.vision import create_model
+
+    args = parse_args(["--opt", opt])
+    model = create_model("vit_mini_patch4", num_classes=3)
+    with pytest.raises(ConfigError, match=f"--opt='{opt}': .*{reason}.*--zero=True"):
+        train_cli.build_optimization(model, args, steps=2, shard=True)
+
+
+def test_zero_in_one_process_is_logged_and_ignored(tmp_path, capsys):
+    """As --aug-repeats: one process has nothing to shard over; it says so and trains."""
+    flags = ["--model", "vit_mini_patch4", "--epochs", "1", "--limit-train", "32"]
+    zero = train(tmp_path / "zero", *flags, "--zero")
+    assert "--zero: sharding the optimizer state needs several processes" in (
+        capsys.readouterr().out
+    )
+    assert zero[0]["losses"] == train(tmp_path / "plain", *flags)[0]["losses"]
+
+
 def test_lr_scaled_by_the_batch_and_conflicts_named():
     args = parse_args(["--lr-base", "5e-4", "--batch-size", "1024"])
     assert args.lr == pytest.approx(1e-3)  # DeiT: 5e-4 x 1024 / 512
@@ -116,6 +206,29 @@ def test_inconsistent_launches_are_refused(monkeypatch):
         check_batch_size(64, DistInfo(rank=0, world_size=3))
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert init_distributed("cpu").world_size == 1
+
+
+def test_device_errors_are_setup_errors(monkeypatch):
+    """The trainer reads --device with the benchmarks' function (recurnmt.device) and raises
+    its own DistributedSetupError, naming the flag."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert init_distributed("auto").device == torch.device("cpu")
+    with pytest.raises(DistributedSetupError, match="--device 'tpu': expected auto, cpu or cuda"):
+        init_distributed("tpu")
+    with pytest.raises(DistributedSetupError, match="--device cuda: no CUDA device"):
+        resolve_device("cuda")
+
+
+def test_a_setup_error_is_one_line_at_the_command_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RECURNMT_TRACEBACK", raising=False)
+    assert train_cli.cli(["--device", "tpu", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err == (
+        "python -m recurnmt.vision.train: error: --device 'tpu': expected auto, cpu or cuda[:N]\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -321,47 +434,92 @@ TWO_PROCESS = [
 ]
 
 
+def torchrun(out: Path, device: str, *flags: str) -> tuple[list[dict], str]:
+    """Trains sret_mini for 2 epochs on 128 images in 2 processes; the metrics and stdout."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--standalone",
+        "-m",
+        "recurnmt.vision.train",
+        "--output",
+        str(out),
+        *FAST,
+        "--epochs",
+        "2",
+        "--limit-train",
+        "128",
+        "--model",
+        "sret_mini",
+        "--device",
+        device,
+        *flags,
+    ]
+    done = subprocess.run(
+        cmd, env=env, cwd=REPO, timeout=300, stdout=subprocess.PIPE, text=True, check=False
+    )
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}"
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return metrics, done.stdout
+
+
 @pytest.mark.e2e
 @pytest.mark.dist
 @pytest.mark.parametrize("device", TWO_PROCESS)
 def test_two_process_run_and_resume(tmp_path, device):
     """torchrun with 2 processes: gloo on the CPU, NCCL on two GPUs (the trainer picks the
     backend from the device); resuming the 2-process run is exact as well."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-    def torchrun(out: Path, *flags: str) -> list[dict]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--standalone",
-            "-m",
-            "recurnmt.vision.train",
-            "--output",
-            str(out),
-            *FAST,
-            "--epochs",
-            "2",
-            "--limit-train",
-            "128",
-            "--model",
-            "sret_mini",
-            "--device",
-            device,
-            *flags,
-        ]
-        subprocess.run(cmd, check=True, env=env, cwd=REPO, timeout=300)
-        return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-
-    straight = torchrun(tmp_path / "a")
-    torchrun(tmp_path / "b", "--stop-after-epoch", "1")
-    resumed = torchrun(tmp_path / "b", "--resume", "auto")
+    straight, _ = torchrun(tmp_path / "a", device)
+    torchrun(tmp_path / "b", device, "--stop-after-epoch", "1")
+    resumed, _ = torchrun(tmp_path / "b", device, "--resume", "auto")
     assert [r["losses"] for r in straight] == [r["losses"] for r in resumed]
     ckpt = load_checkpoint(tmp_path / "a" / "checkpoint.pt")
     assert len(ckpt["rng"]) == 2  # both ranks' generator states
     assert len(straight[0]["losses"]) == 128 // 32  # global batch 32 = 2 x 16
+
+
+@pytest.mark.e2e
+@pytest.mark.dist
+@pytest.mark.parametrize("device", TWO_PROCESS)
+def test_two_process_zero_trains_like_ddp_and_resumes(tmp_path, device):
+    """--zero (optimizer state sharded over the 2 processes) trains the losses of plain DDP,
+    keeps about half of the state on rank 0, saves the full state (that of plain DDP, which a
+    run without --zero or with one process loads) and resumes exactly."""
+    plain, _ = torchrun(tmp_path / "ddp", device)
+    zero, out = torchrun(tmp_path / "zero", device, "--zero")
+    shard = re.search(r"rank 0 keeps the optimizer state of ([\d.]+)M of the ([\d.]+)M", out)
+    assert shard and 0.3 < float(shard[1]) / float(shard[2]) < 0.7, out
+    for a, b in zip(plain, zero, strict=True):  # bit-identical on the CPU
+        assert b["losses"] == pytest.approx(a["losses"], rel=1e-5, abs=1e-6)
+    full = load_checkpoint(tmp_path / "ddp" / "checkpoint.pt")["optimizer"]
+    sharded = load_checkpoint(tmp_path / "zero" / "checkpoint.pt")["optimizer"]
+    assert sharded["param_groups"] == full["param_groups"]
+    torch.testing.assert_close(sharded["state"], full["state"], rtol=1e-4, atol=1e-6)
+
+    torchrun(tmp_path / "b", device, "--zero", "--stop-after-epoch", "1")
+    shutil.copytree(tmp_path / "b", tmp_path / "one")
+    resumed, _ = torchrun(tmp_path / "b", device, "--zero", "--resume", "auto")
+    assert [r["losses"] for r in resumed] == [r["losses"] for r in zero]
+    # and one process without --zero resumes it (with fresh random streams, hence other
+    # losses; the state is complete, as compared above)
+    one = train(
+        tmp_path / "one",
+        "--device",
+        device,
+        "--model",
+        "sret_mini",
+        "--epochs",
+        "2",
+        "--limit-train",
+        "128",
+        "--resume",
+        "auto",
+    )
+    assert [r["epoch"] for r in one] == [1, 2] and math.isfinite(one[1]["train_loss"])
 
 
 @pytest.mark.parametrize("config", sorted((REPO / "configs" / "vision").glob("*.yaml")))

@@ -44,28 +44,6 @@ def add_device_arguments(parser: argparse.ArgumentParser, dtype_help: str = "") 
     )
 
 
-def resolve_device(name: str) -> torch.device:
-    """``--device``: ``auto`` (CUDA where present, else the CPU), ``cpu`` or ``cuda[:N]``.
-
-    Raises:
-        ValueError: an unknown device, or CUDA asked for where there is none.
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {name!r}: expected auto, cpu or cuda[:N]")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"--device {name}: no CUDA device on this machine (torch {torch.__version__}, "
-            f"CUDA build {torch.version.cuda})"
-        )
-    return device
-
-
 @dataclass(frozen=True)
 class MixedPrecision:
     """``--dtype``: full precision (fp32) or autocast to bf16 / fp16, fp16 with loss scaling

@@ -18,11 +18,19 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from recurnmt.cli import UserError
+from recurnmt.device import resolve_device as _resolve_device
+
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-class DistributedSetupError(RuntimeError):
-    """The launch environment cannot give a consistent process group."""
+class DistributedSetupError(UserError, RuntimeError):
+    """The launch environment cannot give a consistent process group.
+
+    A user error: at the command line (:mod:`recurnmt.cli`) its message is printed on one
+    line, without a traceback, and the command exits with 2. Still a ``RuntimeError``, as it
+    always was, for code that catches that.
+    """
 
 
 @dataclass(frozen=True)
@@ -59,17 +67,13 @@ def _env_int(name: str) -> int:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available else CPU; ``cuda``/``cpu`` as asked.
+    """``--device``: ``auto`` (CUDA where present, else the CPU), ``cpu`` or ``cuda[:N]``
+    (:func:`recurnmt.device.resolve_device`).
 
     Raises:
-        DistributedSetupError: CUDA asked for but not available.
+        DistributedSetupError: an unknown device, or CUDA asked for where there is none.
     """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DistributedSetupError("--device cuda was given but no CUDA device is visible")
-    return device
+    return _resolve_device(name, error=DistributedSetupError)
 
 
 def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistInfo:

@@ -140,6 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--opt-betas", type=float, nargs=2, default=None, metavar=("B1", "B2"))
     g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     g.add_argument("--clip-grad", type=float, default=None, help="max gradient norm")
+    g.add_argument(
+        "--zero",
+        action="store_true",
+        help="under torchrun, shard the optimizer state over the processes (ZeRO stage 1, "
+        "torch's ZeroRedundancyOptimizer): each keeps AdamW's moments for about 1/processes "
+        "of the parameters and updates only those; the same losses as without. Checkpoints "
+        "hold the full state, resumable with or without --zero and at any process count. "
+        "Logged and ignored in one process",
+    )
     g.add_argument("--smoothing", type=float, default=0.1, help="label smoothing")
     g.add_argument(
         "--model-ema-decay",
@@ -203,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="end after this epoch as if interrupted (the schedule still spans --epochs)",
     )
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    g.add_argument("--device", default="auto", help="auto (CUDA where present), cpu or cuda[:N]")
     g.add_argument(
         "--amp",
         default="auto",

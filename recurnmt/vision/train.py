@@ -18,6 +18,8 @@ sec. 6; SReT uses weight decay 0 there), mixed precision (``--amp``), exact resu
 
     torchrun --nproc_per_node 2 -m recurnmt.vision.train --output runs/digits-ddp
 
+``--zero`` shards the optimizer state over the processes (ZeRO stage 1, :mod:`.zero`).
+
 Outputs in ``--output``: ``checkpoint.pt`` (latest, for resuming), ``best.pt`` (best top-1),
 ``metrics.jsonl`` (one line per epoch) and ``tb/`` (tensorboard).
 """
@@ -42,6 +44,7 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Subset
 
@@ -67,6 +70,12 @@ from recurnmt.vision.mixed_depth import MixedDepth
 from recurnmt.vision.models.dvt import AllExits, DVTCascade
 from recurnmt.vision.options import parse_args
 from recurnmt.vision.registry import create_model
+from recurnmt.vision.zero import (
+    full_optimizer_state,
+    load_optimizer_state,
+    shard_optimizer,
+    shard_sizes,
+)
 
 
 def seed_everything(seed: int) -> None:
@@ -127,7 +136,9 @@ def _build_teacher(args: Namespace, spec: DataSpec, log) -> nn.Module:
     )
 
 
-def build_optimization(model: nn.Module, args: Namespace, steps: int) -> tuple:
+def build_optimization(
+    model: nn.Module, args: Namespace, steps: int, *, shard: bool = False
+) -> tuple:
     """timm's optimizer and scheduler for ``args`` at ``steps`` updates per epoch.
 
     The optimizer (``timm.optim.create_optimizer_v2``; AdamW for DeiT and SReT) decays weight
@@ -135,6 +146,9 @@ def build_optimization(model: nn.Module, args: Namespace, steps: int) -> tuple:
     tables, class tokens) are exempt, as in DeiT. The schedule (``timm.scheduler``) warms up
     linearly from ``--warmup-lr`` over ``--warmup-epochs`` and follows a cosine to ``--min-lr``
     at the last update (Loshchilov & Hutter 2017), set at every update.
+
+    ``shard`` (``--zero``, in a process group): the optimizer's state is sharded over the
+    processes (:func:`recurnmt.vision.zero.shard_optimizer`); the schedule sets its rate.
     """
     optimizer = create_optimizer_v2(
         model,
@@ -145,6 +159,8 @@ def build_optimization(model: nn.Module, args: Namespace, steps: int) -> tuple:
         **({"eps": args.opt_eps} if args.opt_eps is not None else {}),
         **({"betas": tuple(args.opt_betas)} if args.opt_betas else {}),
     )
+    if shard:
+        optimizer = shard_optimizer(optimizer, args.opt)
     scheduler, _ = create_scheduler_v2(
         optimizer,
         sched="cosine",
@@ -254,6 +270,8 @@ def run(args: Namespace, info: DistInfo) -> dict:
     _check_settings(args, per_rank)
     if args.aug_repeats and not info.distributed:
         log("--aug-repeats: repeated augmentation needs several processes; not used in one")
+    if args.zero and not info.distributed:
+        log("--zero: sharding the optimizer state needs several processes; not used in one")
     place = dict(
         rank=info.rank, world_size=info.world_size, workers=args.workers, device=info.device
     )
@@ -265,7 +283,15 @@ def run(args: Namespace, info: DistInfo) -> dict:
     if steps == 0:
         raise ValueError(f"--batch-size {args.batch_size} exceeds the {len(train_set)} images")
 
-    optimizer, scheduler = build_optimization(model, args, steps)
+    optimizer, scheduler = build_optimization(
+        model, args, steps, shard=args.zero and info.distributed
+    )
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        local, total = shard_sizes(optimizer)
+        log(
+            f"--zero: rank 0 keeps the optimizer state of {local / 1e6:.3f}M of the "
+            f"{total / 1e6:.3f}M parameters ({info.world_size} shards)"
+        )
     precision = Precision.build(args.amp, info.device, args.channels_last)
     teacher = None
     if args.teacher:
@@ -292,7 +318,7 @@ def run(args: Namespace, info: DistInfo) -> dict:
     if resume:
         ckpt = load_checkpoint(resume)
         model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(optimizer, ckpt["optimizer"], resume)
         scheduler.load_state_dict(ckpt["scheduler"])
         if ema is not None and "model_ema" in ckpt:
             ema.module.load_state_dict(ckpt["model_ema"])
@@ -391,12 +417,13 @@ def run(args: Namespace, info: DistInfo) -> dict:
                 writer.add_scalar("eval/top5", ev.top5, epoch + 1)
                 writer.add_scalar("eval/loss", ev.loss, epoch + 1)
         rng = _gather_rng(info)
+        optimizer_state = full_optimizer_state(optimizer, info)  # every rank takes part
         if info.is_main:
             payload = {
                 "model_name": model_name,
                 "model_kwargs": model_kwargs,
                 "model": unwrap(net).state_dict(),
-                "optimizer": optimizer.state_dict(),
+                "optimizer": optimizer_state,
                 "scheduler": scheduler.state_dict(),
                 "scaler": precision.scaler.state_dict() if precision.scaler else None,
                 # timm's load_checkpoint prefers this key (use_ema=True), as timm's train.py

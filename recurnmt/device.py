@@ -1,0 +1,46 @@
+"""``--device``: one reading of the flag for every command that takes it.
+
+The benchmark scripts (``scripts/benchmark_{nmt,vision}.py``) and the vision trainer
+(``recurnmt.vision.distributed``) resolve their ``--device`` here; each raises its own exception
+type (``error``) so that its callers catch what they always caught. This module imports only
+torch, so anything in recurnmt can use it without an import cycle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.device:
+    """``--device``: ``auto`` (CUDA where present, else the CPU), ``cpu`` or ``cuda[:N]``.
+
+    Args:
+        name: the flag's value.
+        error: the exception type to raise (called with the message alone); the vision
+            trainer passes its ``DistributedSetupError``.
+
+    Raises:
+        error: an unknown device, CUDA asked for where there is none, or a CUDA index
+            beyond the visible devices.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise error(f"--device {name!r}: expected auto, cpu or cuda[:N]")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise error(
+            f"--device {name}: no CUDA device on this machine (torch {torch.__version__}, "
+            f"CUDA build {torch.version.cuda})"
+        )
+    if device.type == "cuda" and device.index is not None:
+        visible = torch.cuda.device_count()
+        if device.index >= visible:
+            raise error(
+                f"--device {name}: only {visible} CUDA device(s) visible "
+                "(numbered from 0; CUDA_VISIBLE_DEVICES selects them)"
+            )
+    return device
