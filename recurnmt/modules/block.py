@@ -26,6 +26,7 @@ from recurnmt.modules.attention import (
     combine_terms,
 )
 from recurnmt.modules.drop_path import drop_path
+from recurnmt.modules.dropout import Dropout
 from recurnmt.modules.feedforward import FeedForward
 from recurnmt.modules.hooks import LevelHook
 from recurnmt.modules.level_parts import LevelParts
@@ -67,7 +68,7 @@ class TransformerBlock(nn.Module):
         self.ffn = ffn
         self.norms = norms
         self.lrc = lrc if lrc is not None else ResidualCoefficients(self.num_sublayers, "none")
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.normalize_before = normalize_before
         if norms is not None and len(norms) != self.num_sublayers:
             raise ValueError(f"{len(norms)} norms for {self.num_sublayers} sub-layers")

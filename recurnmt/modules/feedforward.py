@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from recurnmt.modules.dropout import Dropout
+
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
@@ -30,7 +32,7 @@ class FeedForward(nn.Module):
         self.up = nn.Linear(embed_dim, ffn_dim, bias=bias)
         self.down = nn.Linear(ffn_dim, embed_dim, bias=bias)
         self.activation = _ACTIVATIONS[activation]
-        self.activation_dropout = nn.Dropout(activation_dropout)
+        self.activation_dropout = Dropout(activation_dropout)
         nn.init.xavier_uniform_(self.up.weight)
         nn.init.xavier_uniform_(self.down.weight)
         for lin in (self.up, self.down):

@@ -8,6 +8,8 @@ from typing import Any
 from fairseq.modules import LayerNorm, PositionalEmbedding
 from torch import Tensor, nn
 
+from recurnmt.modules.dropout import Dropout
+
 
 class TokenEmbedding(nn.Module):
     """``dropout(LN?(scale * E[tokens] + P[positions]))``, as fairseq's transformer does.
@@ -49,7 +51,7 @@ class TokenEmbedding(nn.Module):
         self.layernorm_embedding = (
             LayerNorm(dim) if getattr(args, "layernorm_embedding", False) else None
         )
-        self.dropout = nn.Dropout(args.dropout)
+        self.dropout = Dropout(args.dropout)
 
     def max_positions(self, limit: int) -> int:
         if self.embed_positions is None:
