@@ -59,10 +59,11 @@ VISION_BASELINE = "timm vit"
 # scripts/benchmark_*.py flags per size; "base" is the base size
 NMT_SIZES = {
     "base": "--embed-dim 512 --ffn-dim 2048 --heads 8 --levels 6 --max-tokens 4096 "
-    "--warmup 5 --steps 20 --sentences 256 --gen-batch 64 --gen-rounds 3 --beam 4 "
-    "--decode-len 32",
+    "--warmup 5 --steps 20 --train-rounds 2 --sentences 256 --gen-batch 64 --gen-rounds 3 "
+    "--beam 4 --decode-len 32",
     "smoke": "--embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 --max-tokens 256 --warmup 1 "
-    "--steps 1 --sentences 4 --gen-batch 4 --gen-rounds 1 --beam 4 --decode-len 4 --threads 1",
+    "--steps 1 --train-rounds 1 --sentences 4 --gen-batch 4 --gen-rounds 1 --beam 4 "
+    "--decode-len 4 --threads 1",
 }
 VISION_SIZES = {
     "base": "--embed-dim 384 --ffn-dim 1536 --heads 6 --levels 12 --img-size 224 "

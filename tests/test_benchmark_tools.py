@@ -113,7 +113,8 @@ def test_storage_bytes_counts_a_shared_buffer_once():
     assert storage_bytes(state) == 128 + 12
 
 
-def test_generation_rounds_must_be_positive(capsys):
+@pytest.mark.parametrize("flag", ["--gen-rounds", "--train-rounds"])
+def test_timing_rounds_must_be_positive(capsys, flag):
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_nmt.py"
@@ -121,5 +122,5 @@ def test_generation_rounds_must_be_positive(capsys):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     with pytest.raises(SystemExit):
-        script.main(["--gen-rounds", "0"])
-    assert "--gen-rounds 0: at least one round" in capsys.readouterr().err
+        script.main([flag, "0"])
+    assert f"{flag} 0: at least one round" in capsys.readouterr().err

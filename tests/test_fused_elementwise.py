@@ -97,7 +97,8 @@ def test_weighted_sum_values_and_gradients_match_plain_autograd(mode):
     expected = plain(skip, main, a, b)
     expected.backward(g)
     torch.testing.assert_close(out, expected)
-    for ours, ref in zip(grads, [skip.grad, main.grad] + [p.grad for p in lrc.parameters()]):
+    refs = [skip.grad, main.grad] + [p.grad for p in lrc.parameters()]
+    for ours, ref in zip(grads, refs, strict=True):
         torch.testing.assert_close(ours, ref)
 
 
