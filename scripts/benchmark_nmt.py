@@ -8,6 +8,10 @@ figures and ratios to fairseq's ``transformer``:
 
 * training target tokens per second (forward + backward + Adam step), the fastest of
   ``--train-rounds`` passes over the same ``--steps`` batches;
+* training FLOPs (matrix products: linear layers, attention, output projection; counted by
+  ``torch.utils.flop_counter`` over the timed batches) per target token, and the FLOP rate the
+  timed steps reached: a family that computes more per token (SReT's non-linear projections)
+  shows it here, and ``GFLOP/s`` says how efficiently each model runs what it computes;
 * generation sentences per second (beam search with the incremental decoder);
 * memory: on CUDA the peak ``max_memory_allocated`` of training; on CPU, where no allocator
   keeps a peak, the activations one training forward saves for backward
@@ -56,6 +60,7 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     run_workers,
     storage_bytes,
     sync,
+    training_flops,
     training_step,
     write_json,
 )
@@ -193,6 +198,9 @@ def worker(opts: argparse.Namespace) -> dict:
     last = train_batches[-1]
     peak_mb = peak_memory_mb(lambda: loss_of(model, last), device)
     model.zero_grad(set_to_none=True)
+    # what the timed steps compute: matrix-product FLOPs per target token of the timed batches
+    flops = sum(training_flops(lambda s=s: loss_of(model, s)) for s in train_batches[opts.warmup :])
+    model.zero_grad(set_to_none=True)
     # the same weights with fairseq's --checkpoint-activations (per level in our stacks)
     ckpt_model, _, _ = build_model(
         opts.arch,
@@ -235,6 +243,8 @@ def worker(opts: argparse.Namespace) -> dict:
     return {
         "arch": opts.arch,
         "train_tokens_per_s": tokens / train_time,
+        "train_flops_per_token": flops / tokens,
+        "train_flops_per_s": flops / train_time,
         "gen_sentences_per_s": src.size(0) / gen_time,
         "peak_mem_mb": peak_mb,
         "ckpt_mem_mb": ckpt_mb,
@@ -319,6 +329,8 @@ def print_table(results: list[dict], opts: argparse.Namespace) -> None:
     )
     columns = [
         Column("train tok/s", "train_tokens_per_s", ".0f"),
+        Column("MFLOP/tok", "train_flops_per_token", ".1f", scale=1e6),
+        Column("GFLOP/s", "train_flops_per_s", ".1f", scale=1e9),
         Column("gen sent/s", "gen_sentences_per_s", ".1f"),
         Column("mem MB", "peak_mem_mb", ".0f"),
         Column("ckpt mem MB", "ckpt_mem_mb", ".0f"),

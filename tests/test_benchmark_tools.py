@@ -124,3 +124,26 @@ def test_timing_rounds_must_be_positive(capsys, flag):
     with pytest.raises(SystemExit):
         script.main([flag, "0"])
     assert f"{flag} 0: at least one round" in capsys.readouterr().err
+
+
+def test_training_flops_counts_linear_layers_and_cpu_flash_attention():
+    import torch
+
+    from recurnmt.analysis.benchmark import training_flops
+
+    torch.manual_seed(0)
+    n, c = 6, 8
+    layer = torch.nn.Linear(c, 4, bias=False)
+    x = torch.randn(n, c)
+    # forward 2*n*c*4; backward: the weight's gradient only (x needs none), 2*n*c*4
+    assert training_flops(lambda: layer(x).sum()) == 2 * (2 * n * c * 4)
+
+    q, k, v = (torch.randn(2, 3, 5, 4, requires_grad=True) for _ in range(3))
+
+    def attention():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v).sum()
+
+    # Q K^T and P V forward; backward five products (torch's formula, which recomputes Q K^T
+    # as the fused kernels do): 2 * B*H*S*S*D FLOPs each
+    product = 2 * 2 * 3 * 5 * 5 * 4
+    assert training_flops(attention) == 7 * product

@@ -110,6 +110,41 @@ def peak_memory_mb(step, device: torch.device) -> float:
     return saved / 2**20
 
 
+def _count_cpu_flash_attention() -> None:
+    """Teaches ``FlopCounterMode`` the CPU flash-attention kernels (it counts the CUDA ones and
+    any attention computed by explicit matrix products, as fairseq's is)."""
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    cpu_forward = aten._scaled_dot_product_flash_attention_for_cpu
+    if cpu_forward in flop_counter.flop_registry:
+        return
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return flop_counter.sdpa_flop_count(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
+
+    flop_counter.register_flop_formula(cpu_forward)(forward)
+    flop_counter.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)(
+        backward
+    )
+
+
+def training_flops(step) -> int:
+    """Matrix-product FLOPs of one training forward and backward (``step()`` returns the
+    loss; the gradients are dropped afterwards), by ``torch.utils.flop_counter``: linear
+    layers, attention (non-causal count for causal attention, as torch's formulas do) and the
+    output projection; element-wise work is not counted."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _count_cpu_flash_attention()
+    with FlopCounterMode(display=False) as counter:
+        step().backward()
+    return counter.get_total_flops()
+
+
 def _tensors(value: object, seen: set[int]) -> Iterator[torch.Tensor]:
     """Every tensor reachable from ``value`` through dicts, sequences and object attributes."""
     if id(value) in seen:
