@@ -1,13 +1,16 @@
-"""Generation speed of recurnmt's decoders against fairseq's transformer, interleaved.
+"""Generation (or training) speed of recurnmt's models against fairseq's transformer, interleaved.
 
 Builds every architecture once (same width, FFN, heads and levels as
 ``scripts/benchmark_nmt.py``), then decodes the same test sentences with beam search at a fixed
 output length, the architectures taking turns in every round, and reports the process CPU time
 of the fastest round per architecture and its ratio to fairseq's ``transformer``. Taking turns
-in one process on one thread makes the ratios hold on a machine that other jobs share, where
-the wall-clock figures of ``benchmark_nmt.py`` move by about 0.1.
+in one process makes the ratios hold on a machine that other jobs share, where the wall-clock
+figures of ``benchmark_nmt.py``, whose models run one after another, move by about 0.1.
+``--train`` times training updates instead (forward, backward and an Adam step on the same
+``--steps`` real batches of ``--max-tokens`` tokens for every architecture).
 
     python scripts/decoding_speed.py --rounds 3
+    python scripts/decoding_speed.py --train --threads 2 --rounds 3
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--decode-len", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--train", action="store_true", help="time training updates instead of generation"
+    )
+    parser.add_argument("--steps", type=int, default=6, help="updates per round (--train)")
+    parser.add_argument("--max-tokens", type=int, default=2048, help="batch size (--train)")
     opts = parser.parse_args(argv)
     if opts.rounds < 1:
         parser.error(f"--rounds {opts.rounds}: at least one round")
@@ -53,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         fixed_length_generator,
         load_batches,
         nmt_model_flags,
+        training_step,
     )
     from recurnmt.nmt.build import build_model, check_arch
 
@@ -60,17 +70,26 @@ def main(argv: list[str] | None = None) -> None:
         check_arch(arch)
     if BASELINE not in opts.archs:
         opts.archs.insert(0, BASELINE)
-    torch.set_num_threads(1)
+    torch.set_num_threads(opts.threads)
     flags = argparse.Namespace(**vars(opts), device="cpu")
-    task, _ = load_batches(opts.data, "train", 2048, 1, 1)
+    task, batches = load_batches(opts.data, "train", opts.max_tokens, opts.steps + 1, 1)
     _, test = load_batches(opts.data, "test", 100000, 1, 1)
     net = test[0]["net_input"]
     src, lengths = net["src_tokens"][: opts.sentences], net["src_lengths"][: opts.sentences]
-    models = {}
+    models, trainers = {}, {}
     for arch in opts.archs:
         torch.manual_seed(1)
-        models[arch] = build_model(arch, nmt_model_flags(arch, flags), task.source_dictionary)[0]
-        models[arch].eval()
+        model, args, _ = build_model(arch, nmt_model_flags(arch, flags), task.source_dictionary)
+        models[arch] = model.train(opts.train)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
+        trainers[arch] = (task.build_criterion(args), optimizer)
+
+    def train(arch: str, samples) -> float:
+        criterion, optimizer = trainers[arch]
+        start = time.process_time()
+        for sample in samples:
+            training_step(criterion(models[arch], sample)[0], optimizer, None)
+        return time.process_time() - start
 
     def decode(model) -> float:
         generator = fixed_length_generator(model, task, opts.beam, opts.decode_len)
@@ -82,17 +101,28 @@ def main(argv: list[str] | None = None) -> None:
         return time.process_time() - start
 
     best = {arch: float("inf") for arch in models}
-    with torch.no_grad():
-        for model in models.values():  # warm-up round, untimed
-            decode(model)
+    if opts.train:
+        for arch in models:  # warm-up update, untimed
+            train(arch, batches[:1])
         for _ in range(opts.rounds):
-            for arch, model in models.items():
-                best[arch] = min(best[arch], decode(model))
-    print(f"\nCPU s per {src.size(0)} sentences (beam {opts.beam}, {opts.decode_len} tokens)\n")
-    print("| arch | CPU s | sent/s | ratio |\n| --- | --- | --- | --- |")
+            for arch in models:
+                best[arch] = min(best[arch], train(arch, batches[1:]))
+        tokens = sum(int(sample["ntokens"]) for sample in batches[1:])
+        print(f"\nCPU s per {opts.steps} updates ({tokens} target tokens)\n")
+        unit, count = "tok/s", tokens
+    else:
+        with torch.no_grad():
+            for model in models.values():  # warm-up round, untimed
+                decode(model)
+            for _ in range(opts.rounds):
+                for arch, model in models.items():
+                    best[arch] = min(best[arch], decode(model))
+        print(f"\nCPU s per {src.size(0)} sentences (beam {opts.beam}, {opts.decode_len} tokens)\n")
+        unit, count = "sent/s", src.size(0)
+    print(f"| arch | CPU s | {unit} | ratio |\n| --- | --- | --- | --- |")
     for arch, seconds in best.items():
         ratio = best[BASELINE] / seconds
-        print(f"| `{arch}` | {seconds:.2f} | {src.size(0) / seconds:.1f} | {ratio:.2f} |")
+        print(f"| `{arch}` | {seconds:.2f} | {count / seconds:.1f} | {ratio:.2f} |")
 
 
 if __name__ == "__main__":

@@ -201,3 +201,21 @@ def test_cpu_smoke_writes_the_report_and_the_raw_figures(data, tmp_path):
     assert check["smoke"] and list(check["nmt"]) == ["bf16"] and check["vision"] == {}
     assert check["environment"]["torch"] and check["environment"]["cuda_available"] is False
     assert (out.parent / "gpu_check" / "nmt_bf16.json").exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", [[], ["--train", "--steps", "1"]])
+def test_interleaved_speed_table(data, capsys, mode):
+    """scripts/decoding_speed.py: the models take turns, one row per architecture with its
+    ratio to fairseq's transformer (which is added when not asked for)."""
+    speed = load("decoding_speed")
+    tiny = "--embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 --sentences 4 --gen-batch 4"
+    speed.main(
+        [*tiny.split(), "--decode-len", "3", "--rounds", "1", "--max-tokens", "256"]
+        + ["--data", str(data), "--archs", "sret", *mode]
+    )
+    out = capsys.readouterr().out
+    assert ("updates" in out) == bool(mode)
+    rows = [line for line in out.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == ["transformer", "sret"]
+    assert rows[0].endswith("| 1.00 |") and float(rows[1].split("|")[-2]) > 0
