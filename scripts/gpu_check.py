@@ -145,6 +145,9 @@ NMT_COLUMNS = [
     ("peak MB", "peak_mem_mb", ".0f"),
     ("cross-attn cache MB", "cross_cache_mb", ".2f"),
     ("cache MB", "cache_mb", ".2f"),
+    # what an update computes per token (SReT's projections: more) and how fast it runs it
+    ("train FLOP/token", "train_flops_per_token", ".3g"),
+    ("train FLOP/s", "train_flops_per_s", ".3g"),
 ]
 VISION_COLUMNS = [
     ("train img/s", "train_images_per_s", ".1f"),

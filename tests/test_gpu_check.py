@@ -99,6 +99,7 @@ def test_the_report_of_a_real_tiny_cpu_run(tiny_run):
     # arch, train + ratio + target, gen + ratio + target, peak + ratio, cross + ratio + target
     assert cells[3] == "-" and cells[6] == "-"  # no speed target in bf16
     assert cells[10] in ("0.49", "0.50") and cells[11] == "<= 0.50 met"
+    assert float(cells[14]) > 0 and float(cells[16]) > 0  # FLOPs per token, FLOP rate
     assert any(line.startswith("| `ringformer_vit` |") for line in lines)
 
 
