@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from recurnmt.modules.dropout import Dropout, dropout
+from recurnmt.modules.dropout import Dropout, dropout, keep_mask
 from recurnmt.modules.residual import ResidualCoefficients, weighted_sum
 
 
@@ -32,6 +32,22 @@ def test_dropout_keeps_each_element_with_probability_1_minus_p_and_scales_it():
     kept = y != 0
     assert abs(kept.float().mean().item() - (1 - p)) < 0.005  # 200k draws: sd 0.001
     torch.testing.assert_close(y[kept], x[kept] / (1 - p))
+
+
+@pytest.mark.parametrize("p", [0.02, 0.5, 0.9])
+def test_keep_mask_probability_for_odd_sizes_and_any_shape(p):
+    torch.manual_seed(1)
+    x = torch.empty(3, 333, 201)  # 200,799 elements: an odd count, half of a 64-bit draw left
+    mask = keep_mask(x, p)
+    assert mask.shape == x.shape and mask.dtype == torch.bool
+    sd = (p * (1 - p) / x.numel()) ** 0.5
+    assert abs(mask.float().mean().item() - (1 - p)) < 5 * sd
+    # the two 32-bit halves of a draw are independent: neighbours agree as often as chance
+    flat = mask.flatten()[: x.numel() - 1].float()
+    both = (flat[0::2] * flat[1::2]).mean().item()
+    assert abs(both - (1 - p) ** 2) < 0.01
+    assert keep_mask(torch.empty(0, 4), p).shape == (0, 4)
+    assert keep_mask(x, 0.0).all() and not keep_mask(x, 1.0).any()
 
 
 def test_dropout_gradient_uses_the_forward_mask_and_keeps_a_boolean_mask():
