@@ -3,8 +3,11 @@
 Every architecture is built with the same width, FFN width, heads and depth (levels), trained
 for a fixed number of updates on the same real batches (the embedded German-English corpus)
 and then decodes the same test sentences with beam search at a fixed output length. Each
-model runs in a fresh process so that peak memory is its own. The table reports absolute
-figures and ratios to fairseq's ``transformer``:
+model runs in a fresh process so that peak memory is its own, and the processes take turns
+on the machine (:class:`recurnmt.analysis.benchmark.Turns`): one timed round of one model
+at a time, every model's rounds spread over the whole run, so that the machine's drift
+falls on all of them alike (``--sequential``: one model after another, as before). The
+table reports absolute figures and ratios to fairseq's ``transformer``:
 
 * training target tokens per second (forward + backward + Adam step), the fastest of
   ``--train-rounds`` passes over the same ``--steps`` batches;
@@ -37,7 +40,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,8 +51,10 @@ import torch  # noqa: E402
 from recurnmt.analysis.benchmark import (  # noqa: E402
     Column,
     MixedPrecision,
+    Turns,
     add_device_arguments,
     emit,
+    fastest_round,
     fixed_length_generator,
     forward_flags,
     load_batches,
@@ -59,7 +63,6 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     ratio_table,
     run_workers,
     storage_bytes,
-    sync,
     training_flops,
     training_step,
     write_json,
@@ -149,6 +152,7 @@ class StateCapture:
 
 def worker(opts: argparse.Namespace) -> dict:
     """Benchmarks one architecture in this process; returns its figures."""
+    turns = Turns()  # heavy work only in this worker's turns
     import torch
     from fairseq import utils
 
@@ -180,21 +184,18 @@ def worker(opts: argparse.Namespace) -> dict:
         with precision.autocast():
             return criterion(net, on_device(sample))[0]
 
-    def step(sample) -> int:
+    def step(sample) -> None:
         training_step(loss_of(model, sample), optimizer, scaler)
-        return int(sample["ntokens"])
+
+    def train_round() -> None:
+        for sample in train_batches[opts.warmup :]:
+            step(sample)
 
     model.train()
     for sample in train_batches[: opts.warmup]:
         step(sample)
-    train_time = float("inf")
-    for _ in range(opts.train_rounds):  # the fastest round: least disturbed by other work
-        sync(device)
-        tokens, start = 0, time.perf_counter()
-        for sample in train_batches[opts.warmup :]:
-            tokens += step(sample)
-        sync(device)
-        train_time = min(train_time, time.perf_counter() - start)
+    tokens = sum(int(sample["ntokens"]) for sample in train_batches[opts.warmup :])
+    train_time = fastest_round(turns, opts.train_rounds, train_round, device)
     last = train_batches[-1]
     peak_mb = peak_memory_mb(lambda: loss_of(model, last), device)
     model.zero_grad(set_to_none=True)
@@ -228,16 +229,13 @@ def worker(opts: argparse.Namespace) -> dict:
         }
         generator.generate([model], {"net_input": batch})
 
+    def generate_all() -> None:
+        for i in range(0, src.size(0), opts.gen_batch):
+            generate(i, opts.gen_batch)
+
     with torch.no_grad():
         generate(0, opts.gen_batch)  # untimed: the first full batch allocates what later reuse
-        gen_time = float("inf")
-        for _ in range(opts.gen_rounds):  # the fastest round: least disturbed by other work
-            sync(device)
-            start = time.perf_counter()
-            for i in range(0, src.size(0), opts.gen_batch):
-                generate(i, opts.gen_batch)
-            sync(device)
-            gen_time = min(gen_time, time.perf_counter() - start)
+        gen_time = fastest_round(turns, opts.gen_rounds, generate_all, device)
         generate(0, opts.gen_batch)  # the state of one full batch, kept by the capture
         cache, cross_cache = decoder_cache_bytes(model.decoder, capture.states[0])
     return {
@@ -290,6 +288,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="measure one model after another (least memory at once) instead of in turns",
+    )
+    parser.add_argument(
         "--json", "--json-out", dest="json", type=Path, help="also write the results as JSON"
     )
     parser.add_argument("--arch", help=argparse.SUPPRESS)  # worker mode
@@ -316,7 +319,9 @@ def main(argv: list[str] | None = None) -> None:
     if BASELINE not in opts.archs:
         opts.archs.insert(0, BASELINE)
     shared = forward_flags(opts, WORKER_OPTIONS)
-    results = run_workers(Path(__file__), "--arch", opts.archs, shared, ROOT)
+    results = run_workers(
+        Path(__file__), "--arch", opts.archs, shared, ROOT, sequential=opts.sequential
+    )
     print_table(results, opts)
     if opts.json:
         write_json(opts.json, results, opts, WORKER_OPTIONS)

@@ -8,11 +8,14 @@ ViT assembled from ``torch.nn.TransformerEncoder`` (the same patch embedding, cl
 position table and head, PyTorch's attention and layer code). Every model has the same width,
 FFN width, heads and number of levels (SReT-style naive recursion runs levels/2 blocks twice;
 One Wide FFN shares one FFN), sees the same real images (scikit-learn's handwritten digits,
-upsampled) and runs in a fresh process so that peak memory is its own. The table reports
-absolute figures and ratios to ``--baseline`` (timm's ViT by default):
+upsampled) and runs in a fresh process so that peak memory is its own; the processes take
+turns on the machine, one timed round at a time (:class:`recurnmt.analysis.benchmark.Turns`;
+``--sequential``: one model after another). The table reports absolute figures and ratios to
+``--baseline`` (timm's ViT by default):
 
-* training images per second (forward + backward + AdamW step);
-* inference images per second (``torch.no_grad``, eval mode);
+* training images per second (forward + backward + AdamW step), the fastest of ``--rounds``
+  passes over the same ``--steps`` batches;
+* inference images per second (``torch.no_grad``, eval mode), the fastest of ``--rounds``;
 * memory: on CUDA the peak ``max_memory_allocated`` of training; on CPU, where no allocator
   keeps a peak, the activations one training forward saves for backward (unique storages,
   counted with ``torch.autograd.graph.saved_tensors_hooks``), which is deterministic and is
@@ -33,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,13 +47,14 @@ import torch  # noqa: E402
 from recurnmt.analysis.benchmark import (  # noqa: E402
     Column,
     MixedPrecision,
+    Turns,
     add_device_arguments,
     emit,
+    fastest_round,
     forward_flags,
     peak_memory_mb,
     ratio_table,
     run_workers,
-    sync,
     training_step,
     write_json,
 )
@@ -75,6 +78,7 @@ WORKER_OPTIONS = (
     "batch_size",
     "warmup",
     "steps",
+    "rounds",
     "threads",
     "seed",
 )
@@ -197,6 +201,7 @@ def training_memory_mb(model, x, y, precision: MixedPrecision | None = None) -> 
 
 def worker(opts: argparse.Namespace) -> dict:
     """Benchmarks one model in this process; returns its figures."""
+    turns = Turns()  # heavy work only in this worker's turns
     import torch
     import torch.nn.functional as F
 
@@ -218,15 +223,14 @@ def worker(opts: argparse.Namespace) -> dict:
             loss = F.cross_entropy(model(x.to(device)), y.to(device))
         training_step(loss, optimizer, scaler)
 
+    def train_round() -> None:
+        for x, y in zip(images[opts.warmup :], labels[opts.warmup :], strict=True):
+            step(x, y)
+
     model.train()
     for x, y in zip(images[: opts.warmup], labels[: opts.warmup], strict=True):
         step(x, y)
-    sync(device)
-    start = time.perf_counter()
-    for x, y in zip(images[opts.warmup :], labels[opts.warmup :], strict=True):
-        step(x, y)
-    sync(device)
-    train_time = time.perf_counter() - start
+    train_time = fastest_round(turns, opts.rounds, train_round, device)
     x0, y0 = images[0].to(device), labels[0].to(device)
     peak_mb = training_memory_mb(model, x0, y0, precision)
     ckpt_mb = peak_mb  # the reference ViT has no checkpointing: its figure stays
@@ -234,15 +238,15 @@ def worker(opts: argparse.Namespace) -> dict:
         model.set_grad_checkpointing(True)
         ckpt_mb = training_memory_mb(model, x0, y0, precision)
         model.set_grad_checkpointing(False)
+
+    def infer_round() -> None:
+        for x in images[opts.warmup :]:
+            model(x.to(device))
+
     model.eval()
     with torch.no_grad(), precision.autocast():
         model(images[0].to(device))
-        sync(device)
-        start = time.perf_counter()
-        for x in images[opts.warmup :]:
-            model(x.to(device))
-        sync(device)
-    infer_time = time.perf_counter() - start
+        infer_time = fastest_round(turns, opts.rounds, infer_round, device)
     seen = opts.steps * opts.batch_size
     return {
         "model": opts.model,
@@ -273,6 +277,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=2, help="untimed updates")
     parser.add_argument("--steps", type=int, default=10, help="timed updates (and batches)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="timed rounds of training and of inference (the fastest counts)",
+    )
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="measure one model after another (least memory at once) instead of in turns",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
@@ -284,11 +299,15 @@ def main(argv: list[str] | None = None) -> None:
     if opts.model:
         emit(worker(opts))
         return
+    if opts.rounds < 1:
+        parser.error(f"--rounds {opts.rounds}: at least one round")
     opts.device = str(resolve_device(opts.device))  # before any worker starts
     MixedPrecision.build(opts.dtype, torch.device(opts.device))
     shared = forward_flags(opts, WORKER_OPTIONS)
     names = [opts.baseline, *(r for r in REFERENCES if r != opts.baseline), *opts.models]
-    results = run_workers(Path(__file__), "--model", names, shared, ROOT)
+    results = run_workers(
+        Path(__file__), "--model", names, shared, ROOT, sequential=opts.sequential
+    )
     print_table(results, opts)
     if opts.json:
         write_json(opts.json, results, opts, WORKER_OPTIONS)

@@ -61,6 +61,58 @@ def test_workers_run_in_their_own_processes(tmp_path: Path):
         run_workers(script, "--model", ["bad"], flags, cwd)
 
 
+TURN_WORKER = """
+import os, sys, time
+from pathlib import Path
+import torch
+from recurnmt.analysis.benchmark import Turns, emit, fastest_round
+turns = Turns()
+name, log = sys.argv[2], Path(sys.argv[3])
+Path(log.parent / f"{name}.pid").write_text(str(os.getpid()))
+if name == "bad":
+    turns.wait()
+    sys.exit("bad broke in its second turn")
+def run():
+    with log.open("a") as f:
+        f.write(f"{name}+ ")
+    time.sleep(0.05)  # another worker running now would interleave its lines here
+    with log.open("a") as f:
+        f.write(f"{name}- ")
+emit({"name": name, "seconds": fastest_round(turns, 2, run, torch.device("cpu"))})
+"""
+
+
+def test_workers_take_turns_one_timed_round_at_a_time(tmp_path: Path):
+    script = tmp_path / "worker.py"
+    script.write_text(TURN_WORKER)
+    log = tmp_path / "log"
+    cwd = Path(__file__).resolve().parents[1]
+    results = run_workers(script, "--model", ["a", "b", "c"], [str(log)], cwd)
+    assert [r["name"] for r in results] == ["a", "b", "c"]
+    assert all(r["seconds"] >= 0.05 for r in results)
+    # round 1 of every model, then round 2 of every model; never two at once
+    assert log.read_text().split() == ["a+", "a-", "b+", "b-", "c+", "c-"] * 2
+    log.unlink()
+    run_workers(script, "--model", ["a", "b"], [str(log)], cwd, sequential=True)
+    assert log.read_text().split() == ["a+", "a-", "a+", "a-", "b+", "b-", "b+", "b-"]
+
+
+def test_a_failing_worker_stops_the_others(tmp_path: Path):
+    import os
+
+    script = tmp_path / "worker.py"
+    script.write_text(TURN_WORKER)
+    log = tmp_path / "log"
+    cwd = Path(__file__).resolve().parents[1]
+    with pytest.raises(WorkerError, match="worker bad failed \\(exit 1\\):\n.*second turn"):
+        run_workers(script, "--model", ["a", "bad", "c"], [str(log)], cwd)
+    assert log.read_text().split() == ["a+", "a-"]  # a's first round; then bad failed
+    for name in ("a", "c"):
+        pid = int((tmp_path / f"{name}.pid").read_text())
+        with pytest.raises(ProcessLookupError):  # killed and reaped, not left waiting
+            os.kill(pid, 0)
+
+
 def test_device_auto_resolves_and_cuda_is_refused_where_absent(monkeypatch):
     import torch
 

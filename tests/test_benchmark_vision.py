@@ -64,6 +64,7 @@ def test_the_worker_measures_on_the_device_in_mixed_precision(device):
         batch_size=4,
         warmup=1,
         steps=1,
+        rounds=1,
         threads=0,
         seed=1,
     )

@@ -4,6 +4,13 @@ Each model is measured in a fresh process (so that memory figures are its own): 
 re-runs itself in worker mode, the worker prints one ``RESULT {json}`` line, and the parent
 collects the lines and prints a table of absolute figures and ratios to the first (reference)
 row.
+
+The workers take turns on the machine (:class:`Turns`): all of them start, and the parent
+lets one run at a time, one timed round each in turn. A shared machine's speed drifts by
+several percent over minutes; with turns every model's rounds are spread over the whole run
+and the fastest of each model's rounds counts, so the ratios compare models measured side by
+side, not one model early and another ten minutes later. ``sequential=True`` runs one worker
+to its end before the next starts (the order of old, and the least memory at once).
 """
 
 from __future__ import annotations
@@ -11,9 +18,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +33,9 @@ import torch
 from recurnmt.cli import UserError
 
 RESULT = "RESULT "
+TURN = "TURN"  # a worker waits for its turn
+GO = "go"  # the parent gives it
+TURNS_ENV = "RECURNMT_BENCHMARK_TURNS"
 
 
 class WorkerError(UserError):
@@ -188,25 +202,135 @@ def forward_flags(opts: argparse.Namespace, names: Sequence[str]) -> list[str]:
     return [f"--{n.replace('_', '-')}={getattr(opts, n)}" for n in names]
 
 
+class Turns:
+    """A worker's side of the turn-taking of :func:`run_workers`.
+
+    Constructed at the start of the worker, it waits for the first turn; :meth:`wait` hands
+    the machine to the next worker and returns when this one has it again. Outside
+    :func:`run_workers` (a worker called in-process, or run by hand) it never waits.
+    """
+
+    def __init__(self) -> None:
+        self.enabled = os.environ.get(TURNS_ENV) == "1"
+        self.wait()
+
+    def wait(self) -> None:
+        """Ends this worker's turn; returns at its next one."""
+        if not self.enabled:
+            return
+        print(TURN, flush=True)
+        if sys.stdin.readline().strip() != GO:
+            sys.exit("benchmark worker: the parent process went away")
+
+
+def fastest_round(
+    turns: Turns, rounds: int, run: Callable[[], None], device: torch.device
+) -> float:
+    """Seconds of the fastest of ``rounds`` runs of ``run``, each in a turn of its own (the
+    fastest is the one least disturbed by other work on the machine)."""
+    best = math.inf
+    for _ in range(rounds):
+        turns.wait()
+        sync(device)
+        start = time.perf_counter()
+        run()
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+class _Worker:
+    """One worker process of :func:`run_workers`, driven through its stdin and stdout."""
+
+    def __init__(self, name: str, argv: list[str], cwd: Path, turns: bool) -> None:
+        self.name = name
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # a pipe could fill and block it
+        env = {**os.environ, TURNS_ENV: "1" if turns else "0"}
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+        )
+        self.result: dict | None = None
+
+    def run_until_turn(self) -> bool:
+        """Reads the worker's output until it waits for a turn (True) or ends (False)."""
+        for line in self.proc.stdout:
+            if line.rstrip("\n") == TURN:
+                return True
+            if line.startswith(RESULT):
+                self.result = json.loads(line[len(RESULT) :])
+        code = self.proc.wait()
+        if code or self.result is None:
+            self.stderr.seek(0)
+            tail = self.stderr.read()[-2000:].strip() or "(no output)"
+            raise WorkerError(f"benchmark worker {self.name} failed (exit {code}):\n{tail}")
+        return False
+
+    def go(self) -> bool:
+        """Gives the worker a turn; False once it has finished."""
+        self.proc.stdin.write(GO + "\n")
+        self.proc.stdin.flush()
+        return self.run_until_turn()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.stderr):
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
 def run_workers(
-    script: Path, worker_flag: str, names: Sequence[str], flags: Sequence[str], cwd: Path
+    script: Path,
+    worker_flag: str,
+    names: Sequence[str],
+    flags: Sequence[str],
+    cwd: Path,
+    sequential: bool = False,
 ) -> list[dict]:
-    """Runs ``script worker_flag NAME *flags`` for every name, one process each.
+    """Runs ``script worker_flag NAME *flags`` for every name, one process each, taking turns
+    (see the module's docstring); returns their results in the order of ``names``.
 
     Raises:
         WorkerError: a worker failed; the message ends with the end of its stderr.
     """
-    results = []
-    for name in names:
-        print(f"benchmarking {name} ...", flush=True)
-        argv = [sys.executable, str(script), worker_flag, name, *flags]
-        proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
-        if proc.returncode or not lines:
-            tail = proc.stderr[-2000:].strip() or "(no output)"
-            raise WorkerError(f"benchmark worker {name} failed (exit {proc.returncode}):\n{tail}")
-        results.append(json.loads(lines[-1][len(RESULT) :]))
-    return results
+    workers: list[_Worker] = []
+    try:
+        if sequential:
+            for name in names:
+                print(f"benchmarking {name} ...", flush=True)
+                worker = _Worker(name, _worker_argv(script, worker_flag, name, flags), cwd, False)
+                workers.append(worker)
+                worker.run_until_turn()
+            return [w.result for w in workers]
+        print(f"benchmarking {', '.join(names)}, taking turns ...", flush=True)
+        for name in names:
+            argv = _worker_argv(script, worker_flag, name, flags)
+            workers.append(_Worker(name, argv, cwd, True))
+        # every worker has started (imported its libraries) before any turn is given
+        running = [w for w in workers if w.run_until_turn()]
+        while running:  # one turn each, in order, until every worker has finished
+            still = []
+            for w in running:
+                if w.go():
+                    still.append(w)
+                else:
+                    print(f"  {w.name} done", flush=True)
+            running = still
+        return [w.result for w in workers]
+    finally:
+        for w in workers:
+            w.close()
+
+
+def _worker_argv(script: Path, worker_flag: str, name: str, flags: Sequence[str]) -> list[str]:
+    return [sys.executable, str(script), worker_flag, name, *flags]
 
 
 @dataclass(frozen=True)
