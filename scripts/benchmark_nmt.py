@@ -57,6 +57,7 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     fastest_round,
     fixed_length_generator,
     forward_flags,
+    generation_batches,
     load_batches,
     nmt_model_flags,
     peak_memory_mb,
@@ -216,34 +217,38 @@ def worker(opts: argparse.Namespace) -> dict:
     # generation as fairseq-generate --fp16 / --bf16 runs it: the weights cast to the dtype
     model.to(precision.dtype)
     model.eval()
-    sample = test_batches[0]
-    src = sample["net_input"]["src_tokens"][: opts.sentences].to(device)
-    lengths = sample["net_input"]["src_lengths"][: opts.sentences].to(device)
+    batches = [
+        {key: value.to(device) for key, value in batch.items()}
+        for batch in generation_batches(
+            test_batches[0],
+            opts.sentences,
+            opts.gen_batch,
+            task.source_dictionary.pad(),
+            task.cfg.left_pad_source,
+        )
+    ]
+    sentences = sum(batch["src_tokens"].size(0) for batch in batches)
     generator = fixed_length_generator(model, task, opts.beam, opts.decode_len)
     capture = StateCapture(generator)
 
-    def generate(first: int, count: int) -> None:
-        batch = {
-            "src_tokens": src[first : first + count],
-            "src_lengths": lengths[first : first + count],
-        }
+    def generate(batch: dict) -> None:
         generator.generate([model], {"net_input": batch})
 
     def generate_all() -> None:
-        for i in range(0, src.size(0), opts.gen_batch):
-            generate(i, opts.gen_batch)
+        for batch in batches:
+            generate(batch)
 
     with torch.no_grad():
-        generate(0, opts.gen_batch)  # untimed: the first full batch allocates what later reuse
+        generate(batches[0])  # untimed: the first full batch allocates what later reuse
         gen_time = fastest_round(turns, opts.gen_rounds, generate_all, device)
-        generate(0, opts.gen_batch)  # the state of one full batch, kept by the capture
+        generate(batches[0])  # the state of one full batch, kept by the capture
         cache, cross_cache = decoder_cache_bytes(model.decoder, capture.states[0])
     return {
         "arch": opts.arch,
         "train_tokens_per_s": tokens / train_time,
         "train_flops_per_token": flops / tokens,
         "train_flops_per_s": flops / train_time,
-        "gen_sentences_per_s": src.size(0) / gen_time,
+        "gen_sentences_per_s": sentences / gen_time,
         "peak_mem_mb": peak_mb,
         "ckpt_mem_mb": ckpt_mb,
         "cache_mb": cache / 2**20,

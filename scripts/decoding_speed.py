@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from recurnmt.analysis.benchmark import (
         fixed_length_generator,
+        generation_batches,
         load_batches,
         nmt_model_flags,
         training_step,
@@ -74,8 +75,14 @@ def main(argv: list[str] | None = None) -> None:
     flags = argparse.Namespace(**vars(opts), device="cpu")
     task, batches = load_batches(opts.data, "train", opts.max_tokens, opts.steps + 1, 1)
     _, test = load_batches(opts.data, "test", 100000, 1, 1)
-    net = test[0]["net_input"]
-    src, lengths = net["src_tokens"][: opts.sentences], net["src_lengths"][: opts.sentences]
+    gen_batches = generation_batches(
+        test[0],
+        opts.sentences,
+        opts.gen_batch,
+        task.source_dictionary.pad(),
+        task.cfg.left_pad_source,
+    )
+    sentences = sum(batch["src_tokens"].size(0) for batch in gen_batches)
     models, trainers = {}, {}
     for arch in opts.archs:
         torch.manual_seed(1)
@@ -94,9 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     def decode(model) -> float:
         generator = fixed_length_generator(model, task, opts.beam, opts.decode_len)
         start = time.process_time()
-        for i in range(0, src.size(0), opts.gen_batch):
-            batch = {"src_tokens": src[i : i + opts.gen_batch]}
-            batch["src_lengths"] = lengths[i : i + opts.gen_batch]
+        for batch in gen_batches:
             generator.generate([model], {"net_input": batch})
         return time.process_time() - start
 
@@ -117,8 +122,8 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(opts.rounds):
                 for arch, model in models.items():
                     best[arch] = min(best[arch], decode(model))
-        print(f"\nCPU s per {src.size(0)} sentences (beam {opts.beam}, {opts.decode_len} tokens)\n")
-        unit, count = "sent/s", src.size(0)
+        print(f"\nCPU s per {sentences} sentences (beam {opts.beam}, {opts.decode_len} tokens)\n")
+        unit, count = "sent/s", sentences
     print(f"| arch | CPU s | {unit} | ratio |\n| --- | --- | --- | --- |")
     for arch, seconds in best.items():
         ratio = best[BASELINE] / seconds

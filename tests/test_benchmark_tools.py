@@ -199,3 +199,31 @@ def test_training_flops_counts_linear_layers_and_cpu_flash_attention():
     # as the fused kernels do): 2 * B*H*S*S*D FLOPs each
     product = 2 * 2 * 3 * 5 * 5 * 4
     assert training_flops(attention) == 7 * product
+
+
+@pytest.mark.parametrize("left_pad", [True, False])
+def test_generation_batches_are_padded_as_fairseq_pads_a_batch(left_pad):
+    import torch
+
+    from recurnmt.analysis.benchmark import generation_batches
+
+    pad = 1
+    lengths = torch.tensor([5, 2, 3, 1, 4])
+    tokens = torch.full((5, 7), pad)  # one large batch, padded to 7 (its longest was cut)
+    for row, n in enumerate(lengths.tolist()):
+        words = torch.arange(10, 10 + n)
+        if left_pad:
+            tokens[row, 7 - n :] = words
+        else:
+            tokens[row, :n] = words
+    sample = {"net_input": {"src_tokens": tokens, "src_lengths": lengths}}
+    first, second = generation_batches(sample, 4, 2, pad, left_pad)
+    assert first["src_tokens"].shape == (2, 5) and second["src_tokens"].shape == (2, 3)
+    assert first["src_lengths"].tolist() == [5, 2] and second["src_lengths"].tolist() == [3, 1]
+    for batch in (first, second):
+        for row, n in zip(batch["src_tokens"], batch["src_lengths"].tolist(), strict=True):
+            words = row[-n:] if left_pad else row[:n]
+            assert words.tolist() == list(range(10, 10 + n))
+            assert row.ne(pad).sum() == n
+    with pytest.raises(ValueError, match="padding is not on the side"):
+        generation_batches(sample, 4, 2, pad, not left_pad)

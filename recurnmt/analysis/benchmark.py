@@ -414,6 +414,28 @@ def random_token_batch(
     return src, torch.full((batch,), length), prev
 
 
+def generation_batches(
+    sample: dict, sentences: int, batch_size: int, pad: int, left_pad: bool = True
+) -> list[dict]:
+    """The first ``sentences`` sources of ``sample`` as ``net_input`` dicts of ``batch_size``.
+
+    ``sample`` is one large batch, padded to its longest sentence; each returned batch is
+    padded only to its own longest sentence, as fairseq's collater pads the batches of
+    ``fairseq-generate`` (on the left unless ``--left-pad-source False``).
+    """
+    net = sample["net_input"]
+    src, lengths = net["src_tokens"][:sentences], net["src_lengths"][:sentences]
+    batches = []
+    for i in range(0, src.size(0), batch_size):
+        tokens, lens = src[i : i + batch_size], lengths[i : i + batch_size]
+        width = int(lens.max())
+        kept = tokens[:, -width:] if left_pad else tokens[:, :width]
+        if int(kept.ne(pad).sum()) != int(lens.sum()):
+            raise ValueError("the batch's padding is not on the side left_pad says")
+        batches.append({"src_tokens": kept.contiguous(), "src_lengths": lens})
+    return batches
+
+
 def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int):
     """``count`` real batches of ``split`` (fairseq's own batching), on the CPU."""
     from fairseq import options, tasks
