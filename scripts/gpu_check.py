@@ -67,9 +67,9 @@ NMT_SIZES = {
 }
 VISION_SIZES = {
     "base": "--embed-dim 384 --ffn-dim 1536 --heads 6 --levels 12 --img-size 224 "
-    "--patch-size 16 --batch-size 128 --warmup 5 --steps 20",
+    "--patch-size 16 --batch-size 128 --warmup 5 --steps 20 --rounds 2",
     "smoke": "--embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 --img-size 16 --patch-size 4 "
-    "--batch-size 4 --warmup 1 --steps 1 --threads 1",
+    "--batch-size 4 --warmup 1 --steps 1 --rounds 1 --threads 1",
 }
 REPORTED_PACKAGES = ("numpy", "fairseq-fixed", "timm", "torchvision", "triton")
 

@@ -126,6 +126,32 @@ def test_cross_attention_matches_reference():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("probed", [False, True])
+def test_grouped_queries_equal_the_memory_repeated_for_every_row(probed):
+    """A memory projected once per sentence (``group`` hypotheses each) gives every query
+    the attention, logits and output of the memory repeated for every row."""
+    torch.manual_seed(0)
+    attn = CrossAttention(16, 4).eval()
+    g, t = 3, 2
+    mem = torch.randn(2, 5, 16)
+    pad = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    x = torch.randn(2 * g, t, 16)
+    repeated = attn.project_memory(mem.repeat_interleave(g, 0), pad.repeat_interleave(g, 0))
+    grouped = attn.project_memory(mem, pad, group=g)
+    assert grouped.k.shape == (2, 4, 5, 4) and grouped.group == g
+    hooks = [CrossAttentionWeights(level=0) for _ in range(2)]
+    terms = [hook.cross_attention(0) if probed else None for hook in hooks]
+    out = attn(x, grouped, terms=terms[0])
+    torch.testing.assert_close(out, attn(x, repeated, terms=terms[1]), atol=1e-6, rtol=1e-5)
+    if probed:
+        assert hooks[0].weights.shape == (2 * g, t, 5)
+        torch.testing.assert_close(hooks[0].weights, hooks[1].weights)
+    with pytest.raises(ValueError, match="5 query rows for a memory of 2 rows x group 3"):
+        attn(x[:5], grouped)
+    with pytest.raises(ValueError, match="group=0"):
+        attn.project_memory(mem, pad, group=0)
+
+
 def test_heads_must_divide_width():
     with pytest.raises(ValueError, match="num_heads=3"):
         SelfAttention(16, 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from recurnmt.modules import KVCache, SelfAttention, StackCache
+from recurnmt.modules.attention import MemoryKV
 from recurnmt.modules.kv_cache import MIN_CAPACITY
 
 
@@ -69,3 +70,25 @@ def test_decoding_past_the_first_capacity_equals_the_full_pass():
     cache = KVCache()
     out = torch.cat([attn(x[:, t : t + 1], cache=cache) for t in range(steps)], 1)
     torch.testing.assert_close(out, attn(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_memory_kept_per_sentence_follows_beam_search_reorders():
+    k = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 2, 4, 8).contiguous()  # row i holds i
+    pad = torch.tensor([[0, 0, 0, 1], [0, 0, 1, 1], [0, 0, 0, 0]], dtype=torch.bool)
+    cache = StackCache(memory={0: MemoryKV(k, -k, pad, group=2)})  # 3 sentences x 2 beams
+
+    def rows(new_order):
+        kv = cache.reorder(torch.tensor(new_order)).memory[0]
+        assert torch.equal(kv.v, -kv.k)
+        return kv.k[:, 0, 0, 0].tolist(), kv.group, kv.padding_mask
+
+    same = cache.reorder(torch.tensor([1, 1, 2, 3, 5, 4])).memory[0]
+    assert same is cache.memory[0]  # beams reshuffled within their sentences: nothing to do
+    # sentence 1 finished: the groups of sentences 2 and 0 stay, their beams in any order
+    kept, group, mask = rows([5, 4, 0, 0])
+    assert (kept, group) == ([2.0, 0.0], 2) and torch.equal(mask, pad[[2, 0]])
+    # an order whose groups mix sentences: one memory row per hypothesis from here on
+    kept, group, mask = rows([0, 2, 4, 5])
+    assert (kept, group) == ([0.0, 1.0, 2.0, 2.0], 1) and torch.equal(mask, pad[[0, 1, 2, 2]])
+    kept, group, _ = rows([3, 1, 0])  # not whole groups
+    assert (kept, group) == ([1.0, 0.0, 0.0], 1)

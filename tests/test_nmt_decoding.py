@@ -106,6 +106,75 @@ def test_beam_search_matches_untied_reference(case, device):
     assert any(len(hyp[0][0]) > 2 for hyp in out)  # really decoded several steps
 
 
+@pytest.mark.parametrize("case", DECODERS, ids=_ids)
+def test_beam_search_reads_the_memory_once_per_sentence(case, device, monkeypatch):
+    """The hypotheses of a sentence share its projected memory (``Memory.group``); the search
+    is the one with a memory per hypothesis."""
+    import recurnmt.nmt.decoder as decoder_module
+
+    model, _, _ = build(*case, "--share-all-embeddings")
+    train_signals(model)
+    model.to(device).eval()
+    src, lengths, _ = (t.to(device) for t in batch(seed=1, bsz=4))
+    groups = []
+    rows_per_sentence = decoder_module.rows_per_sentence
+    monkeypatch.setattr(
+        decoder_module,
+        "rows_per_sentence",
+        lambda encoder_out: groups.append(rows_per_sentence(encoder_out)) or groups[-1],
+    )
+    grouped = _generate(model, src, lengths)
+    assert groups == [4]  # beam 4, read once at the first step
+    monkeypatch.setattr(decoder_module, "rows_per_sentence", lambda encoder_out: 1)
+    per_row = _generate(model, src, lengths)
+    assert [[h[0] for h in sent] for sent in grouped] == [[h[0] for h in s] for s in per_row]
+    for sent, ref in zip(grouped, per_row, strict=True):
+        for (_, score), (_, ref_score) in zip(sent, ref, strict=True):
+            assert abs(score - ref_score) <= 1e-3
+
+
+@pytest.mark.parametrize("case", DECODERS, ids=_ids)
+def test_memory_per_sentence_survives_finished_sentences(case, device, monkeypatch):
+    """Steps with beam search's reorders (hypotheses reshuffled within their sentence, then a
+    sentence leaving the batch) give what a memory per hypothesis gives, step by step."""
+    import recurnmt.nmt.decoder as decoder_module
+
+    model, _, _ = build(*case)
+    train_signals(model)
+    model.to(device).eval()
+    src, lengths, prev = (t.to(device) for t in batch(seed=2, bsz=3))
+    beam = 2
+    orders = [
+        [1, 0, 3, 3, 4, 5],  # same batch: beams reshuffled within each sentence
+        [5, 4, 1, 1],  # sentence 1 finished: sentences 2 and 0 stay
+        [0, 1, 3, 2],
+    ]
+
+    def steps() -> list[torch.Tensor]:
+        with torch.no_grad():
+            enc = model.encoder(src, lengths)
+            expand = torch.arange(src.size(0), device=device).repeat_interleave(beam)
+            enc = model.encoder.reorder_encoder_out(enc, expand)
+            tokens, state, outs = prev.repeat_interleave(beam, 0), {}, []
+            for t in range(len(orders) + 1):
+                outs.append(model.decoder(tokens[:, : t + 1], enc, incremental_state=state)[0])
+                if t < len(orders):
+                    order = torch.tensor(orders[t], device=device)
+                    model.decoder.reorder_incremental_state(state, order)
+                    enc = model.encoder.reorder_encoder_out(enc, order)
+                    tokens = tokens.index_select(0, order)
+            memory = state[next(iter(state))].memory
+            return outs, {kv.group for kv in memory.values()}
+
+    grouped, groups = steps()
+    assert groups == {beam}
+    monkeypatch.setattr(decoder_module, "rows_per_sentence", lambda encoder_out: 1)
+    per_row, groups = steps()
+    assert groups == {1}
+    for a, b in zip(grouped, per_row, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_shared_parameters_are_identical_across_levels():
     model, _, _ = build("ringformer_tiny")
     for stack in (model.encoder.stack, model.decoder.stack):

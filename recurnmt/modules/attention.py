@@ -27,6 +27,12 @@ float mask, which the memory-efficient kernel takes.
 Cross-attention splits the work in two: :meth:`CrossAttention.project_memory` turns the encoder
 output into keys and values once, and :meth:`CrossAttention.forward` consumes them. A decoder
 whose cross-attention is shared across levels therefore projects the memory once per sentence.
+In beam search the hypotheses of one sentence read the same memory: a memory projected with
+``group=g`` holds one row per sentence, and the g consecutive query rows of each sentence
+attend to it as g x T queries of one row (fairseq's "beamable" encoder-decoder attention,
+which its BART enables through ``set_beam_size``), so the memory is projected, kept and read
+once per sentence instead of once per hypothesis. Every query's attention is the same as with
+the memory repeated for every row.
 """
 
 from __future__ import annotations
@@ -54,11 +60,14 @@ class MemoryKV(NamedTuple):
         k: keys, B x H x S x D.
         v: values, B x H x S x D.
         padding_mask: B x S, True at memory padding (None: no padding).
+        group: query rows per memory row: the queries are ``group`` consecutive rows (the
+            hypotheses of one sentence in beam search) for each of the B memory rows.
     """
 
     k: Tensor
     v: Tensor
     padding_mask: Tensor | None = None
+    group: int = 1
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors: compare by identity
@@ -120,10 +129,26 @@ def _split_heads(x: Tensor, num_heads: int) -> Tensor:
     return x.view(b, t, num_heads, c // num_heads).transpose(1, 2)
 
 
-def _merge_heads(x: Tensor) -> Tensor:
-    # B x H x T x D -> B x T x C
+def _merge_heads(x: Tensor, group: int = 1) -> Tensor:
+    # B x H x T x D -> B x T x C; grouped: B/g x H x gT x D -> B x T x C
     b, h, t, d = x.shape
-    return x.transpose(1, 2).reshape(b, t, h * d)
+    if group == 1:
+        return x.transpose(1, 2).reshape(b, t, h * d)
+    t //= group
+    return x.view(b, h, group, t, d).permute(0, 2, 3, 1, 4).reshape(b * group, t, h * d)
+
+
+def _group_rows(x: Tensor, group: int) -> Tensor:
+    # B x H x T x X -> B/g x H x gT x X: the g rows of a group become one row's queries
+    b, h, t, d = x.shape
+    return x.view(b // group, group, h, t, d).transpose(1, 2).reshape(b // group, h, group * t, d)
+
+
+def _ungroup_rows(x: Tensor, group: int) -> Tensor:
+    # B/g x H x gT x X -> B x H x T x X
+    b, h, t, d = x.shape
+    t //= group
+    return x.view(b, h, group, t, d).transpose(1, 2).reshape(b * group, h, t, d)
 
 
 def attention_mask(
@@ -202,10 +227,15 @@ class _Attention(nn.Module):
         mask: Tensor | None,
         terms: AttentionTerms,
         is_causal: bool = False,
+        group: int = 1,
     ) -> Tensor:
-        # q: B x H x T x D, k/v: B x H x S x D -> B x T x C
+        # q: B x H x T x D, k/v: B/group x H x S x D -> B x T x C
         p = self.dropout if self.training else 0.0
         probes = terms.probes + tuple(self.probes)
+        if group > 1:
+            if terms.bias is not None or is_causal:
+                raise ValueError("grouped queries take no logit bias and no causal mask")
+            q = _group_rows(q, group)
         if not probes:
             if terms.bias is not None:
                 bias = terms.bias.to(q.dtype)
@@ -213,14 +243,14 @@ class _Attention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal
             )
-            return self.out_proj(_merge_heads(out))
+            return self.out_proj(_merge_heads(out, group))
         if is_causal:
             mask = attention_mask(None, True, q.size(2), k.size(2), q.device)
         logits = attention_logits(q, k, mask, terms.bias)
         for probe in probes:
-            probe(logits)
+            probe(logits if group == 1 else _ungroup_rows(logits, group))
         probs = F.dropout(logits.softmax(-1), p) if p > 0 else logits.softmax(-1)
-        return self.out_proj(_merge_heads(probs @ v))
+        return self.out_proj(_merge_heads(probs @ v, group))
 
 
 class SelfAttention(_Attention):
@@ -337,16 +367,21 @@ class CrossAttention(_Attention):
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
 
-    def project_memory(self, memory: Tensor, padding_mask: Tensor | None = None) -> MemoryKV:
+    def project_memory(
+        self, memory: Tensor, padding_mask: Tensor | None = None, group: int = 1
+    ) -> MemoryKV:
         """Keys and values of the memory (B x S x C_mem), each B x H x S x D.
 
         They are stored contiguous: they are read at every level and decoding step, and a
         head-split view would make every read that materialises logits (fairseq's alignment
-        at the last level, probes) copy K^T and V first.
+        at the last level, probes) copy K^T and V first. ``group``: each memory row serves
+        ``group`` consecutive query rows (see :class:`MemoryKV`).
         """
+        if group < 1:
+            raise ValueError(f"group={group}: a memory row serves at least one query row")
         k, v = self.kv_proj(memory).chunk(2, dim=-1)
         k, v = (_split_heads(t, self.num_heads).contiguous() for t in (k, v))
-        return MemoryKV(k, v, padding_mask)
+        return MemoryKV(k, v, padding_mask, group)
 
     def forward(
         self, x: Tensor, memory: MemoryKV, *, terms: AttentionTerms | None = None
@@ -359,6 +394,11 @@ class CrossAttention(_Attention):
         """
         terms = NO_TERMS if terms is None else terms
         q = _split_heads(self.q_proj(x), self.num_heads)
+        if q.size(0) != memory.k.size(0) * memory.group:
+            raise ValueError(
+                f"{q.size(0)} query rows for a memory of {memory.k.size(0)} rows x group "
+                f"{memory.group}"
+            )
         pad = memory.padding_mask
         mask = None if pad is None else ~pad[:, None, None, :]
-        return self._attend(q, memory.k, memory.v, mask, terms)
+        return self._attend(q, memory.k, memory.v, mask, terms, group=memory.group)

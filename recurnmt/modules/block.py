@@ -78,11 +78,14 @@ class TransformerBlock(nn.Module):
         """Residual sub-layers: self-attention, cross-attention?, FFN?."""
         return 1 + int(self.cross_attn is not None) + int(self.ffn is not None)
 
-    def project_memory(self, memory: Tensor, padding_mask: Tensor | None = None) -> MemoryKV:
-        """Keys and values of the encoder memory for this block's cross-attention."""
+    def project_memory(
+        self, memory: Tensor, padding_mask: Tensor | None = None, group: int = 1
+    ) -> MemoryKV:
+        """Keys and values of the encoder memory for this block's cross-attention (``group``:
+        query rows per memory row, see :class:`~recurnmt.modules.attention.MemoryKV`)."""
         if self.cross_attn is None:
             raise ValueError("this block has no cross-attention")
-        return self.cross_attn.project_memory(memory, padding_mask)
+        return self.cross_attn.project_memory(memory, padding_mask, group)
 
     def _sublayer(
         self,

@@ -43,18 +43,34 @@ class StackCache:
         Self-attention keys/values are reordered. The projected memory is the same for all
         beams of a sentence, so while the batch keeps its size (beams reshuffled within each
         sentence) it is left as is, as fairseq does for encoder-decoder attention; it is
-        selected only when finished sentences leave the batch.
+        selected only when finished sentences leave the batch. A memory kept once per
+        sentence (``group`` rows each, :class:`~recurnmt.modules.attention.MemoryKV`) then
+        selects the sentences of whole groups, or is repeated to one row per hypothesis
+        where the new order breaks the groups.
         """
         levels = {i: kv.reorder(new_order) for i, kv in self.levels.items()}
-        memory = {}
-        for b, kv in self.memory.items():
-            if kv.k.size(0) == new_order.numel():
-                memory[b] = kv
-            else:
-                pad = (
-                    None if kv.padding_mask is None else kv.padding_mask.index_select(0, new_order)
-                )
-                memory[b] = MemoryKV(
-                    kv.k.index_select(0, new_order), kv.v.index_select(0, new_order), pad
-                )
+        memory = {b: _select_memory(kv, new_order) for b, kv in self.memory.items()}
         return StackCache(levels, memory)
+
+
+def _select_memory(kv: MemoryKV, new_order: Tensor) -> MemoryKV:
+    """``kv`` for the query rows ``new_order`` (indices into its current query rows)."""
+    g = kv.group
+    if kv.k.size(0) * g == new_order.numel():
+        return kv  # beams reshuffled within their sentences
+    if g > 1:
+        n = new_order.numel()
+        sentences = new_order.view(-1, g) // g if n % g == 0 else None
+        if sentences is None or not bool((sentences == sentences[:, :1]).all()):
+            # a new group would mix sentences: one memory row per query row from here on
+            kv = MemoryKV(
+                kv.k.repeat_interleave(g, dim=0),
+                kv.v.repeat_interleave(g, dim=0),
+                None if kv.padding_mask is None else kv.padding_mask.repeat_interleave(g, 0),
+            )
+            return _select_memory(kv, new_order)
+        new_order = sentences[:, 0]  # every group keeps the rows of one sentence
+    pad = None if kv.padding_mask is None else kv.padding_mask.index_select(0, new_order)
+    return MemoryKV(
+        kv.k.index_select(0, new_order), kv.v.index_select(0, new_order), pad, kv.group
+    )

@@ -60,10 +60,13 @@ class Memory(NamedTuple):
     Attributes:
         states: B x S x C.
         padding_mask: B x S, True at padding (None: no padding).
+        group: decoder rows per memory row: the decoder's batch is ``group`` consecutive
+            rows (the hypotheses of one sentence in beam search) for each memory row.
     """
 
     states: Tensor
     padding_mask: Tensor | None = None
+    group: int = 1
 
 
 @dataclass
@@ -267,7 +270,9 @@ class RecurrentStack(nn.Module):
             if cache is not None and b in cache.memory:
                 kv[b] = cache.memory[b]
                 continue
-            kv[b] = self.blocks[b].project_memory(memory.states, memory.padding_mask)
+            kv[b] = self.blocks[b].project_memory(
+                memory.states, memory.padding_mask, memory.group
+            )
             if cache is not None:
                 cache.memory[b] = kv[b]
         return kv
@@ -385,11 +390,10 @@ class RecurrentStack(nn.Module):
         keys and values are passed as arguments.
         """
         blocks = sorted(kv)
-        masks = {b: kv[b].padding_mask for b in blocks}
 
         def run(x: Tensor, *memory: Tensor) -> Tensor:
             kv_in = {
-                b: MemoryKV(memory[2 * j], memory[2 * j + 1], masks[b])
+                b: kv[b]._replace(k=memory[2 * j], v=memory[2 * j + 1])
                 for j, b in enumerate(blocks)
             }
             return self._run_levels(x, levels, padding_mask, kv_in, hooks)

@@ -5,12 +5,20 @@ object runs at every level, so the attention modules cannot own their state. Ins
 decoder keeps one :class:`~recurnmt.modules.cache.StackCache` for the whole stack: every
 level's self-attention keys and values, and the projected encoder memory of every unique block
 (computed at the first step only). Beam search reorders every level's entries.
+
+Beam search hands the decoder ``beam`` consecutive rows per sentence, all with the same encoder
+output (the encoder's ``sentence_index`` says so exactly). At the first step the decoder
+projects the memory of one row per sentence (``Memory.group``), and every hypothesis attends
+to its sentence's keys and values: a quarter of the projections and of the cached memory at
+beam 4, the same attention (fairseq enables this "beamable" encoder-decoder attention for its
+BART; its transformer projects and reads the memory once per hypothesis).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
@@ -25,6 +33,7 @@ from recurnmt.modules import (
     build_stack,
 )
 from recurnmt.nmt.embedding import TokenEmbedding
+from recurnmt.nmt.encoder import SENTENCE
 
 IncrementalState = dict[str, StackCache]
 _CACHE = "levels"
@@ -110,12 +119,20 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             self_padding_mask = _interior_padding(prev_output_tokens, self.padding_idx)
         memory = encoder_out["encoder_out"][0].transpose(0, 1)  # B x S x C
         memory_padding_mask = None
-        if encoder_out.get("encoder_padding_mask") and not (cache is not None and cache.memory):
+        group = 1
+        first_step = cache is not None and not cache.memory
+        if encoder_out.get("encoder_padding_mask") and (cache is None or first_step):
             # read once per sentence: later steps take the projected memory (and its mask)
             # from the cache, so no step waits on a device-to-host check
             memory_padding_mask = encoder_out["encoder_padding_mask"][0]
             if not memory_padding_mask.any():
                 memory_padding_mask = None
+        if first_step:
+            group = rows_per_sentence(encoder_out)
+            if group > 1:  # one memory row per sentence (see the module docstring)
+                memory = memory[::group]
+                if memory_padding_mask is not None:
+                    memory_padding_mask = memory_padding_mask[::group]
 
         x, _, positions = self.embed(prev_output_tokens, incremental_state)  # B x T x C
         hooks = []
@@ -134,7 +151,7 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         out = self.stack(
             x,
             padding_mask=self_padding_mask,
-            memory=Memory(memory, memory_padding_mask),
+            memory=Memory(memory, memory_padding_mask, group),
             cache=cache,
             levels=levels,
             hooks=hooks,
@@ -167,6 +184,17 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         if cache is None:
             return
         self.set_incremental_state(incremental_state, _CACHE, cache.reorder(new_order))
+
+
+def rows_per_sentence(encoder_out: dict[str, list[Tensor]]) -> int:
+    """g where the rows of ``encoder_out`` are g consecutive copies of each sentence (beam
+    search's expansion), else 1; read from the encoder's ``sentence_index``."""
+    sentence = encoder_out.get(SENTENCE)
+    if not sentence or sentence[0].numel() < 2:
+        return 1
+    _, counts = torch.unique_consecutive(sentence[0], return_counts=True)
+    g = int(counts[0])
+    return g if g > 1 and bool((counts == g).all()) else 1
 
 
 def _interior_padding(tokens: Tensor, padding_idx: int) -> Tensor | None:
