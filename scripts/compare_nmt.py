@@ -151,7 +151,7 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, plot: Path
         "",
         "Training and generation times are wall-clock, each model's own, and move with whatever "
         "else the machine runs meanwhile; speed is compared by `scripts/benchmark_nmt.py`, "
-        "which times every model on the same batches in one sequence.",
+        "which times every model on the same batches, the models taking turns.",
         "",
         f"![sacreBLEU against P*]({plot.name})",
         "",

@@ -3,9 +3,10 @@
 Builds every architecture once (same width, FFN, heads and levels as
 ``scripts/benchmark_nmt.py``), then decodes the same test sentences with beam search at a fixed
 output length, the architectures taking turns in every round, and reports the process CPU time
-of the fastest round per architecture and its ratio to fairseq's ``transformer``. Taking turns
-in one process makes the ratios hold on a machine that other jobs share, where the wall-clock
-figures of ``benchmark_nmt.py``, whose models run one after another, move by about 0.1.
+of the fastest round per architecture and its ratio to fairseq's ``transformer``. Where
+``benchmark_nmt.py`` gives every model a process of its own (for its memory figures) and
+times wall-clock turns, this one keeps all of them in one process and counts its CPU time: a
+second view of the same ratios, and a quick one on one thread.
 ``--train`` times training updates instead (forward, backward and an Adam step on the same
 ``--steps`` real batches of ``--max-tokens`` tokens for every architecture).
 
