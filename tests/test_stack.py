@@ -88,7 +88,9 @@ def test_memory_is_projected_once_per_unique_block(monkeypatch):
     block = stack.blocks[0]
     original = block.cross_attn.project_memory
     monkeypatch.setattr(
-        block.cross_attn, "project_memory", lambda m, pad, group=1: calls.append(1) or original(m, pad, group)
+        block.cross_attn,
+        "project_memory",
+        lambda m, pad, group=1: calls.append(1) or original(m, pad, group),
     )
     cache = StackCache()
     mem = Memory(torch.randn(1, 4, 32))

@@ -71,6 +71,4 @@ def _select_memory(kv: MemoryKV, new_order: Tensor) -> MemoryKV:
             return _select_memory(kv, new_order)
         new_order = sentences[:, 0]  # every group keeps the rows of one sentence
     pad = None if kv.padding_mask is None else kv.padding_mask.index_select(0, new_order)
-    return MemoryKV(
-        kv.k.index_select(0, new_order), kv.v.index_select(0, new_order), pad, kv.group
-    )
+    return MemoryKV(kv.k.index_select(0, new_order), kv.v.index_select(0, new_order), pad, kv.group)

@@ -270,9 +270,7 @@ class RecurrentStack(nn.Module):
             if cache is not None and b in cache.memory:
                 kv[b] = cache.memory[b]
                 continue
-            kv[b] = self.blocks[b].project_memory(
-                memory.states, memory.padding_mask, memory.group
-            )
+            kv[b] = self.blocks[b].project_memory(memory.states, memory.padding_mask, memory.group)
             if cache is not None:
                 cache.memory[b] = kv[b]
         return kv
