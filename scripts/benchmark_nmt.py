@@ -57,8 +57,8 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     fastest_round,
     fixed_length_generator,
     forward_flags,
-    generation_batches,
     load_batches,
+    load_generation_batches,
     nmt_model_flags,
     peak_memory_mb,
     ratio_table,
@@ -168,7 +168,6 @@ def worker(opts: argparse.Namespace) -> dict:
     task, train_batches = load_batches(
         opts.data, "train", opts.max_tokens, opts.steps + opts.warmup, opts.seed
     )
-    _, test_batches = load_batches(opts.data, "test", 100000, 1, opts.seed)
     model, args, _ = build_model(
         opts.arch, nmt_model_flags(opts.arch, opts), task.source_dictionary
     )
@@ -219,13 +218,7 @@ def worker(opts: argparse.Namespace) -> dict:
     model.eval()
     batches = [
         {key: value.to(device) for key, value in batch.items()}
-        for batch in generation_batches(
-            test_batches[0],
-            opts.sentences,
-            opts.gen_batch,
-            task.source_dictionary.pad(),
-            task.cfg.left_pad_source,
-        )
+        for batch in load_generation_batches(opts.data, opts.sentences, opts.gen_batch, opts.seed)
     ]
     sentences = sum(batch["src_tokens"].size(0) for batch in batches)
     generator = fixed_length_generator(model, task, opts.beam, opts.decode_len)

@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from recurnmt.analysis.benchmark import (
         fixed_length_generator,
-        generation_batches,
         load_batches,
+        load_generation_batches,
         nmt_model_flags,
         training_step,
     )
@@ -75,14 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(opts.threads)
     flags = argparse.Namespace(**vars(opts), device="cpu")
     task, batches = load_batches(opts.data, "train", opts.max_tokens, opts.steps + 1, 1)
-    _, test = load_batches(opts.data, "test", 100000, 1, 1)
-    gen_batches = generation_batches(
-        test[0],
-        opts.sentences,
-        opts.gen_batch,
-        task.source_dictionary.pad(),
-        task.cfg.left_pad_source,
-    )
+    gen_batches = load_generation_batches(opts.data, opts.sentences, opts.gen_batch, 1)
     sentences = sum(batch["src_tokens"].size(0) for batch in gen_batches)
     models, trainers = {}, {}
     for arch in opts.archs:

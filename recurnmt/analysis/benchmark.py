@@ -436,6 +436,13 @@ def generation_batches(
     return batches
 
 
+def load_generation_batches(data: Path, sentences: int, batch_size: int, seed: int) -> list[dict]:
+    """:func:`generation_batches` of the first ``sentences`` test sentences of ``data``."""
+    task, (sample,) = load_batches(data, "test", 100000, 1, seed)
+    pad, left_pad = task.source_dictionary.pad(), task.cfg.left_pad_source
+    return generation_batches(sample, sentences, batch_size, pad, left_pad)
+
+
 def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int):
     """``count`` real batches of ``split`` (fairseq's own batching), on the CPU."""
     from fairseq import options, tasks
