@@ -53,6 +53,7 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     MixedPrecision,
     Turns,
     add_device_arguments,
+    add_sequential_argument,
     emit,
     fastest_round,
     fixed_length_generator,
@@ -285,11 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decode-len", type=int, default=24, help="fixed output length")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--sequential",
-        action="store_true",
-        help="measure one model after another (least memory at once) instead of in turns",
-    )
+    add_sequential_argument(parser)
     parser.add_argument(
         "--json", "--json-out", dest="json", type=Path, help="also write the results as JSON"
     )

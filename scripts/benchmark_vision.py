@@ -49,6 +49,7 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     MixedPrecision,
     Turns,
     add_device_arguments,
+    add_sequential_argument,
     emit,
     fastest_round,
     forward_flags,
@@ -283,11 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         default=3,
         help="timed rounds of training and of inference (the fastest counts)",
     )
-    parser.add_argument(
-        "--sequential",
-        action="store_true",
-        help="measure one model after another (least memory at once) instead of in turns",
-    )
+    add_sequential_argument(parser)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(

@@ -45,6 +45,15 @@ class WorkerError(UserError):
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def add_sequential_argument(parser: argparse.ArgumentParser) -> None:
+    """``--sequential``: one worker after another instead of in turns (see :func:`run_workers`)."""
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="measure one model after another (least memory at once) instead of in turns",
+    )
+
+
 def add_device_arguments(parser: argparse.ArgumentParser, dtype_help: str = "") -> None:
     """``--device`` and ``--dtype``, the same in every benchmark script."""
     parser.add_argument(
