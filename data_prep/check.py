@@ -36,6 +36,9 @@ def smoke_train_command(data_dir: Path, save_dir: Path, src: str, tgt: str) -> l
         *TINY_TRANSFORMER,
         "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "512",
         "--max-update", "1", "--cpu", "--num-workers", "0", "--seed", "1",
+        # no read-ahead thread: one update needs none, and one still collating when the
+        # interpreter exits aborts it (see recurnmt.nmt.shutdown; this check runs no plugin)
+        "--data-buffer-size", "0",
         "--save-dir", str(save_dir), "--no-save", "--disable-validation",
         "--log-format", "simple", "--log-interval", "1",
     ]  # fmt: skip

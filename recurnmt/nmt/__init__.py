@@ -3,12 +3,15 @@
 Importing this package registers the ``recurrent_transformer`` model and its architectures
 (``ringformer_wmt_en_de``, ...) with fairseq, and lets fairseq's checkpoints load under
 torch's weights-only unpickler. It also silences the deprecation warnings that fairseq's own
-code raises on every run (:mod:`recurnmt.nmt.quiet`).
+code raises on every run (:mod:`recurnmt.nmt.quiet`), and stops fairseq's prefetch thread
+before the interpreter exits, which otherwise aborts a finished run (:mod:`recurnmt.nmt.shutdown`).
 """
 
 from recurnmt.nmt.quiet import silence_fairseq_noise, unconfigured_logging_kept
+from recurnmt.nmt.shutdown import stop_prefetch_at_exit
 
 silence_fairseq_noise()  # before fairseq composes its config (fairseq-train imports us first)
+stop_prefetch_at_exit()
 
 with unconfigured_logging_kept():  # fairseq's import configures the root logger otherwise
     from recurnmt.nmt import architectures, checkpoint_safety, criterion  # noqa: F401
