@@ -25,8 +25,6 @@ import queue
 import threading
 import time
 
-_REGISTERED = False
-
 
 def _consumers() -> list[threading.Thread]:
     try:
@@ -39,9 +37,8 @@ def _consumers() -> list[threading.Thread]:
 def stop_prefetch_threads(timeout: float = 60.0) -> list[threading.Thread]:
     """Stops fairseq's live ``BackgroundConsumer`` threads.
 
-    Each consumer breaks out of its loop after the next item it queues (its ``_max_len`` is
-    the count it has reached); its queue is drained so that neither that item nor the end
-    sentinel blocks it.
+    Each consumer breaks out of its loop after the next item it queues (its ``_max_len``
+    becomes 0); its queue is drained so that neither that item nor the end sentinel blocks it.
 
     Args:
         timeout: seconds to wait for all of them (a batch in hand may take a while to collate).
@@ -64,8 +61,7 @@ def stop_prefetch_threads(timeout: float = 60.0) -> list[threading.Thread]:
 
 
 def stop_prefetch_at_exit() -> None:
-    """Registers :func:`stop_prefetch_threads` to run at interpreter exit (once)."""
-    global _REGISTERED
-    if not _REGISTERED:
-        atexit.register(stop_prefetch_threads)
-        _REGISTERED = True
+    """Registers :func:`stop_prefetch_threads` to run at interpreter exit (once, however often
+    the plugin is imported)."""
+    atexit.unregister(stop_prefetch_threads)
+    atexit.register(stop_prefetch_threads)
