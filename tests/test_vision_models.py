@@ -77,6 +77,7 @@ def test_registry_lists_every_family():
 
 
 @pytest.mark.parametrize("name", list_models())
+@pytest.mark.smoke
 def test_forward_shape_finite_and_every_parameter_gets_a_gradient(name, device):
     model = build_small_with_timm(name).train()
     perturb_zero_parameters(model)
@@ -231,9 +232,12 @@ def test_timm_registration_keeps_timm_names_and_adds_ours():
         assert timm.is_model(TIMM_PREFIX + name)
     assert set(list_models("*ringformer*")) <= set(timm.list_models("*ringformer*"))
     assert timm.list_models(module="timm_registry")  # listed as a module of its own
-    for owned, shallow in (("deit_tiny_patch16_224", "depth"), ("mixer_b16_224", None)):
-        with torch.device("meta"):  # which class is built is all that matters here
-            theirs = timm.create_model(owned, **({shallow: 1} if shallow else {}))
+    for owned, on_meta in (("deit_tiny_patch16_224", False), ("mixer_b16_224", True)):
+        # which class is built is all that matters here, so the meta device, except for
+        # timm's ViT, which older timm (1.0.20) cannot build there (one block on the CPU then)
+        with torch.device("meta" if on_meta else "cpu"):
+            theirs = timm.create_model(owned, **({} if on_meta else {"depth": 1}))
+        with torch.device("meta"):
             ours = timm.create_model(TIMM_PREFIX + owned)
         assert type(theirs).__module__.startswith("timm.")
         assert type(ours).__module__.startswith("recurnmt.")

@@ -84,7 +84,10 @@ def compiled(fn: Callable[..., Any], settings: CompileSettings) -> Callable[...,
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        config = torch._dynamo.config
+        # torch 2.5 names the limit cache_size_limit
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        with config.patch(**{name: RECOMPILE_LIMIT}):
             return inner(*args, **kwargs)
 
     return run

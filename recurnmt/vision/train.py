@@ -44,7 +44,6 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Subset
 
@@ -71,6 +70,7 @@ from recurnmt.vision.models.dvt import AllExits, DVTCascade
 from recurnmt.vision.options import parse_args
 from recurnmt.vision.registry import create_model
 from recurnmt.vision.zero import (
+    ZeroRedundancyOptimizer,
     full_optimizer_state,
     load_optimizer_state,
     shard_optimizer,

@@ -21,12 +21,20 @@ rank 0), in the format of the unwrapped optimizer: a run resumes from it with or
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
 import torch
 from timm.optim import Lamb, Lookahead
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.optim import Optimizer
+
+with warnings.catch_warnings():
+    # torch 2.5 announces, when torch.distributed.optim is imported, that its TorchScript
+    # functional optimizers are deprecated; ZeroRedundancyOptimizer does not use them
+    warnings.filterwarnings(
+        "ignore", "`TorchScript` support for functional optimizers", DeprecationWarning
+    )
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from recurnmt.modules import ConfigError
 from recurnmt.vision.distributed import DistInfo
@@ -85,7 +93,7 @@ def full_optimizer_state(optimizer: Optimizer, info: DistInfo) -> dict[str, Any]
         optimizer.consolidate_state_dict(to=0)
         if info.is_main and info.device.type != "cpu":
             # the shards are copied to the CPU without blocking; wait before reading them
-            torch.accelerator.synchronize(info.device)
+            synchronize(info.device)
     return optimizer.state_dict() if info.is_main else None
 
 
@@ -114,3 +122,10 @@ def load_optimizer_state(optimizer: Optimizer, state: dict[str, Any], source: st
         # takes the local optimizers' states); a run that never resumed has none there, and
         # on a GPU the copy would double the shard's memory
         optimizer.state.clear()
+
+
+def synchronize(device: torch.device) -> None:
+    """Waits for ``device``'s queued work (``torch.accelerator`` arrived in torch 2.6; before
+    it, the accelerator torch offered was CUDA)."""
+    accelerator = getattr(torch, "accelerator", None)
+    (accelerator or torch.cuda).synchronize(device)

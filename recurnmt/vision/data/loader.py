@@ -55,7 +55,14 @@ def train_loader(
     """
     if aug_repeats > 0 and world_size > 1:
         sampler = RepeatAugSampler(
-            dataset, num_replicas=world_size, rank=rank, shuffle=True, num_repeats=aug_repeats
+            dataset,
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=True,
+            num_repeats=aug_repeats,
+            # DeiT rounds an epoch down to a multiple of 256 images; a smaller set keeps its
+            # size (timm 1.0.31's rule, stated here for older timm, whose epoch would be empty)
+            selected_round=256 if len(dataset) >= 256 else 0,
         )
     else:
         sampler = DistributedSampler(

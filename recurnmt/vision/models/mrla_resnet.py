@@ -144,6 +144,7 @@ class MRLAResNet(ResNet):
     ) -> None:
         kwargs.setdefault("block", Bottleneck)
         super().__init__(layers=tuple(layers), **kwargs)
+        self.in_chans = kwargs.get("in_chans", 3)  # older timm ResNets (1.0.20) do not keep it
         self.img_size = to_2tuple(img_size)
         self.mrla_variant = mrla
         for name in ("layer1", "layer2", "layer3", "layer4"):
