@@ -12,9 +12,12 @@ sentencepiece model or BiBERT word-piece vocabulary, with the fairseq dictionary
     print(pipeline("translation", model="OUT_DIR")("Wählen Sie eine Farbe aus."))
 
 The directory needs recurnmt installed to load (not fairseq): the model runs recurnmt's own
-blocks (``recurnmt.modules``) rather than a second copy of them written into the directory as
-``trust_remote_code`` files, which would drift from the code that trained it and be code that
-users must trust blindly. Every family exports: ``ringformer``, ``universal_transformer``
+blocks (``recurnmt.modules``) rather than a second copy of them written into the directory,
+which would drift from the code that trained it and be code that users must trust blindly.
+What the directory does hold is ``recurnmt_hf.py`` (:mod:`recurnmt.hf.remote_code`), named in
+``auto_map``: a few lines that import the classes from the installed package, so that
+``from_pretrained(OUT_DIR, trust_remote_code=True)`` loads it without ``import recurnmt.hf``
+and, where recurnmt is missing, says to install it. Every family exports: ``ringformer``, ``universal_transformer``
 (+ ``_act``), ``recurrent_transformer``, ``owf``, ``sret`` and any sharing flags.
 
 Beam search agrees with ``fairseq-generate --beam B --lenpen L``: transformers divides a
@@ -35,6 +38,15 @@ from typing import Any
 from recurnmt.cli import entry_point
 
 PROG = "python -m recurnmt.export"
+# the remote-code file of an exported directory and the classes its auto_map names
+REMOTE_CODE = "recurnmt_hf.py"
+AUTO_MAP = {
+    "config.json": {
+        "AutoConfig": "recurnmt_hf.RecurnmtConfig",
+        "AutoModelForSeq2SeqLM": "recurnmt_hf.RecurnmtForConditionalGeneration",
+    },
+    "tokenizer_config.json": {"AutoTokenizer": ["recurnmt_hf.RecurnmtTokenizer", None]},
+}
 # fairseq state-dict entries that hold no weights
 _SKIPPED = ("._float_tensor", ".version")
 
@@ -240,7 +252,24 @@ def export(
     with tempfile.TemporaryDirectory() as work:
         tokenizer = build_tokenizer(data, model.decoder.dictionary, Path(work))
         tokenizer.save_pretrained(out_dir)
+    add_remote_code(out_dir)
     return out_dir
+
+
+def add_remote_code(out_dir: Path) -> None:
+    """Writes ``recurnmt_hf.py`` into a saved model directory and names its classes in the
+    ``auto_map`` of ``config.json`` and ``tokenizer_config.json`` (those present)."""
+    import json
+    from importlib import resources
+
+    source = resources.files("recurnmt.hf").joinpath("remote_code.py").read_text("utf-8")
+    (out_dir / REMOTE_CODE).write_text(source, encoding="utf-8")
+    for name, auto_map in AUTO_MAP.items():
+        path = out_dir / name
+        if path.is_file():
+            values = json.loads(path.read_text(encoding="utf-8"))
+            values["auto_map"] = auto_map
+            path.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n", "utf-8")
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -255,7 +284,10 @@ def main(argv: list[str] | None = None) -> Path:
         max_len_b=args.max_len_b,
         force=args.force,
     )
-    print(f"wrote {out}; load it after `import recurnmt.hf`", file=sys.stderr)
+    print(
+        f"wrote {out}; load it after `import recurnmt.hf` (or with trust_remote_code=True)",
+        file=sys.stderr,
+    )
     return out
 
 

@@ -9,6 +9,11 @@ give fairseq's ``SequenceGenerator`` output. Trained checkpoints and the command
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
@@ -16,7 +21,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import recurnmt.hf  # noqa: F401  (registers the model type)
-from recurnmt.export import convert, generation_config, read_checkpoint
+from recurnmt.export import add_remote_code, convert, generation_config, read_checkpoint
 from recurnmt.hf import RecurnmtCache, RecurnmtForConditionalGeneration, RecurnmtTokenizer
 from recurnmt.nmt.build import arch_train_args
 from tests.nmt_helpers import DICT, batch, build, train_signals
@@ -42,6 +47,7 @@ def _exported(arch: str):
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.smoke
 def test_round_trip_keeps_the_logits_and_stores_shared_tensors_once(arch, tmp_path):
     model, hf, _ = _exported(arch)
     src, lengths, prev = batch()
@@ -170,3 +176,75 @@ def test_translation_pipeline_loads_the_directory(tmp_path):
     inputs = tokenizer("Wählen Sie", return_tensors="pt")
     expected = tokenizer.decode(hf.generate(**inputs)[0], skip_special_tokens=True)
     assert translate("Wählen Sie") == [{"translation_text": expected}]
+
+
+LOAD_ELSEWHERE = """
+import sys
+if sys.argv[2] == "missing":
+    sys.modules["recurnmt"] = None  # as in an environment without recurnmt
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+for auto in (AutoModelForSeq2SeqLM, AutoTokenizer):
+    for trust in (False, True):
+        try:
+            loaded = auto.from_pretrained(sys.argv[1], trust_remote_code=trust)
+        except Exception as err:
+            print(auto.__name__, trust, type(err).__name__, str(err).replace(chr(10), " "))
+        else:
+            print(auto.__name__, trust, "loaded", type(loaded).__name__)
+"""
+
+
+def _load_elsewhere(directory, recurnmt: str) -> dict[tuple[str, str], str]:
+    """What each Auto class does with ``directory`` in a fresh process, with recurnmt
+    ``missing`` or ``installed`` (but not imported): ``{(class, trust): outcome}``."""
+    env = {**os.environ, "HF_MODULES_CACHE": str(directory.parent / "modules")}
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD_ELSEWHERE, str(directory), recurnmt],
+        capture_output=True, text=True, env=env, cwd=directory.parent,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {tuple(line.split()[:2]): line.split(maxsplit=2)[2] for line in proc.stdout.splitlines()}
+
+
+def test_an_exported_directory_says_what_is_missing_without_recurnmt(tmp_path):
+    from data_prep.embedded import SHIPPED_DIR
+
+    _, hf, _ = _exported("ringformer_tiny")
+    out = tmp_path / "model"
+    hf.save_pretrained(out)
+    vocab = tmp_path / "dict.txt"
+    vocab.write_text("".join(f"{s}\n" for s in DICT.symbols), encoding="utf-8")
+    RecurnmtTokenizer(str(vocab), spm_file=str(SHIPPED_DIR / "spm.model")).save_pretrained(out)
+    add_remote_code(out)
+    config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    assert (
+        config["auto_map"]["AutoModelForSeq2SeqLM"]
+        == "recurnmt_hf.RecurnmtForConditionalGeneration"
+    )
+    # the directory holds no block: its code only imports the installed package
+    assert "import torch" not in (out / "recurnmt_hf.py").read_text(encoding="utf-8")
+
+    missing = _load_elsewhere(out, "missing")
+    for auto in ("AutoModelForSeq2SeqLM", "AutoTokenizer"):
+        assert "trust_remote_code=True" in missing[auto, "False"]  # not "update Transformers"
+        assert missing[auto, "True"].startswith("ModuleNotFoundError")
+        assert "install the recurnmt package" in missing[auto, "True"]
+
+    installed = _load_elsewhere(out, "installed")  # installed, never imported by the caller
+    assert installed["AutoModelForSeq2SeqLM", "True"] == "loaded RecurnmtForConditionalGeneration"
+    assert installed["AutoTokenizer", "True"] == "loaded RecurnmtTokenizer"
+
+    # where recurnmt.hf is imported, the registered classes load it without remote code
+    assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(out), RecurnmtForConditionalGeneration)
+
+
+def test_a_torchaudio_newer_than_torch_is_named_before_transformers_imports_it():
+    from recurnmt.hf.environment import check_torchaudio
+
+    check_torchaudio({"torch": "2.14.1+cu130", "torchaudio": "2.11.0"})  # 2.11 loads on newer
+    check_torchaudio({"torch": "2.6.0+cu124", "torchaudio": "2.6.0+cu124"})
+    with pytest.raises(ImportError, match=r"torchaudio 2\.11\.0 does not load with torch 2\.6\.0"):
+        check_torchaudio({"torch": "2.6.0+cu124", "torchaudio": "2.11.0"})
+    with pytest.raises(ImportError, match=r"pip install 'torchaudio==2\.9\.1'"):
+        check_torchaudio({"torch": "2.9.1", "torchaudio": "2.11.0"})
+    check_torchaudio()  # this environment's pair is one that loads

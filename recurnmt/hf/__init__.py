@@ -16,13 +16,17 @@ imports fairseq. transformers 5 dropped the ``translation`` pipeline task; impor
 package serves it again (:mod:`recurnmt.hf.pipeline`).
 """
 
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+from recurnmt.hf.environment import check_torchaudio
 
-from recurnmt.hf.cache import RecurnmtCache
-from recurnmt.hf.configuration import MODEL_TYPE, RecurnmtConfig
-from recurnmt.hf.modeling import RecurnmtForConditionalGeneration
-from recurnmt.hf.pipeline import TranslationPipeline, register_translation_task
-from recurnmt.hf.tokenization import RecurnmtTokenizer
+check_torchaudio()  # before transformers imports a torchaudio that cannot load
+
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
+
+from recurnmt.hf.cache import RecurnmtCache  # noqa: E402
+from recurnmt.hf.configuration import MODEL_TYPE, RecurnmtConfig  # noqa: E402
+from recurnmt.hf.modeling import RecurnmtForConditionalGeneration  # noqa: E402
+from recurnmt.hf.pipeline import TranslationPipeline, register_translation_task  # noqa: E402
+from recurnmt.hf.tokenization import RecurnmtTokenizer  # noqa: E402
 
 AutoConfig.register(MODEL_TYPE, RecurnmtConfig, exist_ok=True)
 AutoModelForSeq2SeqLM.register(RecurnmtConfig, RecurnmtForConditionalGeneration, exist_ok=True)
