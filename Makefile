@@ -5,26 +5,24 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.recurnmt-installed
+# the exact versions of the demo and CI environment (setup.cfg holds the ranges users get)
+LOCK := requirements/lock.txt
+# uv's pip interface when uv is on PATH or installable into the environment, else pip;
+# INSTALLER=pip uses pip alone
+INSTALLER ?= auto
 
-# fairseq-fixed compiles C extensions against the torch/numpy/cython already installed
-# (--no-build-isolation), so those come first; setup.cfg pins the rest.
-BUILD_DEPS := torch==2.14.1 numpy==2.4.6 cython==3.3.1 setuptools==84.2.1 wheel==0.48.0
-FAIRSEQ := fairseq-fixed==0.12.3.1 hydra-core==1.3.2 omegaconf==2.3.0
-
-.PHONY: setup demo test test-fast test-e2e lint format benchmark gpu-check clean
+.PHONY: setup demo test test-fast test-e2e lint format benchmark gpu-check compat lock clean
 
 setup: $(STAMP)
 
-# PYTHONWARNINGS: setuptools prints an "Editable installation" notice nobody can act on.
-$(STAMP): setup.cfg pyproject.toml Makefile
-	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (need Python 3.11)"; exit 1; }
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip==26.3
-	$(BIN)/pip install --quiet $(BUILD_DEPS)
-	$(BIN)/pip install --quiet --no-build-isolation $(FAIRSEQ)
-	PYTHONWARNINGS="ignore:Editable installation" \
-		$(BIN)/pip install --quiet --no-build-isolation -e ".[dev,vision]"
-	$(BIN)/python -c "import fairseq, recurnmt.nmt" 2>/dev/null
+# scripts/setup_env.py: torch, numpy and the build tools first (fairseq-fixed compiles its C
+# extensions against them), then fairseq-fixed and recurnmt[dev,vision], all at the lock's versions
+$(STAMP): setup.cfg pyproject.toml Makefile $(LOCK) scripts/setup_env.py
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: the locked \
+	environment is made with Python 3.11 (PYTHON=... names another interpreter; \
+	make compat PY=... builds one for Python 3.12 or 3.13)"; exit 1; }
+	$(PYTHON) scripts/setup_env.py --python $(PYTHON) --venv $(VENV) --lock $(LOCK) \
+		--installer $(INSTALLER)
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -61,5 +59,19 @@ gpu-check:
 	$(GPU_PYTHON) scripts/gpu_check.py --python $(GPU_PYTHON) --out $(GPU_REPORT) \
 		$(if $(WHEELS),--wheels $(WHEELS)) $(GPU_CHECK_FLAGS)
 
+# compat: a second environment (.venv-compat/NAME) with another Python and torch inside
+# setup.cfg's ranges, and the smoke subset of the tests there; the result goes to docs/compat/.
+#   make compat PY=python3.12 TORCH=2.11.0   |   make compat PY=python3.12 LOWEST=1
+#   make compat PY=python3.11 LOCKED=1 (the lock's versions) | INSTALLER=pip (pip alone)
+PY ?= python3.12
+compat:
+	$(PY) scripts/compat.py --python $(PY) $(if $(TORCH),--torch $(TORCH)) \
+		$(if $(LOWEST),--lowest) $(if $(LOCKED),--lock $(LOCK)) --installer $(INSTALLER)
+
+# lock: the newest versions in setup.cfg's ranges, resolved in .venv-lock, written to the lock
+lock:
+	$(PYTHON) scripts/setup_env.py --python $(PYTHON) --venv .venv-lock --installer $(INSTALLER) \
+		--write-lock $(LOCK)
+
 clean:
-	rm -rf $(VENV) .venv-gpu data-bin checkpoints work
+	rm -rf $(VENV) .venv-gpu .venv-compat .venv-lock data-bin checkpoints work

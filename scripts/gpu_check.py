@@ -6,8 +6,8 @@ On a CUDA machine it
    ``--python`` (default: this interpreter) that also sees that interpreter's packages (a
    ``.pth`` file; plain ``--system-site-packages`` would miss a torch that lives in another
    virtual environment), so the machine's own torch, torchvision and numpy are kept, whatever
-   their versions. Only what is missing is installed, at the versions setup.cfg and the
-   Makefile pin, from the package index or, with ``--wheels DIR``, from that folder alone
+   their versions. Only what is missing is installed, at the versions of
+   requirements/lock.txt, from the package index or, with ``--wheels DIR``, from that folder alone
    (GPU machines often reach no index); fairseq's C extensions are compiled against the torch
    found. Where no torch is installed at all, the pinned torch's CUDA wheel comes from the
    index (``--torch-index-url``; PyPI's Linux wheel of torch 2.14.1 is the CUDA 13.0 build);
@@ -269,15 +269,22 @@ def normalize(name: str) -> str:
 
 
 def pinned_requirements() -> list[str]:
-    """The Makefile's build dependencies and setup.cfg's requirements (vision, pytest)."""
-    make = (ROOT / "Makefile").read_text(encoding="utf-8")
-    build = re.search(r"^BUILD_DEPS := (.*)$", make, re.M).group(1).split()
+    """``name==version`` of what the GPU environment needs, at requirements/lock.txt's versions:
+    setup.cfg's requirements with the vision extra and pytest, fairseq-fixed's exactly pinned
+    hydra-core and omegaconf, and the build tools fairseq's C extensions are compiled with."""
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
-    options = cfg["options.extras_require"]
-    reqs = cfg["options"]["install_requires"].split()
-    reqs += options["vision"].split() + [r for r in options["dev"].split() if "pytest" in r]
-    return list(dict.fromkeys(build + reqs))
+    extras = cfg["options.extras_require"]
+    lines = cfg["options"]["install_requires"].splitlines() + extras["vision"].splitlines()
+    lines += [r for r in extras["dev"].splitlines() if "pytest" in r]
+    names = [re.match(r"[A-Za-z0-9._-]+", r.strip()).group(0) for r in lines if r.strip()]
+    names = ["cython", "setuptools", "wheel", *names, "hydra-core", "omegaconf"]
+    lock = {}
+    for line in (ROOT / "requirements" / "lock.txt").read_text(encoding="utf-8").splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==")
+            lock[normalize(name)] = version
+    return list(dict.fromkeys(f"{normalize(n)}=={lock[normalize(n)]}" for n in names))
 
 
 def missing_requirements(installed: dict[str, str | None]) -> list[str]:
@@ -333,12 +340,8 @@ def build_environment(opts: argparse.Namespace) -> Path:
         pip(venv_python, ["--no-build-isolation", *fairseq], opts.wheels)
     if rest:
         pip(venv_python, rest, opts.wheels)
-    # recurnmt itself, without its pins (they name torch 2.14.1 and Python 3.11)
-    pip(
-        venv_python,
-        ["--no-deps", "--no-build-isolation", "--ignore-requires-python", "-e", str(ROOT)],
-        opts.wheels,
-    )
+    # recurnmt itself: its requirements are all there now, the machine's torch among them
+    pip(venv_python, ["--no-deps", "--no-build-isolation", "-e", str(ROOT)], opts.wheels)
     return venv_python
 
 

@@ -180,6 +180,11 @@ BAD_INPUTS: dict[str, BadInput] = {
     ),
     "python scripts/demo_nmt.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
     "python scripts/gpu_check.py": lambda tmp: (["--wheels", str(tmp / "no_wheels")], "no_wheels"),
+    "python scripts/setup_env.py": lambda tmp: (
+        ["--lock", str(tmp / "no_lock.txt"), "--venv", str(tmp / "venv")],
+        "no_lock.txt",
+    ),
+    "python scripts/compat.py": lambda tmp: (["--python", str(tmp / "no_python")], "no_python"),
     "python scripts/make_vision_fixtures.py": lambda tmp: (
         ["--out", str(tmp / "bad_input.py")],
         "bad_input.py",
@@ -202,7 +207,8 @@ def run_in_process(command: str, argv: list[str], monkeypatch: pytest.MonkeyPatc
                 return getattr(importlib.import_module(module), function)()
             if kind == "module":
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
-            else:
+            else:  # python script.py puts the script's own directory first on sys.path
+                sys.path.insert(0, str(Path(target).parent))
                 runpy.run_path(target, run_name="__main__")
         except SystemExit as exit_:
             return exit_.code
