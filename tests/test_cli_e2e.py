@@ -35,9 +35,24 @@ def device_flags(device: torch.device | str) -> tuple[str, ...]:
     return ("--cpu",) if torch.device(device).type == "cpu" else ()
 
 
-def fairseq(tool: str, *args: str, stdin: str | None = None) -> str:
+# fairseq-fixed's torch C++ extensions: BASE layers (libbase), non-autoregressive translation
+# (libnat) and alignment training (alignment_train_cpu_binding)
+TORCH_EXTENSIONS = ("fairseq.libbase", "fairseq.libnat", "alignment_train_cpu_binding")
+# fairseq-TOOL with the modules of sys.argv[1] (comma-separated) made unimportable
+WITHOUT = """import sys
+sys.modules.update(dict.fromkeys(sys.argv.pop(1).split(",")))
+from fairseq_cli.{tool} import cli_main
+sys.argv[0] = "fairseq-{tool}"
+cli_main()
+"""
+
+
+def fairseq(tool: str, *args: str, stdin: str | None = None, blocked: tuple[str, ...] = ()) -> str:
+    command = [str(BIN / f"fairseq-{tool}")]
+    if blocked:
+        command = [sys.executable, "-c", WITHOUT.format(tool=tool), ",".join(blocked)]
     proc = subprocess.run(
-        [str(BIN / f"fairseq-{tool}"), *args],
+        [*command, *args],
         cwd=ROOT,
         input=stdin,
         capture_output=True,
@@ -52,7 +67,13 @@ def fairseq(tool: str, *args: str, stdin: str | None = None) -> str:
 
 
 def train(
-    data: Path, save_dir: Path, arch: str, updates: int, *extra: str, device: str = "cpu"
+    data: Path,
+    save_dir: Path,
+    arch: str,
+    updates: int,
+    *extra: str,
+    device: str = "cpu",
+    blocked: tuple[str, ...] = (),
 ) -> str:
     return fairseq(
         "train",
@@ -91,6 +112,7 @@ def train(
         "--dropout",
         "0.1",
         *extra,
+        blocked=blocked,
     )
 
 
@@ -103,7 +125,9 @@ def losses(log: str) -> dict[int, str]:
     return out
 
 
-def generate(data: Path, checkpoint: Path, *extra: str, device: str = "cpu") -> str:
+def generate(
+    data: Path, checkpoint: Path, *extra: str, device: str = "cpu", blocked: tuple[str, ...] = ()
+) -> str:
     return fairseq(
         "generate",
         str(data),
@@ -125,9 +149,11 @@ def generate(data: Path, checkpoint: Path, *extra: str, device: str = "cpu") -> 
         "sacrebleu",
         *device_flags(device),
         *extra,
+        blocked=blocked,
     )
 
 
+@pytest.mark.smoke
 def test_train_generate_interactive_and_resume(data, tmp_path, device):
     on = device.type
     full = train(data, tmp_path / "a", "ringformer_tiny", 9, device=on)
@@ -203,6 +229,16 @@ VARIANTS = [
     ("sret_tiny", "--lrc", "identity", "--sharing-scheme", "cycle"),
     ("sret_tiny", "--mixed-depth", "on", "--encoder-attn-groups", "3,1"),
 ]
+
+
+@pytest.mark.smoke
+def test_training_and_generation_need_none_of_fairseqs_torch_extensions(data, tmp_path):
+    """recurnmt needs no torch C++ extension of fairseq-fixed's (they are compiled against the
+    torch of its build, and serve other models): train and generate with them unimportable."""
+    log = train(data, tmp_path, "universal_transformer_act_tiny", 2, blocked=TORCH_EXTENSIONS)
+    assert sorted(losses(log)) == [1, 2]
+    out = generate(data, tmp_path / "checkpoint_last.pt", blocked=TORCH_EXTENSIONS)
+    assert re.search(r"Generate test with beam=3: BLEU = [\d.]+", out)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: " ".join(v))

@@ -36,6 +36,7 @@ def _nmt_loss(model):
     return lambda: model(src, lengths, prev)[0].logsumexp(-1).mean()
 
 
+@pytest.mark.smoke
 def test_nmt_compiled_training_equals_eager():
     eager, compiled = _nmt_pair(levels=2)  # the levels' gradients add up in the shared block
     assert compiled.encoder.stack.compile_settings == CompileSettings("aot_eager")

@@ -42,6 +42,7 @@ def _ids(case):
 
 
 @pytest.mark.parametrize("case", DECODERS, ids=_ids)
+@pytest.mark.smoke
 def test_incremental_decoding_equals_full_pass(case, device):
     model, _, _ = build(*case)
     train_signals(model)

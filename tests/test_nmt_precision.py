@@ -51,6 +51,7 @@ def _assert_finite_gradients(model) -> None:
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.smoke
 def test_every_family_trains_a_step_in_each_precision(family, precision, device):
     """Forward and backward of every family: a half-precision model (fairseq --fp16/--bf16)
     and float32 weights under autocast (fairseq --amp) give finite losses and gradients."""

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = """
@@ -22,6 +24,7 @@ print("ok")
 """
 
 
+@pytest.mark.smoke
 def test_installed_package_and_user_dir_together():
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, check=False

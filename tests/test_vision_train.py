@@ -234,6 +234,7 @@ def test_a_setup_error_is_one_line_at_the_command_line(tmp_path, capsys, monkeyp
 @pytest.mark.parametrize(
     "model", ["sret_mini", "dvt_vit_mini_patch2", "ringformer_vit_mini_mrla_patch4"]
 )
+@pytest.mark.smoke
 def test_resume_continues_the_same_run(tmp_path, model, device):
     """Losses after resuming equal those of a run that never stopped (augmentation, mixup,
     dropout and sliced-attention permutations included; a DVT cascade and an MRLA model too)."""
