@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import subprocess
 import sys
 import time
@@ -36,7 +37,10 @@ import setup_env  # scripts/ is this script's own directory, so its first import
 ROOT = setup_env.ROOT
 PROG = "python scripts/compat.py"
 RESULTS = ROOT / "docs" / "compat"
-SHOWN = ("torch", "numpy", "fairseq-fixed", "transformers", "timm", "torchvision", "datasets")
+SHOWN = (
+    "torch", "numpy", "fairseq-fixed", "transformers", "timm", "torchvision", "torchaudio",
+    "datasets",
+)  # fmt: skip
 
 METADATA_CHECK = """
 import json, platform, sys
@@ -107,6 +111,7 @@ def check(opts: argparse.Namespace) -> dict:
         torch=opts.torch,
         lowest=opts.lowest,
         extras="dev,vision",
+        here=False,
         installer=opts.installer,
     )
     env = setup_env.build(setup)
@@ -114,6 +119,7 @@ def check(opts: argparse.Namespace) -> dict:
     result["setup"] = {"installer": env["installer"], "seconds": env["seconds"]}
     result["python"] = env["python"]
     result["versions"] = {n: env["packages"][n] for n in SHOWN if n in env["packages"]}
+    result["removed"] = env["removed"]
     proc = subprocess.run([str(python), "-c", METADATA_CHECK], capture_output=True, text=True)
     meta = json.loads(proc.stdout) if proc.returncode == 0 else {"ok": False, "error": proc.stderr}
     if opts.torch and env["packages"].get("torch", "").split("+")[0] != opts.torch:
@@ -127,6 +133,12 @@ def check(opts: argparse.Namespace) -> dict:
     return result
 
 
+def brief(summary: str) -> str:
+    """pytest's last line without what says nothing here: deselections and the time."""
+    summary = re.sub(r", \d+ deselected", "", summary)
+    return re.sub(r" in [\d.]+s( \([\d:]+\))?$", "", summary)
+
+
 def row(result: dict) -> str:
     """The README's line of one run."""
     versions = result["versions"]
@@ -138,8 +150,11 @@ def row(result: dict) -> str:
         result["python"],
         versions.get("torch", "-"),
         resolution,
-        ", ".join(f"{n} {versions[n]}" for n in SHOWN[1:] if n in versions),
-        f"{status}: {result['smoke']['summary']}",
+        ", ".join(
+            [f"{n} {versions[n]}" for n in SHOWN[1:] if n in versions]
+            + [f"{n} removed (did not load)" for n in result.get("removed", {})]
+        ),
+        f"{status}: {brief(result['smoke']['summary'])}",
         f"{result['setup']['seconds']:.0f} s ({result['setup']['installer']})",
         f"{result['smoke']['seconds']:.0f} s",
         result["date"][:10],

@@ -4,6 +4,7 @@
     python3.12 scripts/setup_env.py --venv .venv-x --torch 2.11.0               # ranges, torch kept
     python3.12 scripts/setup_env.py --venv .venv-x --lowest                     # the lower bounds
     python3.11 scripts/setup_env.py --venv .venv-lock --write-lock requirements/lock.txt
+    python scripts/setup_env.py --here              # into the environment of this python
 
 The order matters: fairseq-fixed compiles C extensions against the torch and numpy already in
 the environment (``--no-build-isolation``; otherwise a build would first download a second
@@ -15,12 +16,19 @@ then fairseq-fixed and recurnmt (editable) with its extras.
 - Without it, setup.cfg's ranges decide, and the torch of the environment is kept: the one
   already installed there, or ``--torch VERSION``, or the newest in range (``--lowest``: the
   lowest version of every direct requirement, uv only: that proves setup.cfg's lower bounds).
+- ``--here`` installs into the environment of ``--python`` itself (default: the interpreter
+  running this script) instead of a virtual environment: the user's own, whose torch,
+  torchvision and torchaudio stay as they are.
 
 The installer is uv's pip interface when ``uv`` is on PATH or can be installed into the new
-environment with pip (it resolves and downloads in parallel); ``--installer pip`` uses pip
-alone, and uv's absence falls back to it. uv is given the package indexes pip is configured
-with (pip.conf and ``PIP_*`` variables, as ``pip config list`` shows them) and pip's rule of
-taking the best version across them, unless ``UV_*`` variables name indexes of their own.
+environment with pip (it resolves and downloads in parallel; nothing is installed into a
+``--here`` environment for it); ``--installer pip`` uses pip alone, and uv's absence falls back
+to it. uv is given the package indexes pip is configured with (pip.conf and ``PIP_*``
+variables, as ``pip config list`` shows them) and pip's rule of taking the best version across
+them, unless ``UV_*`` variables name indexes of their own.
+
+A torchaudio that does not load with the environment's torch is removed from the environments
+made here (recurnmt never imports it; transformers would fail to) and named with ``--here``.
 
 Standard library only: it runs on the bare interpreter that the environment is made from.
 """
@@ -53,7 +61,9 @@ KEPT = ("torch", "torchvision", "torchaudio")
 # fairseq-fixed requires torchaudio (recurnmt never uses it, but transformers imports it when
 # it is installed). torchaudio 2.11.0 declares no torch requirement yet loads only with torch
 # 2.11 or newer, so a resolver gives it to an older torch too; earlier releases require their
-# own torch exactly. Below this torch the torchaudio of the torch's version is named.
+# own torch exactly. Below this torch the torchaudio of the torch's version is named. Where the
+# torchaudio installed still does not load (torch 2.15 from PyPI is built for CUDA 13.2, the
+# last torchaudio, 2.11.0, for CUDA 13.0, and it refuses the pair), it is removed again.
 TORCHAUDIO_FLOATS_FROM = (2, 11)
 # never written to a lock: the installers themselves and this project
 NOT_LOCKED = {"pip", "uv", "recurnmt"}
@@ -260,14 +270,28 @@ class Installer:
         if subprocess.run(cmd, cwd=ROOT, env=env).returncode:
             raise SetupError(f"{self.name} could not install {' '.join(args)} (see above)")
 
+    def uninstall(self, name: str) -> None:
+        if self.uv:
+            cmd = [self.uv, "pip", "uninstall", "--python", str(self.python), name]
+        else:
+            cmd = [str(self.python), "-m", "pip", "uninstall", "--yes", "--quiet", name]
+        print("+ " + shlex.join(cmd), flush=True)
+        if subprocess.run(cmd).returncode:
+            raise SetupError(f"{self.name} could not uninstall {name} (see above)")
 
-def choose_installer(python: Path, choice: str) -> Installer:
-    """uv (on PATH, else installed into the environment by pip) unless ``choice`` is pip."""
+
+def choose_installer(python: Path, choice: str, bootstrap: bool = True) -> Installer:
+    """uv (on PATH, else installed into the environment by pip when ``bootstrap``) unless
+    ``choice`` is pip."""
     if choice == "pip":
         return Installer(python)
     uv = shutil.which("uv")
     if uv is None:
         local = python.parent / "uv"
+        if not local.exists() and not bootstrap:
+            if choice == "uv":
+                raise SetupError("no uv on PATH (--here installs none into your environment)")
+            return Installer(python)
         if not local.exists():
             cmd = [str(python), "-m", "pip", "install", "--quiet", f"uv=={UV_VERSION}"]
             print("+ " + shlex.join(cmd), flush=True)
@@ -290,6 +314,17 @@ def torchaudio_for(torch: str) -> str | None:
     return f"torchaudio=={base}" if major_minor < TORCHAUDIO_FLOATS_FROM else None
 
 
+def torchaudio_error(python: Path) -> str | None:
+    """Why ``import torchaudio`` fails in ``python``'s environment (None: it loads, or is
+    not installed)."""
+    code = "import importlib.util\nif importlib.util.find_spec('torchaudio'): import torchaudio"
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    if proc.returncode == 0:
+        return None
+    lines = proc.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit code {proc.returncode}"
+
+
 def kept_constraints(installed: dict[str, str], work: Path) -> Path:
     """A constraints file holding the environment's torch (and torchvision, torchaudio) at
     their versions, and the torchaudio an older torch needs where none is installed."""
@@ -301,19 +336,21 @@ def kept_constraints(installed: dict[str, str], work: Path) -> Path:
     return path
 
 
-def build(opts: argparse.Namespace) -> dict:
-    """Creates or updates ``opts.venv``; what it holds afterwards and how long it took."""
-    start = time.perf_counter()
+def refuse_impossible(opts: argparse.Namespace) -> None:
+    """Stops on settings that contradict each other, before anything is made."""
     if opts.lowest and opts.installer == "pip":
         raise SetupError("--lowest needs uv (pip has no lowest-version resolution)")
     if opts.lock and (opts.torch or opts.lowest):
         raise SetupError("--lock fixes every version: it takes neither --torch nor --lowest")
+    if opts.here and (opts.lock or opts.lowest):
+        raise SetupError("--here keeps your environment's versions: it takes no --lock or --lowest")
     if opts.lock:
-        read_lock(opts.lock)  # a missing or malformed lock stops here, before anything is made
-    requirements = setup_requirements()
-    python = ensure_venv(opts.python, opts.venv)
-    installer = choose_installer(python, opts.installer)
-    extras = f"[{opts.extras}]" if opts.extras else ""
+        read_lock(opts.lock)  # a missing or malformed lock
+
+
+def install_stages(installer: Installer, opts: argparse.Namespace, extras: str) -> None:
+    """torch, numpy and the build tools; then fairseq-fixed and recurnmt with ``extras``."""
+    python = installer.python
     with tempfile.TemporaryDirectory() as tmp:
         before = probe(python)["packages"]
         if opts.lock:
@@ -327,11 +364,45 @@ def build(opts: argparse.Namespace) -> dict:
         if opts.lowest:  # the build tools are no requirement of recurnmt's: their newest
             installer.install(tools)
             tools = []
-        first = first_stage(requirements, opts.torch)
+        first = first_stage(setup_requirements(), opts.torch)
         installer.install([*first, *tools], constraints=constraints, lowest=opts.lowest)
         if not opts.lock:  # from here on the torch just installed stays
             constraints = kept_constraints(probe(python)["packages"], Path(tmp))
         installer.install([], editable=f".{extras}", constraints=constraints, lowest=opts.lowest)
+
+
+def settle_torchaudio(installer: Installer, remove: bool) -> dict[str, str]:
+    """Removes a torchaudio that does not load (``remove``) or says so; ``{name: why}``."""
+    error = torchaudio_error(installer.python)
+    if not error:
+        return {}
+    if not remove:  # the user's own environment: said, not changed
+        print(
+            f"warning: torchaudio does not load with this torch ({error}), and transformers "
+            "imports it (recurnmt.hf stops with the fix): uninstall it (recurnmt does not use "
+            "it) or install the torchaudio built for your torch",
+            flush=True,
+        )
+        return {}
+    print(f"torchaudio does not load with this torch ({error}): removing it", flush=True)
+    installer.uninstall("torchaudio")
+    return {"torchaudio": error}
+
+
+def build(opts: argparse.Namespace) -> dict:
+    """Creates or updates ``opts.venv`` (or ``--here`` the environment of ``opts.python``);
+    what it holds afterwards and how long that took."""
+    start = time.perf_counter()
+    refuse_impossible(opts)
+    if opts.here:
+        python, where = Path(opts.python), f"the environment of {opts.python}"
+        probe(python)  # it runs
+    else:
+        python, where = ensure_venv(opts.python, opts.venv), str(opts.venv)
+    installer = choose_installer(python, opts.installer, bootstrap=not opts.here)
+    extras = opts.extras if opts.extras is not None else ("vision" if opts.here else "dev,vision")
+    install_stages(installer, opts, f"[{extras}]" if extras else "")
+    removed = settle_torchaudio(installer, remove=not opts.here)
     check = subprocess.run(
         [str(python), "-c", "import fairseq, recurnmt.nmt"],
         cwd=ROOT,
@@ -348,11 +419,12 @@ def build(opts: argparse.Namespace) -> dict:
         "installer": installer.name,
         "seconds": round(time.perf_counter() - start, 1),
         "packages": after["packages"],
+        "removed": removed,
     }
     names = ("torch", "numpy", "fairseq-fixed", "transformers", "timm", "torchvision")
     versions = ", ".join(f"{n} {after['packages'][n]}" for n in names if n in after["packages"])
     print(
-        f"{opts.venv}: Python {after['python']}, {versions} ({installer.name}, "
+        f"{where}: Python {after['python']}, {versions} ({installer.name}, "
         f"{summary['seconds']:.0f} s)",
         flush=True,
     )
@@ -365,13 +437,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--python", default=sys.executable, help="interpreter the environment is made from"
     )
+    parser.add_argument(
+        "--here", action="store_true", help="install into --python's own environment, no venv"
+    )
     parser.add_argument("--lock", type=Path, help="install exactly these versions")
     parser.add_argument("--torch", help="this torch version instead of the environment's")
     parser.add_argument(
         "--lowest", action="store_true", help="lowest version of every direct requirement (uv)"
     )
     parser.add_argument(
-        "--extras", default="dev,vision", help="recurnmt's extras (default %(default)s)"
+        "--extras", help="recurnmt's extras (default: dev,vision; with --here: vision)"
     )
     parser.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     parser.add_argument("--write-lock", type=Path, metavar="FILE", help="then write a lock file")

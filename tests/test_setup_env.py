@@ -152,6 +152,11 @@ def test_installer_choice(tmp_path, monkeypatch):
     assert setup_env.choose_installer(python, "auto").name == "pip"
     with pytest.raises(setup_env.SetupError, match=r"uv==\S+ could not be installed"):
         setup_env.choose_installer(python, "uv")
+    # never installed into a user's own environment (--here): pip, or uv from PATH only
+    monkeypatch.setattr(setup_env.subprocess, "run", lambda *a, **k: pytest.fail("installed"))
+    assert setup_env.choose_installer(python, "auto", bootstrap=False).name == "pip"
+    with pytest.raises(setup_env.SetupError, match="no uv on PATH"):
+        setup_env.choose_installer(python, "uv", bootstrap=False)
 
 
 def test_commands_of_both_installers(tmp_path, monkeypatch):
@@ -190,6 +195,8 @@ def test_impossible_settings_fail_at_once(tmp_path, capsys):
     assert not venv.exists()  # refused before anything was made
     assert setup_env.main(["--venv", str(venv), "--python", str(tmp_path / "nopython")]) == 2
     assert "nopython" in capsys.readouterr().err
+    assert setup_env.main(["--here", "--lock", lock]) == 2  # it would replace your torch
+    assert "--here keeps your environment's versions" in capsys.readouterr().err
 
 
 def test_an_environment_of_another_python_is_refused(tmp_path):
@@ -201,6 +208,17 @@ def test_an_environment_of_another_python_is_refused(tmp_path):
         setup_env.SetupError, match=r"holds Python 3\.9\.18, not 3\.1\d.*make clean"
     ):
         setup_env.ensure_venv(sys.executable, tmp_path / "venv")
+
+
+def test_a_torchaudio_that_does_not_load_is_found(tmp_path):
+    fake = tmp_path / "bin" / "python"  # an interpreter whose torchaudio fails on import
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\necho 'OSError: undefined symbol: aoti_torch_abi_version' >&2\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    assert setup_env.torchaudio_error(fake) == "OSError: undefined symbol: aoti_torch_abi_version"
+    assert setup_env.torchaudio_error(Path(sys.executable)) is None  # this one's loads
 
 
 def test_kept_constraints_name_the_environments_torch_and_its_torchaudio(tmp_path):
@@ -222,13 +240,13 @@ def test_compat_rows_show_versions_result_and_times():
         "name": "py3.12-torch2.11.0", "date": "2026-11-26 20:00 UTC", "resolution": "newest",
         "python": "3.12.1", "versions": {"torch": "2.11.0", "numpy": "2.5.5", "timm": "1.0.31"},
         "setup": {"installer": "uv", "seconds": 61.2},
-        "smoke": {"summary": "40 passed in 150.2s", "returncode": 0, "seconds": 152.0},
+        "smoke": {"summary": "40 passed, 2 skipped, 1327 deselected in 150.20s (0:02:30)", "returncode": 0, "seconds": 152.0},
         "metadata": {"ok": True}, "passed": True,
     }  # fmt: skip
     table = compat.table([result]).splitlines()
     assert table[2] == (
         "| 3.12.1 | 2.11.0 | newest in range | numpy 2.5.5, timm 1.0.31 "
-        "| pass: 40 passed in 150.2s | 61 s (uv) | 152 s | 2026-11-26 |"
+        "| pass: 40 passed, 2 skipped | 61 s (uv) | 152 s | 2026-11-26 |"
     )
     result.update(passed=False, resolution="lowest-direct")
     assert "| lowest-direct |" in compat.row(result) and "**FAIL**" in compat.row(result)

@@ -1,36 +1,34 @@
 """What ``transformers`` needs of the environment beyond its own requirements.
 
 fairseq-fixed requires torchaudio, which recurnmt never uses, but transformers imports it
-whenever it is installed (its pipelines' audio utilities). torchaudio 2.11.0 declares no torch
-requirement, so a resolver installs it beside any torch, yet it loads only with torch 2.11 or
-newer: with an older torch, ``import transformers``' pipelines fail with an undefined-symbol
-``OSError`` that names neither package. :func:`check_torchaudio` says so first.
+whenever it is installed (its pipelines' audio utilities), and a torchaudio that does not load
+with the installed torch makes ``from transformers import Pipeline`` fail with a message about
+neither. Resolvers produce such pairs: torchaudio 2.11.0 declares no torch requirement but loads
+only with torch 2.11 or newer (an undefined-symbol ``OSError`` below), and it is the last
+release, built for CUDA 13.0, which PyPI's torch 2.15 (CUDA 13.2) does not match (torchaudio
+refuses the pair). :func:`check_torchaudio` says what to do before transformers gets there.
 """
 
 from __future__ import annotations
 
-from importlib import metadata
+import importlib.util
 
 
-def _major_minor(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+def check_torchaudio() -> None:
+    """Raises ``ImportError`` naming the fix when torchaudio is installed but does not load."""
+    if importlib.util.find_spec("torchaudio") is None:
+        return
+    try:
+        import torchaudio  # noqa: F401  (transformers imports it next, whatever we do)
+    except (ImportError, OSError, RuntimeError) as err:
+        import torch
 
-
-def check_torchaudio(versions: dict[str, str] | None = None) -> None:
-    """Raises ``ImportError`` naming the fix when torchaudio is newer than torch.
-
-    Args:
-        versions: ``{"torch": ..., "torchaudio": ...}``; default: the installed ones.
-    """
-    if versions is None:
-        try:
-            versions = {name: metadata.version(name) for name in ("torch", "torchaudio")}
-        except metadata.PackageNotFoundError:
-            return  # no torchaudio: transformers does not import it
-    torch, audio = versions["torch"], versions["torchaudio"]
-    if _major_minor(audio) > _major_minor(torch):
+        version = torch.__version__.split("+")[0]
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ImportError(
-            f"torchaudio {audio} does not load with torch {torch}, and transformers imports it "
-            f"(fairseq-fixed requires torchaudio): install the torchaudio of your torch, "
-            f"pip install 'torchaudio=={torch.split('+')[0]}'"
-        )
+            f"torchaudio does not load with torch {torch.__version__} ({reason}), and "
+            "transformers imports it whenever it is installed. recurnmt does not use it "
+            "(fairseq-fixed requires it for its speech models): pip uninstall torchaudio, or "
+            f"install the torchaudio built for your torch (below torch 2.11: "
+            f"pip install 'torchaudio=={version}')"
+        ) from err
