@@ -68,8 +68,9 @@ compat:
 	$(PY) scripts/compat.py --python $(PY) $(if $(TORCH),--torch $(TORCH)) \
 		$(if $(LOWEST),--lowest) $(if $(LOCKED),--lock $(LOCK)) --installer $(INSTALLER)
 
-# lock: the newest versions in setup.cfg's ranges, resolved in .venv-lock, written to the lock
+# lock: the newest versions in setup.cfg's ranges, resolved in a new .venv-lock, written to the lock
 lock:
+	rm -rf .venv-lock
 	$(PYTHON) scripts/setup_env.py --python $(PYTHON) --venv .venv-lock --installer $(INSTALLER) \
 		--write-lock $(LOCK)
 

@@ -17,8 +17,9 @@ which would drift from the code that trained it and be code that users must trus
 What the directory does hold is ``recurnmt_hf.py`` (:mod:`recurnmt.hf.remote_code`), named in
 ``auto_map``: a few lines that import the classes from the installed package, so that
 ``from_pretrained(OUT_DIR, trust_remote_code=True)`` loads it without ``import recurnmt.hf``
-and, where recurnmt is missing, says to install it. Every family exports: ``ringformer``, ``universal_transformer``
-(+ ``_act``), ``recurrent_transformer``, ``owf``, ``sret`` and any sharing flags.
+and, where recurnmt is missing, says to install it. Every family exports: ``ringformer``,
+``universal_transformer`` (+ ``_act``), ``recurrent_transformer``, ``owf``, ``sret`` and any
+sharing flags.
 
 Beam search agrees with ``fairseq-generate --beam B --lenpen L``: transformers divides a
 finished hypothesis' log-probability by ``(generated tokens incl. </s>) ** length_penalty``,
