@@ -1,0 +1,159 @@
+"""Guards that need no GPU: one step of beam search asks no more of the device than fairseq's.
+
+On an H200 the weight-shared decoders generate at 0.41-0.78x the speed of fairseq's transformer,
+while they dispatch about as many operations per step on the CPU: the cost is on the device
+side (issue 25). These tests hold, for every decoder family, what a CPU can see of it
+(:mod:`recurnmt.analysis.dispatch`):
+
+* host synchronisations per step (reads of device tensors: ``.item()``, ``bool(t)``,
+  ``torch.equal``, ``nonzero``, copies to the CPU) no more than fairseq's transformer makes;
+* no tensor made on the CPU and then copied to the model's device;
+* dispatched operations per level within :data:`OPS_PER_LEVEL_BOUND` of fairseq's per layer.
+
+The step is the one ``fairseq-generate`` repeats (``SequenceGenerator`` through
+``EnsembleModel``): reorder the incremental state and the encoder output to the beams' new
+order, run the decoder on the next token (alignment weights included, as in evaluation), take
+log-probabilities. It runs after a few warm-up steps (the first step projects the encoder
+memory, once per sentence). Syncs and copies are read with the model on a simulated CUDA
+device; operations are counted on the CPU, where attention runs one fused kernel as on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import pytest
+import torch
+from fairseq.sequence_generator import EnsembleModel
+
+from recurnmt.analysis.dispatch import DispatchLog, SimulatedDevice, count_dispatch
+from recurnmt.nmt.defaults import SIZES
+from tests.nmt_helpers import batch, build, train_signals
+from tests.test_nmt_decoding import DECODERS, FAMILY_CASES
+
+# fairseq's own transformer at the size of the families' ``*_tiny`` architectures
+FAIRSEQ = (
+    "transformer",
+    *(f for k, v in SIZES["tiny"].items() for f in (f"--{k.replace('_', '-')}", str(v))),
+)
+BEAM = 2
+WARM_UP = 3  # steps before the measured one
+
+# Measured (torch 2.14.1, fairseq 0.12.3): fairseq's transformer dispatches 84 operations per
+# decoder layer in a step; recurnmt's families per level: owf 56, recurrent_transformer 67,
+# universal_transformer 69, ringformer 89 (1.06x), sret 90 (1.07x) and
+# universal_transformer_act 102 (1.21x: ACT's halting bookkeeping, about 33 small operations
+# per level). The bound leaves a few operations per level of headroom to the largest. It holds
+# the families; options that add work a fairseq layer does not do are held by the first two
+# guards only (ringformer with --act on: 122, 1.45x; --attn-signal before --ffn-signal inter:
+# 106, 1.26x).
+OPS_PER_LEVEL_BOUND = 1.25
+
+
+def _ids(case):
+    return " ".join(case)
+
+
+def _levels(model) -> int:
+    decoder = model.decoder
+    return decoder.stack.num_levels if hasattr(decoder, "stack") else len(decoder.layers)
+
+
+def _model(case, levels: int | None = None):
+    extra = () if levels is None else ("--decoder-layers", str(levels))
+    model, _, _ = build(*case, *extra)
+    train_signals(model)
+    return model.eval()
+
+
+def beam_step(model, sim: SimulatedDevice | None = None) -> tuple[DispatchLog, torch.Tensor]:
+    """The log of one step of beam search after :data:`WARM_UP` steps, and its log-probs.
+
+    With ``sim`` the model and the batch are moved to the simulated device first.
+    """
+    src, lengths, prev = batch(seed=1, bsz=3, tgt_len=WARM_UP + 1)
+    with torch.no_grad(), sim or contextlib.nullcontext():
+        if sim is not None:
+            sim.module(model)
+            src, lengths, prev = (sim.tensor(t) for t in (src, lengths, prev))
+        ensemble = EnsembleModel([model])
+        rows = torch.arange(src.size(0), device=src.device).repeat_interleave(BEAM)
+        enc = ensemble.forward_encoder({"src_tokens": src, "src_lengths": lengths})
+        enc = ensemble.reorder_encoder_out(enc, rows)
+        tokens, state = prev.index_select(0, rows), [{}]
+        # every hypothesis continues another beam of its sentence, as beam search reorders
+        order = torch.arange(rows.numel(), device=src.device).view(-1, BEAM).flip(1).flatten()
+
+        def step(t: int) -> torch.Tensor:
+            nonlocal enc
+            if t > 0:
+                ensemble.reorder_incremental_state(state, order)
+                enc = ensemble.reorder_encoder_out(enc, order)
+            return ensemble.forward_decoder(tokens[:, : t + 1], enc, state)[0]
+
+        for t in range(WARM_UP):
+            step(t)
+        with count_dispatch() as log:
+            lprobs = step(WARM_UP)
+        if sim is not None:
+            lprobs = lprobs.cpu()
+    return log, lprobs
+
+
+@functools.cache
+def simulated(case: tuple[str, ...]) -> DispatchLog:
+    """The step of ``case`` on a simulated CUDA device (checked against the CPU's)."""
+    model = _model(case)
+    _, expected = beam_step(model)
+    log, lprobs = beam_step(model, SimulatedDevice("cuda"))
+    torch.testing.assert_close(lprobs, expected, atol=1e-5, rtol=1e-5)
+    return log
+
+
+@functools.cache
+def ops_per_level(case: tuple[str, ...]) -> float:
+    """Operations one more level adds to the step: (ops at 2N levels - ops at N) / N."""
+    model = _model(case)
+    n = _levels(model)
+    deep = _model(case, 2 * n)
+    assert _levels(deep) == 2 * n
+    return (beam_step(deep)[0].total - beam_step(model)[0].total) / n
+
+
+def _events(events) -> str:
+    return "\n".join(f"  {e.op} ({e.device}) at {e.where}" for e in events)
+
+
+def test_fairseq_step_is_measured():
+    """The reference: fairseq's transformer reads its target padding once per step
+    (``prev_output_tokens.eq(pad).any()``) and copies nothing to the device."""
+    log = simulated(FAIRSEQ)
+    assert [e.op for e in log.syncs] == ["aten._local_scalar_dense"], _events(log.syncs)
+    assert "transformer_decoder.py" in log.syncs[0].where
+    assert not log.to_device, _events(log.to_device)
+    assert 50 <= ops_per_level(FAIRSEQ) <= 150
+
+
+@pytest.mark.parametrize("case", DECODERS, ids=_ids)
+def test_step_syncs_no_more_than_fairseq(case):
+    theirs, ours = simulated(FAIRSEQ).syncs, simulated(case).syncs
+    message = f"fairseq's:\n{_events(theirs)}\nours:\n{_events(ours)}"
+    n_ours, n_theirs = len(ours), len(theirs)
+    assert n_ours <= n_theirs, message
+
+
+@pytest.mark.parametrize("case", DECODERS, ids=_ids)
+def test_step_copies_no_cpu_tensor_to_the_device(case):
+    moved = simulated(case).to_device
+    n_moved = len(moved)
+    assert n_moved == 0, "CPU tensors copied to the device:\n" + _events(moved)
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES, ids=_ids)
+def test_step_ops_per_level_within_bound_of_fairseq(case):
+    ours, theirs = ops_per_level(case), ops_per_level(FAIRSEQ)
+    assert ours <= OPS_PER_LEVEL_BOUND * theirs, (
+        f"{ours:.1f} operations per level; fairseq's transformer {theirs:.1f} per layer, "
+        f"bound {OPS_PER_LEVEL_BOUND}x"
+    )
