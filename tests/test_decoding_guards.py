@@ -40,14 +40,14 @@ FAIRSEQ = (
 BEAM = 2
 WARM_UP = 3  # steps before the measured one
 
-# Measured (torch 2.14.1, fairseq 0.12.3): fairseq's transformer dispatches 84 operations per
-# decoder layer in a step; recurnmt's families per level: owf 56, recurrent_transformer 67,
-# universal_transformer 69, ringformer 89 (1.06x), sret 90 (1.07x) and
-# universal_transformer_act 102 (1.21x: ACT's halting bookkeeping, about 33 small operations
+# Measured (torch 2.14.1 and 2.6.0, fairseq 0.12.3): fairseq's transformer dispatches 84
+# operations per decoder layer in a step; recurnmt's families per level: owf 55,
+# recurrent_transformer 66, universal_transformer 68, ringformer 88 (1.05x), sret 89 (1.06x) and
+# universal_transformer_act 101 (1.20x: ACT's halting bookkeeping, about 33 small operations
 # per level). The bound leaves a few operations per level of headroom to the largest. It holds
 # the families; options that add work a fairseq layer does not do are held by the first two
-# guards only (ringformer with --act on: 122, 1.45x; --attn-signal before --ffn-signal inter:
-# 106, 1.26x).
+# guards only (ringformer with --act on: 121, 1.44x; --attn-signal before --ffn-signal inter:
+# 105, 1.25x).
 OPS_PER_LEVEL_BOUND = 1.25
 
 

@@ -400,5 +400,6 @@ class CrossAttention(_Attention):
                 f"{memory.group}"
             )
         pad = memory.padding_mask
-        mask = None if pad is None else ~pad[:, None, None, :]
+        # B x 1 x 1 x S; a view, as indexing with ``:`` costs a slice each on torch 2.6
+        mask = None if pad is None else ~pad.view(pad.size(0), 1, 1, pad.size(1))
         return self._attend(q, memory.k, memory.v, mask, terms, group=memory.group)

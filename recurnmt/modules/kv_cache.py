@@ -3,7 +3,9 @@
 Keys and values live in one preallocated buffer, 2 x B x H x capacity x D, that grows by
 doubling: a step writes its new positions in place instead of concatenating (which would copy
 the whole history at every step), and beam search reorders keys and values together with one
-``index_select`` per level.
+``index_select`` per level. The buffer is read and written through ``narrow`` rather than
+``[:, :, a:b]``: torch 2.6 dispatches a slice for every ``:``, eight more operations per level
+and step (``tests/test_decoding_guards.py`` counts them).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class KVCache:
     def _filled(self, which: int) -> Tensor:
         if self.buffer is None:
             raise ValueError("the cache is empty: no step has run yet")
-        return self.buffer[which, :, :, : self.length]
+        return self.buffer[which].narrow(2, 0, self.length)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Writes the new positions' keys and values (B x H x T x D each).
@@ -49,8 +51,8 @@ class KVCache:
         end = self.length + k.size(2)
         if self.buffer is None or end > self.buffer.size(3):
             self._grow(k, end)
-        self.buffer[0, :, :, self.length : end] = k
-        self.buffer[1, :, :, self.length : end] = v
+        self.buffer[0].narrow(2, self.length, k.size(2)).copy_(k)
+        self.buffer[1].narrow(2, self.length, v.size(2)).copy_(v)
         self.length = end
         return self.keys, self.values
 
@@ -61,7 +63,7 @@ class KVCache:
             capacity = max(capacity, 2 * self.buffer.size(3))
         grown = k.new_empty(2, b, h, capacity, d)
         if self.buffer is not None:
-            grown[:, :, :, : self.length] = self.buffer[:, :, :, : self.length]
+            grown.narrow(3, 0, self.length).copy_(self.buffer.narrow(3, 0, self.length))
         self.buffer = grown
 
     def reorder(self, new_order: Tensor) -> KVCache:
