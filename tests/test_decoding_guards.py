@@ -104,9 +104,12 @@ def beam_step(model, sim: SimulatedDevice | None = None) -> tuple[DispatchLog, t
 @functools.cache
 def simulated(case: tuple[str, ...]) -> DispatchLog:
     """The step of ``case`` on a simulated CUDA device (checked against the CPU's)."""
+    sim = SimulatedDevice("cuda")
+    if not sim.supported():
+        pytest.skip("this torch's Python indexing takes a CUDA device guard, which needs a GPU")
     model = _model(case)
     _, expected = beam_step(model)
-    log, lprobs = beam_step(model, SimulatedDevice("cuda"))
+    log, lprobs = beam_step(model, sim)
     torch.testing.assert_close(lprobs, expected, atol=1e-5, rtol=1e-5)
     return log
 

@@ -303,6 +303,21 @@ class SimulatedDevice:
         self.device = torch.device(device.type, 0 if device.index is None else device.index)
         self._stack: contextlib.ExitStack | None = None
 
+    def supported(self) -> bool:
+        """Whether this torch runs the simulation without the real device.
+
+        torch 2.6 takes a device guard in Python indexing and ``nonzero`` (2.11 no longer
+        does), and a CUDA guard needs a GPU.
+        """
+        probe = SimulatedDevice(self.device)  # self may be in use
+        with probe:
+            x = probe.tensor(torch.zeros(2))
+            try:
+                x[1:].nonzero()
+            except RuntimeError:
+                return False
+        return True
+
     def tensor(self, t: Tensor) -> Tensor:
         """``t`` (on the CPU) on the simulated device, sharing its data; inference only."""
         if isinstance(t, _SimulatedTensor):
