@@ -121,8 +121,9 @@ class DispatchLog:
 def count_dispatch() -> Iterator[DispatchLog]:
     """Records the aten operations dispatched inside the ``with`` block.
 
-    Inside a :class:`SimulatedDevice`, enter it after the simulation (the simulation runs
-    the operations it receives on the CPU and hides them from modes entered before it).
+    It reads the same events with a model on a real device. Inside a
+    :class:`SimulatedDevice`, enter it after the simulation (the simulation runs the operations
+    it receives on the CPU and hides them from modes entered before it).
 
     Yields:
         The log, filled as the block runs.
