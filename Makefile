@@ -11,7 +11,8 @@ LOCK := requirements/lock.txt
 # INSTALLER=pip uses pip alone
 INSTALLER ?= auto
 
-.PHONY: setup demo test test-fast test-e2e lint format benchmark gpu-check compat lock clean
+.PHONY: setup demo test test-fast test-e2e lint format benchmark gpu-check gpu-wheels compat lock \
+	clean
 
 setup: $(STAMP)
 
@@ -49,15 +50,23 @@ format: $(STAMP)
 benchmark: $(STAMP)
 	$(BIN)/python scripts/benchmark_nmt.py
 
-# gpu-check: on a CUDA machine, .venv-gpu on the CUDA torch already installed (python3's, or
-# PYTHON=... given here), the rest from the index or from WHEELS=dir alone; then pytest -m cuda
-# and the base-size benchmarks in fp16 and bf16, reported in docs/gpu_check.md (GPU_REPORT=...).
+# gpu-check: on a CUDA machine, within BUDGET seconds (default 480, installation included):
+# .venv-gpu on the CUDA torch already installed (python3's, or PYTHON=... given here), the rest
+# from the index or from WHEELS=dir alone; then the real fairseq-train/-generate, the NMT
+# benchmark, pytest -m cuda and the vision benchmark, reported in docs/gpu_check.md
+# (GPU_REPORT=...) after every step, every command's output in its .log.
 GPU_PYTHON := $(if $(filter command line environment,$(origin PYTHON)),$(PYTHON),python3)
 GPU_REPORT ?= docs/gpu_check.md
 
 gpu-check:
 	$(GPU_PYTHON) scripts/gpu_check.py --python $(GPU_PYTHON) --out $(GPU_REPORT) \
-		$(if $(WHEELS),--wheels $(WHEELS)) $(GPU_CHECK_FLAGS)
+		$(if $(WHEELS),--wheels $(WHEELS)) $(if $(BUDGET),--budget $(BUDGET)) $(GPU_CHECK_FLAGS)
+
+# gpu-wheels: here, with a package index, the wheels a GPU machine without one needs
+# (requirements/lock.txt but the image's torch family) for its Python: make gpu-check WHEELS=
+PYVER ?= 3.12
+gpu-wheels:
+	$(GPU_PYTHON) scripts/gpu_wheels.py --python-version $(PYVER) --out $(or $(WHEELS),wheels)
 
 # compat: a second environment (.venv-compat/NAME) with another Python and torch inside
 # setup.cfg's ranges, and the smoke subset of the tests there; the result goes to docs/compat/.

@@ -128,13 +128,20 @@ def processes(nproc: int) -> str:
 
 
 def train_command(
-    data: str | Path, arch: str, flags: Sequence[str], save_dir: Path, nproc: int = 1
+    data: str | Path,
+    arch: str,
+    flags: Sequence[str],
+    save_dir: Path,
+    nproc: int = 1,
+    device: str = "cpu",
 ) -> list[str]:
     """Training of ``arch`` with ``flags`` on this machine's CPU (``nproc`` data-parallel
-    processes through :mod:`recurnmt.nmt.launch`), the last checkpoint only, a json log line
-    every 25 updates."""
+    processes through :mod:`recurnmt.nmt.launch`) or, with ``device="cuda"``, on its GPU
+    (fairseq's own choice: one process on the first device); the last checkpoint only, a json
+    log line every 25 updates."""
+    start = cpu_train_command(nproc) if device == "cpu" else fairseq_tool("train")
     return [
-        *cpu_train_command(nproc),
+        *start,
         str(data),
         "--user-dir",
         str(user_dir()),
@@ -154,10 +161,16 @@ def train_command(
 
 
 def generate_command(
-    data: str | Path, checkpoint: Path, *, beam: int, lenpen: float, extra: Sequence[str] = ()
+    data: str | Path,
+    checkpoint: Path,
+    *,
+    beam: int,
+    lenpen: float,
+    extra: Sequence[str] = (),
+    device: str = "cpu",
 ) -> list[str]:
-    """``fairseq-generate`` of the test set on the CPU, sentencepiece removed; ``extra``
-    flags last."""
+    """``fairseq-generate`` of the test set on the CPU (or ``device="cuda"``: the GPU),
+    sentencepiece removed; ``extra`` flags last."""
     return [
         *fairseq_tool("generate"),
         str(data),
@@ -181,7 +194,7 @@ def generate_command(
         "1",
         "--post-process",
         "sentencepiece",
-        "--cpu",
+        *(["--cpu"] if device == "cpu" else []),
         *extra,
     ]
 
@@ -206,3 +219,50 @@ def train_stats(train_log: Path) -> dict[str, float]:
             record = json.loads(line[start:])
             stats = {k: float(record[k]) for k in ("num_updates", "loss", "ppl") if k in record}
     return stats
+
+
+def epoch_stats(train_log: Path) -> dict[int, dict[str, float]]:
+    """fairseq's end-of-epoch training line (json log) per epoch: ``{epoch: {"wps": ...,
+    "ups": ..., "wall": ..., "loss": ...}}`` (the ``train_`` prefix dropped)."""
+    found = {}
+    for line in train_log.read_text(encoding="utf-8").splitlines():
+        start = line.find("{")
+        if "| train |" in line and start >= 0:
+            record = json.loads(line[start:])
+            found[int(record["epoch"])] = {
+                k.removeprefix("train_"): float(v)
+                for k, v in record.items()
+                if k.startswith("train_") and _is_number(v)
+            }
+    return found
+
+
+def _is_number(value: object) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+# fairseq-generate's closing line: "Translated 1,555 sentences (33,982 tokens) in 33.6s
+# (46.22 sentences/s, 1010.01 tokens/s)"
+_TRANSLATED = re.compile(
+    r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s "
+    r"\(([\d.]+) sentences/s, ([\d.]+) tokens/s\)"
+)
+
+
+def generation_speed(generate_log: Path) -> dict[str, float] | None:
+    """What ``fairseq-generate`` says of its own speed (None: no such line)."""
+    match = _TRANSLATED.search(generate_log.read_text(encoding="utf-8"))
+    if match is None:
+        return None
+    sentences, tokens, seconds, per_s, tokens_per_s = match.groups()
+    return {
+        "sentences": int(sentences.replace(",", "")),
+        "tokens": int(tokens.replace(",", "")),
+        "seconds": float(seconds),
+        "sentences_per_s": float(per_s),
+        "tokens_per_s": float(tokens_per_s),
+    }

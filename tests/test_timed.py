@@ -1,0 +1,56 @@
+"""recurnmt.analysis.timed: a command's output streamed as it comes, stopped with its children
+at its time limit; a budget shared among the steps still to come."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from recurnmt.analysis.timed import Budget, run_streamed
+
+
+def test_output_is_streamed_to_the_terminal_and_the_log(tmp_path, capfd):
+    log = tmp_path / "log.txt"
+    code = "import sys; print('one'); print('two', file=sys.stderr); sys.exit(3)"
+    run = run_streamed([sys.executable, "-c", code], log)
+    assert (run.returncode, run.timed_out) == (3, False)
+    assert run.tail == "one\ntwo\n"
+    assert log.read_text().endswith("one\ntwo\n") and log.read_text().startswith("+ ")
+    assert "one\ntwo\n" in capfd.readouterr().out
+
+
+def test_a_command_past_its_limit_is_stopped_with_its_children(tmp_path):
+    log = tmp_path / "log.txt"
+    child = tmp_path / "child_pid"
+    code = (  # a parent printing, then waiting on a child that outlives it unless killed too
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(child)!r}, 'w').write(str(p.pid))\n"
+        "print('started', flush=True)\n"
+        "p.wait()\n"
+    )
+    start = time.monotonic()
+    run = run_streamed([sys.executable, "-c", code], log, timeout=3)
+    assert run.timed_out and time.monotonic() - start < 20
+    assert "started" in run.tail  # what it printed before the limit is kept
+    assert "stopped at its time limit, 3 s" in log.read_text()
+    pid = int(child.read_text())
+    with pytest.raises(ProcessLookupError):  # the grandchild went with it
+        for _ in range(50):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+
+
+def test_the_budget_is_shared_among_the_steps_still_to_come():
+    budget = Budget(100, reserve=10)
+    assert 89 < budget.left() <= 90
+    assert budget.share(3, later=6) == pytest.approx(budget.left() / 3, rel=1e-3)
+    budget.start -= 85  # 85 s went by: the last 5 s of the reserve-less time remain
+    assert budget.left() == pytest.approx(5, abs=0.1)
+    budget.start -= 50
+    assert budget.left() == 0 and budget.share(1, 1) == 0
+    with pytest.raises(ValueError, match="--budget 0: must be a positive number of seconds"):
+        Budget(0)
