@@ -1,0 +1,184 @@
+"""The real ``fairseq-train`` and ``fairseq-generate`` of the families, timed as users run them.
+
+``scripts/benchmark_nmt.py`` times the models in one harness; this runs the command lines
+themselves on the embedded German-English corpus, one architecture after another at the same
+size and recipe, and reads the speed fairseq reports: training words/s of every epoch from the
+json log (the steady state is the last epoch: the first one meets every batch shape for the
+first time, issue 25), and what ``fairseq-generate`` says of its own speed on the test set
+(sentences/s and tokens/s, beam 4 by default). Ratios are to the first architecture; the
+``--json`` document is written after every architecture (``"complete"`` once all are in).
+
+    python scripts/fairseq_speed.py --device cuda --dtype fp16             # base size, 2 epochs
+    python scripts/fairseq_speed.py --device cpu --dtype fp32 --embed-dim 32 --ffn-dim 64 \\
+        --heads 2 --levels 2 --max-tokens 1024 --max-train 300 --gen-shards 25   # a smoke run
+
+``make gpu-check`` runs it as its first measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from recurnmt.analysis.nmt_runs import (  # noqa: E402
+    epoch_stats,
+    generate_command,
+    generation_speed,
+    recipe_flags,
+    run_logged,
+    size_flags,
+    train_command,
+)
+from recurnmt.cli import UserError, entry_point  # noqa: E402
+from recurnmt.nmt.quiet import quiet_env  # noqa: E402
+
+PROG = "python scripts/fairseq_speed.py"
+# fairseq 0.12's --bf16 implies --tpu (torch_xla): half precision on a GPU is --fp16
+PRECISION_FLAGS = {"fp32": [], "fp16": ["--fp16"]}
+
+
+def prepare_data(args: argparse.Namespace) -> Path:
+    """The binarized embedded corpus: ``--data``, or prepared into the work directory."""
+    if args.data:
+        if not (args.data / "dict.en.txt").is_file():
+            raise UserError(f"--data {args.data}: no dict.en.txt there (a data-bin directory?)")
+        return args.data
+    out = args.out / f"data_train{args.max_train or 'all'}"
+    if not (out / "dict.en.txt").is_file():
+        cmd = [sys.executable, "-m", "data_prep.embedded", "prepare", "--out", str(out)]
+        cmd += ["--workers", str(args.workers), "--force"]
+        cmd += ["--max-train", str(args.max_train)] if args.max_train else []
+        print(f"preparing the embedded corpus into {out} ...", flush=True)
+        subprocess.run(cmd, cwd=ROOT, env=quiet_env(dict(os.environ)), check=True)
+    return out
+
+
+def measure(arch: str, data: Path, args: argparse.Namespace) -> dict:
+    """Trains ``arch`` for ``--epochs`` epochs, translates the test set; the speeds."""
+    run = args.out / arch
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    recipe = argparse.Namespace(
+        dropout=0.1, lr=5e-4, lr_scheduler="inverse_sqrt", warmup=100, max_tokens=args.max_tokens,
+        nproc=1, max_update=0, seed=1,
+    )  # fmt: skip
+    flags = [*size_flags(args, arch), *recipe_flags(recipe), *PRECISION_FLAGS[args.dtype]]
+    flags += ["--max-epoch", str(args.epochs), "--disable-validation"]
+    train = train_command(data, arch, flags, run / "checkpoints", device=args.device)
+    print(f"[{arch}] training {args.epochs} epochs ...", flush=True)
+    train_s = run_logged(train, run / "train.log", cwd=ROOT)
+    epochs = epoch_stats(run / "train.log")
+    if args.epochs not in epochs:
+        raise UserError(f"[{arch}] no end-of-epoch line for epoch {args.epochs} in {run}/train.log")
+    extra = [*PRECISION_FLAGS[args.dtype]]
+    if args.gen_shards > 1:  # the first of N shards of the test set
+        extra += ["--num-shards", str(args.gen_shards), "--shard-id", "0"]
+    checkpoint = run / "checkpoints" / "checkpoint_last.pt"
+    generate = generate_command(
+        data, checkpoint, beam=args.beam, lenpen=1.0, extra=extra, device=args.device
+    )
+    print(f"[{arch}] translating the test set (beam {args.beam}) ...", flush=True)
+    run_logged(generate, run / "generate.log", stdout=run / "generate.txt", cwd=ROOT)
+    speed = generation_speed(run / "generate.txt") or generation_speed(run / "generate.log")
+    if speed is None:
+        raise UserError(f"[{arch}] fairseq-generate printed no 'Translated ...' line ({run})")
+    row = {
+        "arch": arch,
+        "train_wps": epochs[args.epochs]["wps"],
+        "first_epoch_wps": epochs[1]["wps"],
+        "train_seconds": round(train_s, 1),
+        "gen_sentences_per_s": speed["sentences_per_s"],
+        "gen_tokens_per_s": speed["tokens_per_s"],
+        "gen_sentences": speed["sentences"],
+        "gen_tokens": speed["tokens"],
+        "train_command": shlex.join(train),
+        "generate_command": shlex.join(generate),
+    }
+    print(
+        f"[{arch}] {row['train_wps']:.0f} words/s in epoch {args.epochs} "
+        f"({row['first_epoch_wps']:.0f} in epoch 1); generation {row['gen_sentences_per_s']:.1f} "
+        f"sentences/s, {row['gen_tokens_per_s']:.0f} tokens/s",
+        flush=True,
+    )
+    return row
+
+
+COLUMNS = (
+    ("train words/s (last epoch)", "train_wps", ".0f"),
+    ("first epoch", "first_epoch_wps", ".0f"),
+    ("generate sentences/s", "gen_sentences_per_s", ".1f"),
+    ("tokens/s", "gen_tokens_per_s", ".0f"),
+)
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown rows with each figure's ratio to the first architecture's."""
+    base = rows[0]
+    header = ["arch"] + [f"{title} | ratio" for title, _, _ in COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * (1 + 2 * len(COLUMNS))]
+    for row in rows:
+        cells = [f"`{row['arch']}`"]
+        for _, key, fmt in COLUMNS:
+            cells += [format(row[key], fmt), f"{row[key] / max(base[key], 1e-12):.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--archs", nargs="+", default=["transformer", "ringformer"])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--dtype", choices=sorted(PRECISION_FLAGS), default="fp16")
+    parser.add_argument("--embed-dim", type=int, default=512)
+    parser.add_argument("--ffn-dim", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--levels", type=int, default=6)
+    parser.add_argument("--pre-ln", action="store_true")
+    parser.add_argument("--max-tokens", type=int, default=8192)
+    parser.add_argument("--epochs", type=int, default=2, help="the last one is timed")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--gen-shards", type=int, default=1, help="translate 1/N of the test set")
+    parser.add_argument("--data", type=Path, help="a binarized corpus (default: the embedded)")
+    parser.add_argument("--max-train", type=int, help="prepare only N training pairs")
+    parser.add_argument("--workers", type=int, default=4, help="fairseq-preprocess workers")
+    parser.add_argument("--out", type=Path, default=ROOT / "work" / "fairseq_speed")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    if args.epochs < 2:
+        raise ValueError(f"--epochs {args.epochs}: at least 2 (the first is not timed)")
+    if args.device == "cpu" and args.dtype != "fp32":
+        raise ValueError("--dtype fp16 needs --device cuda (fairseq trains fp16 on a GPU only)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    from recurnmt.nmt.build import check_arch
+
+    for arch in args.archs:
+        check_arch(arch)
+    data = prepare_data(args)
+    settings = {k: str(v) for k, v in vars(args).items() if k != "json"}
+    doc = {"device": args.device, "dtype": args.dtype, "settings": settings, "results": []}
+    for arch in args.archs:  # the document is written after every architecture
+        doc["results"].append(measure(arch, data, args))
+        doc["complete"] = len(doc["results"]) == len(args.archs)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    print(table(doc["results"]))
+    return doc
+
+
+if __name__ == "__main__":
+    sys.exit(entry_point(main, PROG)())
