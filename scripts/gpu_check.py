@@ -1,33 +1,50 @@
-"""``make gpu-check``: the CUDA tests and the base-size benchmarks on a GPU, as one report.
+"""``make gpu-check``: recurnmt on a GPU within a time budget, as one report.
 
-On a CUDA machine it
+Time on a rented or shared GPU is short, and the first thing a check does there is install,
+so the whole check runs within ``--budget`` seconds of wall time (default 480: 8 minutes on one
+H100/H200, installation included). On a CUDA machine it
 
 1. builds ``.venv-gpu`` on the CUDA torch already installed: a virtual environment of
    ``--python`` (default: this interpreter) that also sees that interpreter's packages (a
    ``.pth`` file; plain ``--system-site-packages`` would miss a torch that lives in another
    virtual environment), so the machine's own torch, torchvision and numpy are kept, whatever
    their versions. Only what is missing is installed, at the versions of
-   requirements/lock.txt, from the package index or, with ``--wheels DIR``, from that folder alone
-   (GPU machines often reach no index); fairseq's C extensions are compiled against the torch
-   found. Where no torch is installed at all, the pinned torch's CUDA wheel comes from the
-   index (``--torch-index-url``; PyPI's Linux wheel of torch 2.14.1 is the CUDA 13.0 build);
-2. runs ``pytest -m cuda`` (the CUDA half of the device-parametrized tests);
-3. runs ``scripts/benchmark_nmt.py`` at base size (H=512, FF=2048, 8 heads, 6 levels) and
-   ``scripts/benchmark_vision.py`` at ViT-S/16 (D=384, FF=1536, 6 heads, 12 levels, 224 px),
-   each in every ``--dtypes`` (fp16 and bf16);
-4. writes one markdown report (``--out``, default ``docs/gpu_check.md``) and the raw figures
-   beside it (``.json``): device, Python, torch, CUDA and the other versions, the tests'
-   result, and the tables of ratios to fairseq's ``transformer`` and to timm's ViT, each
-   ratio next to its target (issue 13): training tokens/s of every weight-shared family
-   >= 1.0x the transformer in fp16, generation (beam 4) >= 1.0x, and the cross-attention
-   part of the decoder cache at most M/N of the transformer's for M unique cross-attentions
-   over N levels (1/N for a fully shared decoder).
+   requirements/lock.txt, from the package index or, with ``--wheels DIR``, from that folder
+   alone (GPU machines often reach no index: ``make gpu-wheels`` fills one,
+   ``scripts/gpu_wheels.py``). Where no torch is installed at all, the pinned torch's CUDA
+   wheel comes from the index (``--torch-index-url``);
+2. then the steps, in this order, each with a share of the budget left when it starts (an
+   early step that runs long shortens the later ones; a step left less than 20 s is not
+   started, and the report says so):
 
-Without a CUDA device it stops at once. ``--cpu-smoke`` runs steps 3 and 4 on the CPU at a
-tiny size in bf16 (no environment, no pytest), to check the pipeline and the report anywhere.
+   - ``fairseq``: the real ``fairseq-train`` and ``fairseq-generate`` of fairseq's
+     ``transformer`` and ``ringformer`` at base size on the embedded corpus
+     (``scripts/fairseq_speed.py``; steady state: the second epoch is timed);
+   - ``nmt``: ``scripts/benchmark_nmt.py`` at base size (H=512, FF=2048, 8 heads, 6 levels)
+     in every ``--dtypes`` (fp16, bf16);
+   - ``tests``: ``pytest -m cuda`` (in parallel where pytest-xdist is installed); stopped at
+     its limit, the tests that ran are counted;
+   - ``vision``: ``scripts/benchmark_vision.py`` at ViT-S/16 (D=384, FF=1536, 6 heads, 12
+     levels, 224 px) in every ``--dtypes``.
+
+   The step counts are sized to the budget (``--budget 960`` measures twice as many steps);
+3. streams every command's output to the terminal and to a log (``--log``, default the
+   report's ``.log``), and writes the markdown report (``--out``, default
+   ``docs/gpu_check.md``) and its ``.json`` after every step, so that a run stopped at any
+   point leaves every figure measured so far: device, Python, torch, CUDA and the other
+   versions, the tests' result, and the tables of ratios to fairseq's ``transformer`` and to
+   timm's ViT, each next to its target (issue 13): training tokens/s of every weight-shared
+   family >= 1.0x the transformer in fp16, generation (beam 4) >= 1.0x, and the
+   cross-attention part of the decoder cache at most M/N of the transformer's for M unique
+   cross-attentions over N levels (1/N for a fully shared decoder).
+
+Without a CUDA device it stops at once. ``--cpu-smoke`` runs the steps but the tests on the CPU
+at a tiny size (fairseq in fp32, the benchmarks in bf16; no environment), to check the
+pipeline, the budget and the report anywhere.
 
     make gpu-check                                   # python3's CUDA torch, index for the rest
     make gpu-check PYTHON=/opt/torch/.venv/bin/python3 WHEELS=wheels   # no index
+    make gpu-check GPU_CHECK_FLAGS="--budget 900"    # more time, more steps measured
     python scripts/gpu_check.py --cpu-smoke --out /tmp/gpu_check.md
 """
 
@@ -43,6 +60,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,16 +68,23 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from recurnmt.analysis.timed import Budget, run_streamed  # noqa: E402  (standard library only)
 from recurnmt.cli import UserError, entry_point  # noqa: E402  (standard library only)
 
 PROG = "python scripts/gpu_check.py"
 DTYPES = ("fp32", "bf16", "fp16")
 NMT_BASELINE = "transformer"
 VISION_BASELINE = "timm vit"
-# scripts/benchmark_*.py flags per size; "base" is the issue's base size
+PARTS = ("fairseq", "nmt", "tests", "vision")
+# scripts/benchmark_*.py flags per size: "base" is issue 13's base size with the README's
+# rounds; "check" the same models with the step counts of the default budget (scaled with
+# --budget: see scaled()); "smoke" a tiny CPU run
 NMT_SIZES = {
     "base": "--embed-dim 512 --ffn-dim 2048 --heads 8 --levels 6 --max-tokens 4096 "
     "--warmup 5 --steps 20 --train-rounds 2 --sentences 256 --gen-batch 64 --gen-rounds 3 "
+    "--beam 4 --decode-len 32",
+    "check": "--embed-dim 512 --ffn-dim 2048 --heads 8 --levels 6 --max-tokens 4096 "
+    "--warmup 3 --steps 10 --train-rounds 1 --sentences 128 --gen-batch 64 --gen-rounds 2 "
     "--beam 4 --decode-len 32",
     "smoke": "--embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 --max-tokens 256 --warmup 1 "
     "--steps 1 --train-rounds 1 --sentences 4 --gen-batch 4 --gen-rounds 1 --beam 4 "
@@ -68,8 +93,18 @@ NMT_SIZES = {
 VISION_SIZES = {
     "base": "--embed-dim 384 --ffn-dim 1536 --heads 6 --levels 12 --img-size 224 "
     "--patch-size 16 --batch-size 128 --warmup 5 --steps 20 --rounds 2",
+    "check": "--embed-dim 384 --ffn-dim 1536 --heads 6 --levels 12 --img-size 224 "
+    "--patch-size 16 --batch-size 128 --warmup 3 --steps 10 --rounds 1",
     "smoke": "--embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 --img-size 16 --patch-size 4 "
     "--batch-size 4 --warmup 1 --steps 1 --rounds 1 --threads 1",
+}
+# scripts/fairseq_speed.py: the real command lines, base size, two epochs (the second timed)
+# on 16,000 training pairs, half the test set translated (scaled with --budget)
+FAIRSEQ_SIZES = {
+    "check": "--archs transformer ringformer --embed-dim 512 --ffn-dim 2048 --heads 8 "
+    "--levels 6 --max-tokens 8192 --epochs 2 --max-train 16000 --workers 8",
+    "smoke": "--archs transformer ringformer --embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 "
+    "--max-tokens 1024 --epochs 2 --max-train 100 --gen-shards 100 --workers 1",
 }
 REPORTED_PACKAGES = ("numpy", "fairseq-fixed", "timm", "torchvision", "triton")
 
@@ -172,8 +207,68 @@ def settings_line(doc: dict) -> str:
     )
 
 
+FAIRSEQ_COLUMNS = [
+    ("train words/s (epoch 2)", "train_wps", ".0f"),
+    ("epoch 1", "first_epoch_wps", ".0f"),
+    ("generate sentences/s", "gen_sentences_per_s", ".1f"),
+    ("tokens/s", "gen_tokens_per_s", ".0f"),
+]
+
+
+def status_lines(check: dict) -> list[str]:
+    """Where the run stood when the report was written."""
+    done, skipped = check["done"], check["skipped"]
+    left = [s for s in check["steps"] if s not in done and s not in skipped]
+    budget = f"{check.get('elapsed_s', 0):.0f} s of a budget of {check['budget_s']:.0f} s"
+    if check["status"] == "complete":
+        line = f"**Complete** after {budget}."
+    else:
+        line = (
+            f"**In progress** when this report was written, after {budget}: a run stopped "
+            "there leaves this report as it stands."
+        )
+    lines = [line, ""]
+    if done:
+        lines.append(f"Steps done: {', '.join(done)}.")
+    if skipped:
+        lines.append("Not run: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()) + ".")
+    if left:
+        lines.append(f"Not reached yet: {', '.join(left)}.")
+    lines.append(f"Every command's output: `{check['log']}`.")
+    return lines
+
+
+def failed_lines(doc: dict) -> list[str]:
+    return ["The step did not finish:", "", "```", doc["error"], "```"]
+
+
+def fairseq_lines(check: dict) -> list[str]:
+    lines = []
+    for dtype, doc in check["fairseq"].items():
+        lines += ["", f"## fairseq-train and fairseq-generate, {dtype}", ""]
+        if "error" in doc:
+            lines += failed_lines(doc)
+            continue
+        if "incomplete" in doc:
+            lines += ["The step stopped before every architecture was measured:", "", "```"]
+            lines += [doc["incomplete"], "```", ""]
+        s = doc["settings"]
+        lines += [
+            f"The real command lines (`scripts/fairseq_speed.py`), one architecture after "
+            f"the other on the embedded corpus ({s['max_train']} training pairs, batches of "
+            f"{s['max_tokens']} tokens; H={s['embed_dim']}, FF={s['ffn_dim']}, {s['heads']} "
+            f"heads, {s['levels']} levels). Steady state: the last of {s['epochs']} epochs is "
+            "timed (the first meets every batch shape for the first time; its speed is shown "
+            f"beside). Generation: the test set (1/{s['gen_shards']} of it), beam {s['beam']}, "
+            "as `fairseq-generate` reports its own speed. Ratios to the first row.",
+            "",
+            *ratio_rows(doc["results"], "arch", FAIRSEQ_COLUMNS),
+        ]
+    return lines
+
+
 def render_report(check: dict) -> str:
-    """The markdown report of one run (``check``: what :func:`run_check` gathered)."""
+    """The markdown report of one run, as far as it got (``check``: see :class:`Report`)."""
     env = check["environment"]
     lines = [
         "# GPU check",
@@ -181,16 +276,26 @@ def render_report(check: dict) -> str:
         f"Written by `{check['command']}` on {check['date']}"
         + (" (**CPU smoke run at a tiny size: no GPU figure**)." if check["smoke"] else "."),
         "",
+        *status_lines(check),
+        "",
         "| | |",
         "| --- | --- |",
-        f"| device | {env['device_name']} |",
-        f"| Python | {env['python']} |",
-        f"| torch | {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']}) |",
     ]
-    for name, version in env["packages"].items():
-        lines.append(f"| {name} | {version or 'not installed'} |")
+    if env:
+        lines += [
+            f"| device | {env['device_name']} |",
+            f"| Python | {env['python']} |",
+            f"| torch | {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']}) |",
+        ]
+        lines += [f"| {k} | {v or 'not installed'} |" for k, v in env["packages"].items()]
+    if check["setup"]:
+        source = check["setup"]["wheels"] or "the package index"
+        lines.append(f"| set-up (`.venv-gpu`) | {check['setup']['seconds']:.0f} s, from {source} |")
     tests = check["tests"]
-    lines.append(f"| tests (`pytest -m cuda`) | {tests['summary']} |")
+    if tests:
+        lines.append(f"| tests (`pytest -m cuda`) | {tests['summary']} |")
+        lines += [f"| failed | `{name}` |" for name in tests.get("failed", [])]
+    lines += fairseq_lines(check)
     sections = [
         ("Translation", "nmt", "arch", NMT_COLUMNS, NMT_BASELINE),
         ("Images", "vision", "model", VISION_COLUMNS, VISION_BASELINE),
@@ -203,7 +308,7 @@ def render_report(check: dict) -> str:
                 targets = functools.partial(nmt_targets, dtype=dtype)
             lines += ["", f"## {title}, {dtype}", ""]
             if "error" in doc:
-                lines += ["The benchmark failed:", "", "```", doc["error"], "```"]
+                lines += failed_lines(doc)
                 continue
             lines += [
                 f"Ratios to `{baseline}`, measured in the same run; {settings_line(doc)}. "
@@ -268,17 +373,26 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+# fairseq-fixed 0.12.3.1's requirements but torchaudio: it is installed without its own
+# (--no-deps), since recurnmt never imports torchaudio, and a torchaudio other than the one
+# built for the machine's torch breaks transformers' imports (README "Install")
+FAIRSEQ_REQUIRES = (
+    "cffi", "cython", "hydra-core", "omegaconf", "numpy", "regex", "sacrebleu", "tqdm",
+    "bitarray", "scikit-learn", "packaging",
+)  # fmt: skip
+
+
 def pinned_requirements() -> list[str]:
     """``name==version`` of what the GPU environment needs, at requirements/lock.txt's versions:
-    setup.cfg's requirements with the vision extra and pytest, fairseq-fixed's exactly pinned
-    hydra-core and omegaconf, and the build tools fairseq's C extensions are compiled with."""
+    setup.cfg's requirements with the vision extra and pytest, fairseq-fixed's own but
+    torchaudio (:data:`FAIRSEQ_REQUIRES`), and the build tools of fairseq's C extensions."""
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     extras = cfg["options.extras_require"]
     lines = cfg["options"]["install_requires"].splitlines() + extras["vision"].splitlines()
     lines += [r for r in extras["dev"].splitlines() if "pytest" in r]
     names = [re.match(r"[A-Za-z0-9._-]+", r.strip()).group(0) for r in lines if r.strip()]
-    names = ["cython", "setuptools", "wheel", *names, "hydra-core", "omegaconf"]
+    names = ["cython", "setuptools", "wheel", *names, *FAIRSEQ_REQUIRES]
     lock = {}
     for line in (ROOT / "requirements" / "lock.txt").read_text(encoding="utf-8").splitlines():
         if "==" in line and not line.startswith("#"):
@@ -302,16 +416,19 @@ def base_site_pth(venv: Path, site_dirs: list[str]) -> Path:
     return pth
 
 
-def pip(python: Path, args: list[str], wheels: Path | None, index_url: str | None = None):
-    """``pip install``: from ``wheels`` alone when given, else from the index."""
+def pip(
+    python: Path, args: list[str], opts: argparse.Namespace, index_url: str | None = None
+) -> None:
+    """``pip install``: from ``opts.wheels`` alone when given, else from the index; its
+    output streamed to the terminal and ``opts.log``."""
+    wheels = opts.wheels
     source = ["--no-index", "--find-links", str(wheels)] if wheels else []
     if index_url and not wheels:
         source = ["--index-url", index_url]
-    cmd = [str(python), "-m", "pip", "install", "--quiet", *source, *args]
-    print("+ " + " ".join(cmd), flush=True)
-    if subprocess.run(cmd, cwd=ROOT).returncode:
+    cmd = [str(python), "-m", "pip", "install", "--progress-bar", "off", *source, *args]
+    if run_streamed(cmd, opts.log, cwd=ROOT).returncode:
         where = f"the wheels in {wheels}" if wheels else "the package index"
-        raise UserError(f"pip could not install {' '.join(args)} from {where}")
+        raise UserError(f"pip could not install {' '.join(args)} from {where} (log: {opts.log})")
 
 
 def build_environment(opts: argparse.Namespace) -> Path:
@@ -328,94 +445,240 @@ def build_environment(opts: argparse.Namespace) -> Path:
     if installed["torch"] is None or installed["cuda"] is None:
         pins = [r for r in pinned_requirements() if r.split("==")[0] in ("torch", "torchvision")]
         print(f"no CUDA torch in {opts.python}: installing {' '.join(pins)} (CUDA wheel)")
-        pip(venv_python, pins, opts.wheels, opts.torch_index_url)
+        pip(venv_python, pins, opts, opts.torch_index_url)
         installed = probe(venv_python, names)
     missing = missing_requirements(installed["packages"])
     first = [r for r in missing if r.split("==")[0] in ("numpy", "cython", "setuptools", "wheel")]
     fairseq = [r for r in missing if r.startswith("fairseq-fixed")]
     rest = [r for r in missing if r not in first + fairseq]
     if first:
-        pip(venv_python, first, opts.wheels)
-    if fairseq:  # its C extensions compile against the torch and numpy now installed
-        pip(venv_python, ["--no-build-isolation", *fairseq], opts.wheels)
+        pip(venv_python, first, opts)
+    if fairseq:  # a wheel, or its C extensions compile against the torch and numpy installed;
+        # its requirements but torchaudio are among the rest (FAIRSEQ_REQUIRES)
+        pip(venv_python, ["--no-build-isolation", "--no-deps", *fairseq], opts)
     if rest:
-        pip(venv_python, rest, opts.wheels)
+        pip(venv_python, rest, opts)
     # recurnmt itself: its requirements are all there now, the machine's torch among them
-    pip(venv_python, ["--no-deps", "--no-build-isolation", "-e", str(ROOT)], opts.wheels)
+    pip(venv_python, ["--no-deps", "--no-build-isolation", "-e", str(ROOT)], opts)
     return venv_python
 
 
 # --- the run -------------------------------------------------------------------------------
 
+# the default budget: 8 minutes of wall time on one H100/H200, installation included
+DEFAULT_BUDGET = 480.0
+# a step given less than this is not started (said in the report)
+MIN_STEP_SECONDS = 20.0
 
-def run_tests(python: Path) -> dict:
-    """``pytest -m cuda``: its summary line and exit code."""
-    cmd = [str(python), "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"]
-    print("+ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=child_env())
-    print(proc.stdout[-3000:], proc.stderr[-2000:], sep="\n", flush=True)
-    lines = [line.strip("= ") for line in proc.stdout.splitlines() if line.strip()]
-    summary = lines[-1] if lines else "(no output)"
-    return {"summary": f"{summary} (exit code {proc.returncode})", "returncode": proc.returncode}
+
+@dataclass(frozen=True)
+class Step:
+    """One measurement of the check: ``part`` in ``dtype``, and its share of the budget."""
+
+    part: str  # fairseq, nmt, tests, vision
+    dtype: str | None
+    weight: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.part} {self.dtype}" if self.dtype else self.part
+
+
+def plan_steps(opts: argparse.Namespace) -> list[Step]:
+    """The steps in their order (issue 25): the real command lines, the NMT benchmark,
+    ``pytest -m cuda``, the vision benchmark; a dtype after the first weighs less."""
+    steps = []
+    if "fairseq" in opts.parts:
+        # fairseq's half precision on a GPU is fp16 (its --bf16 means a TPU); a CPU: fp32
+        steps.append(Step("fairseq", "fp32" if opts.cpu_smoke else "fp16", 3.0))
+    if "nmt" in opts.parts:
+        steps += [Step("nmt", d, 2.5 if i == 0 else 1.0) for i, d in enumerate(opts.dtypes)]
+    if "tests" in opts.parts and not opts.cpu_smoke:
+        steps.append(Step("tests", None, 2.5))
+    if "vision" in opts.parts:
+        steps += [Step("vision", d, 1.0 if i == 0 else 0.5) for i, d in enumerate(opts.dtypes)]
+    return steps
+
+
+def scaled(flags: str, factor: float, keys: tuple[str, ...]) -> list[str]:
+    """``flags`` with the integer values of ``keys`` multiplied by ``factor`` (at least 1)."""
+    tokens = flags.split()
+    for i, token in enumerate(tokens[:-1]):
+        if token in keys:
+            tokens[i + 1] = str(max(1, round(int(tokens[i + 1]) * factor)))
+    return tokens
 
 
 def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 
 
-def run_benchmark(python: Path, script: str, flags: list[str], out: Path) -> dict:
-    """One benchmark script's JSON document, or ``{"error": its output's tail}``."""
-    cmd = [str(python), str(ROOT / "scripts" / script), *flags, "--json", str(out)]
-    print("+ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True)
-    print(proc.stdout, flush=True)
-    if proc.returncode or not out.exists():
-        return {"error": (proc.stderr or proc.stdout).strip()[-2000:] or f"exit {proc.returncode}"}
-    return json.loads(out.read_text(encoding="utf-8"))
+def failure(run, what: str) -> dict:
+    """The report's entry of a step that did not give its figures."""
+    why = (
+        f"stopped at its time limit after {run.seconds:.0f} s"
+        if run.timed_out
+        else f"{what} failed (exit {run.returncode})"
+    )
+    # progress bars' carriage-return lines say nothing here
+    tail = [line.rsplit("\r", 1)[-1] for line in run.tail.splitlines()]
+    tail = "\n".join(line for line in tail if line.strip())[-2000:]
+    return {"error": f"{why}:\n{tail}", "timed_out": run.timed_out}
 
 
-def run_check(opts: argparse.Namespace, python: Path, env: dict) -> dict:
-    """Tests and benchmarks; everything the report shows."""
-    size = "smoke" if opts.cpu_smoke else "base"
-    device = "cpu" if opts.cpu_smoke else "cuda"
-    if opts.cpu_smoke or opts.skip_tests:
-        why = "CPU smoke run" if opts.cpu_smoke else "--skip-tests"
-        tests = {"summary": f"not run ({why})", "returncode": 0}
+def run_json_command(cmd: list[str], out: Path, log: Path, limit: float) -> dict:
+    """A script that writes ``--json out``: its document (one written before the script
+    stopped, marked ``"incomplete"``), or ``{"error": ...}``."""
+    out.unlink(missing_ok=True)
+    run = run_streamed([*cmd, "--json", str(out)], log, limit, cwd=ROOT, env=child_env())
+    if not out.exists():
+        return failure(run, Path(cmd[1]).name)
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    doc["seconds"] = run.seconds
+    if run.returncode or not doc.get("complete", True):
+        doc["incomplete"] = failure(run, Path(cmd[1]).name)["error"]
+    return doc
+
+
+def run_fairseq(python: Path, opts: argparse.Namespace, step: Step, limit: float) -> dict:
+    """``scripts/fairseq_speed.py``: the real fairseq-train and fairseq-generate."""
+    if opts.cpu_smoke:
+        flags = FAIRSEQ_SIZES["smoke"].split() + ["--device", "cpu", "--dtype", "fp32"]
     else:
-        tests = run_tests(python)
-    raw = opts.out.with_suffix("")
-    raw.mkdir(parents=True, exist_ok=True)
-    nmt, vision = {}, {}
-    for dtype in opts.dtypes:
-        common = ["--device", device, "--dtype", dtype]
-        nmt_flags = [*NMT_SIZES[size].split(), *common]
-        nmt_flags += ["--archs", *opts.archs] if opts.archs else []
-        if opts.data:
-            nmt_flags += ["--data", str(opts.data)]
-        if "nmt" in opts.parts:
-            nmt[dtype] = run_benchmark(
-                python, "benchmark_nmt.py", nmt_flags, raw / f"nmt_{dtype}.json"
-            )
-        vision_flags = [*VISION_SIZES[size].split(), *common]
-        vision_flags += ["--models", *opts.models] if opts.models else []
-        if "vision" in opts.parts:
-            vision[dtype] = run_benchmark(
-                python, "benchmark_vision.py", vision_flags, raw / f"vision_{dtype}.json"
-            )
+        flags = scaled(FAIRSEQ_SIZES["check"], opts.scale, ("--max-train",))
+        flags += ["--gen-shards", str(max(1, round(2 / opts.scale)))]
+        flags += ["--device", "cuda", "--dtype", step.dtype]
+    flags += ["--out", str(ROOT / "work" / "gpu_check" / "fairseq")]
+    script = [str(python), str(ROOT / "scripts" / "fairseq_speed.py"), *flags]
+    return run_json_command(script, opts.raw / f"fairseq_{step.dtype}.json", opts.log, limit)
+
+
+def run_benchmark(python: Path, opts: argparse.Namespace, step: Step, limit: float) -> dict:
+    """``scripts/benchmark_{nmt,vision}.py`` at the check's size, scaled to the budget."""
+    nmt = step.part == "nmt"
+    sizes = NMT_SIZES if nmt else VISION_SIZES
+    if opts.cpu_smoke:
+        flags = sizes["smoke"].split()
+    else:
+        keys = ("--steps", "--sentences", "--gen-rounds") if nmt else ("--steps",)
+        flags = scaled(sizes["check"], opts.scale, keys)
+    device = "cpu" if opts.cpu_smoke else "cuda"
+    flags += ["--device", device, "--dtype", step.dtype]
+    if nmt:
+        flags += ["--archs", *opts.archs] if opts.archs else []
+        flags += ["--data", str(opts.data)] if opts.data else []
+    else:
+        flags += ["--models", *opts.models] if opts.models else []
+    script = "benchmark_nmt.py" if nmt else "benchmark_vision.py"
+    cmd = [str(python), str(ROOT / "scripts" / script), *flags]
+    return run_json_command(cmd, opts.raw / f"{step.part}_{step.dtype}.json", opts.log, limit)
+
+
+def run_tests(python: Path, opts: argparse.Namespace, step: Step, limit: float) -> dict:
+    """``pytest -m cuda`` (in parallel where pytest-xdist is installed); stopped at its
+    limit, it reports the tests that ran."""
+    cmd = [str(python), "-m", "pytest", "-m", "cuda", "-v", "-p", "no:cacheprovider"]
+    if probe(python, ["pytest-xdist"])["packages"].get("pytest-xdist"):
+        cmd += ["-n", str(min(8, os.cpu_count() or 1))]
+    start = opts.log.stat().st_size if opts.log.exists() else 0
+    run = run_streamed(cmd, opts.log, limit, cwd=ROOT, env=child_env())
+    with opts.log.open(encoding="utf-8", errors="replace") as f:
+        f.seek(start)
+        output = f.read()
+    counts = {k: len(re.findall(rf"(?m) {k.upper()}(?: |$)", output)) for k in TEST_OUTCOMES}
+    failed = sorted(set(re.findall(r"(?m)^FAILED (\S+)", output)))
+    lines = [line.strip("= ") for line in run.tail.splitlines() if line.strip()]
+    if run.timed_out:
+        so_far = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+        summary = f"stopped at its time limit after {run.seconds:.0f} s: {so_far or 'none'} so far"
+    else:
+        summary = f"{lines[-1] if lines else '(no output)'} (exit code {run.returncode})"
     return {
-        "command": "make gpu-check" if not opts.cpu_smoke else f"{PROG} --cpu-smoke",
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "smoke": opts.cpu_smoke,
-        "environment": env,
-        "tests": tests,
-        "nmt": nmt,
-        "vision": vision,
+        "summary": summary,
+        "returncode": run.returncode,
+        "timed_out": run.timed_out,
+        "counts": counts,
+        "failed": failed,
+        "seconds": run.seconds,
     }
+
+
+TEST_OUTCOMES = ("passed", "failed", "error", "skipped")
+RUNNERS = {"fairseq": run_fairseq, "nmt": run_benchmark, "vision": run_benchmark}
+
+
+class Report:
+    """``docs/gpu_check.md`` and ``.json``, written anew after every step: a run stopped at
+    any point leaves the figures measured up to there."""
+
+    def __init__(self, opts: argparse.Namespace, steps: list[Step], budget: Budget) -> None:
+        self.out, self.budget = opts.out, budget
+        now = datetime.datetime.now(datetime.UTC)
+        self.check = {
+            "command": "make gpu-check" if not opts.cpu_smoke else f"{PROG} --cpu-smoke",
+            "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+            "smoke": opts.cpu_smoke,
+            "budget_s": budget.seconds,
+            "status": "running",
+            "steps": [s.name for s in steps],
+            "done": [],
+            "skipped": {},
+            "log": str(opts.log),
+            "environment": {},
+            "setup": None,
+            "tests": None,
+            "fairseq": {},
+            "nmt": {},
+            "vision": {},
+        }
+
+    def write(self) -> None:
+        self.check["elapsed_s"] = round(self.budget.elapsed(), 1)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        for path, text in (
+            (self.out, render_report(self.check)),
+            (self.out.with_suffix(".json"), json.dumps(self.check, indent=2) + "\n"),
+        ):
+            part = path.with_name(path.name + ".part")
+            part.write_text(text, encoding="utf-8")
+            part.replace(path)  # whole or not at all, should the run be stopped while writing
+
+    def record(self, step: Step, result: dict) -> None:
+        if step.part == "tests":
+            self.check["tests"] = result
+        else:
+            self.check[step.part][step.dtype] = result
+        self.check["done"].append(step.name)
+        self.write()
+
+
+def run_steps(python: Path, opts: argparse.Namespace, report: Report, steps: list[Step]) -> None:
+    """Every step in order, each with its share of the budget left (:class:`Budget`)."""
+    for i, step in enumerate(steps):
+        limit = report.budget.share(step.weight, sum(s.weight for s in steps[i + 1 :]))
+        if limit < MIN_STEP_SECONDS:
+            left = report.budget.left()
+            report.check["skipped"][step.name] = f"not run: {left:.0f} s of the budget were left"
+            report.write()
+            continue
+        print(
+            f"== {step.name}: at most {limit:.0f} s ({report.budget.left():.0f} s left)", flush=True
+        )
+        runner = run_tests if step.part == "tests" else RUNNERS[step.part]
+        report.record(step, runner(python, opts, step, limit))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "gpu_check.md")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET,
+        help="seconds of wall time for the whole check, installation included "
+        "(default %(default)g: 8 minutes); the runs are sized to it",
+    )
+    parser.add_argument("--log", type=Path, help="every command's output (default: OUT's .log)")
     parser.add_argument(
         "--python", default=sys.executable, help="the interpreter whose CUDA torch is used"
     )
@@ -425,6 +688,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--no-setup", action="store_true", help="use --python as it is (no .venv-gpu)"
     )
+    parser.add_argument(
+        "--setup-only", action="store_true", help="build .venv-gpu, then stop (no GPU needed)"
+    )
     parser.add_argument("--skip-tests", action="store_true", help="no pytest -m cuda")
     parser.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"], choices=DTYPES)
     parser.add_argument("--archs", nargs="+", default=[], help="NMT families (default: all)")
@@ -433,9 +699,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--parts",
         nargs="+",
-        default=["nmt", "vision"],
-        choices=["nmt", "vision"],
-        help="which benchmarks run (default: both)",
+        default=list(PARTS),
+        choices=PARTS,
+        help="which steps run, in this order (default: all)",
     )
     parser.add_argument(
         "--list-missing",
@@ -445,13 +711,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--cpu-smoke",
         action="store_true",
-        help="the benchmarks and the report on the CPU at a tiny size, bf16 (no GPU needed)",
+        help="the steps and the report on the CPU at a tiny size (fp32 and bf16, no "
+        "environment, no pytest): the pipeline, without a GPU",
     )
     opts = parser.parse_args(argv)
     if opts.wheels is not None and not opts.wheels.is_dir():
         raise ValueError(f"--wheels {opts.wheels}: not a directory")
+    if opts.budget <= MIN_STEP_SECONDS:
+        raise ValueError(f"--budget {opts.budget:g}: at least {MIN_STEP_SECONDS:g} seconds")
     if opts.cpu_smoke and "fp16" in opts.dtypes:
         opts.dtypes = [d for d in opts.dtypes if d != "fp16"] or ["bf16"]
+    if opts.skip_tests:
+        opts.parts = [p for p in opts.parts if p != "tests"]
+    opts.log = opts.log or opts.out.with_suffix(".log")
+    opts.raw = opts.out.with_suffix("")  # the steps' own JSON documents
+    opts.scale = min(4.0, max(0.25, opts.budget / DEFAULT_BUDGET))
     return opts
 
 
@@ -461,28 +735,43 @@ def main(argv: list[str] | None = None) -> int:
         names = sorted({normalize(r.split("==")[0]) for r in pinned_requirements()})
         print("\n".join(missing_requirements(probe(opts.python, names)["packages"])))
         return 0
+    if opts.setup_only:
+        start = time.monotonic()
+        opts.log.parent.mkdir(parents=True, exist_ok=True)
+        python = build_environment(opts)
+        print(f"{opts.venv} ready in {time.monotonic() - start:.0f} s ({python})")
+        return 0
     if not opts.cpu_smoke and not has_nvidia_driver():
         raise UserError(
             "no NVIDIA GPU on this machine (no nvidia-smi, no /proc/driver/nvidia): "
             f"gpu-check needs CUDA; `{PROG} --cpu-smoke` runs its pipeline on the CPU"
         )
+    budget = Budget(opts.budget)
+    steps = plan_steps(opts)
+    report = Report(opts, steps, budget)
+    opts.log.parent.mkdir(parents=True, exist_ok=True)
+    opts.log.write_text("", encoding="utf-8")
+    opts.raw.mkdir(parents=True, exist_ok=True)
     if opts.cpu_smoke or opts.no_setup:
         python = Path(opts.python)
     else:
         python = build_environment(opts)
+        report.check["setup"] = {"seconds": round(budget.elapsed(), 1), "wheels": opts.wheels}
     env = probe(python, list(REPORTED_PACKAGES))
     if not opts.cpu_smoke and not env.get("cuda_available"):
         raise UserError(
             f"torch {env.get('torch')} of {python} sees no CUDA device "
             f"(its CUDA build: {env.get('cuda')})"
         )
-    check = run_check(opts, python, env)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(render_report(check), encoding="utf-8")
-    opts.out.with_suffix(".json").write_text(json.dumps(check, indent=2) + "\n")
-    print(f"report: {opts.out}")
-    failed = check["tests"]["returncode"] != 0 or any(
-        "error" in doc for part in ("nmt", "vision") for doc in check[part].values()
+    report.check["environment"] = env
+    report.write()
+    run_steps(python, opts, report, steps)
+    report.check["status"] = "complete"
+    report.write()
+    print(f"report: {opts.out} (log: {opts.log}; {budget.elapsed():.0f} s of {opts.budget:g})")
+    check = report.check
+    failed = (check["tests"] or {}).get("returncode", 0) != 0 or any(
+        "error" in doc for part in ("fairseq", "nmt", "vision") for doc in check[part].values()
     )
     return 1 if failed else 0
 

@@ -185,6 +185,11 @@ BAD_INPUTS: dict[str, BadInput] = {
         "no_lock.txt",
     ),
     "python scripts/compat.py": lambda tmp: (["--python", str(tmp / "no_python")], "no_python"),
+    "python scripts/gpu_wheels.py": lambda tmp: (
+        ["--lock", str(tmp / "no_lock.txt")],
+        "no_lock.txt",
+    ),
+    "python scripts/fairseq_speed.py": lambda tmp: (["--archs", "no_such_arch"], "no_such_arch"),
     "python scripts/make_vision_fixtures.py": lambda tmp: (
         ["--out", str(tmp / "bad_input.py")],
         "bad_input.py",

@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,8 +77,17 @@ def tiny_run(data: Path) -> dict:
         "command": "test",
         "date": "today",
         "smoke": True,
+        "budget_s": 480,
+        "elapsed_s": 12.0,
+        "status": "complete",
+        "steps": ["nmt bf16", "tests", "vision bf16"],
+        "done": ["nmt bf16", "tests", "vision bf16"],
+        "skipped": {},
+        "log": "gpu_check.log",
         "environment": env,
+        "setup": None,
         "tests": {"summary": "not run (test)", "returncode": 0},
+        "fairseq": {},
         "nmt": {"bf16": document(nmt_opts, nmt_rows)},
         "vision": {"bf16": document(vision_opts, vision_rows)},
     }
@@ -129,7 +141,7 @@ def test_speed_targets_hold_for_shared_families_in_fp16(tiny_run):
 
 def test_a_failed_benchmark_is_reported(tiny_run):
     check = {**tiny_run, "vision": {"fp16": {"error": "worker timm vit failed"}}}
-    assert "The benchmark failed:\n\n```\nworker timm vit failed\n```" in (
+    assert "The step did not finish:\n\n```\nworker timm vit failed\n```" in (
         gpu_check.render_report(check)
     )
 
@@ -189,20 +201,104 @@ def test_the_venv_sees_the_base_interpreters_packages(tmp_path):
     assert pth.parent == site and pth.read_text() == "/opt/torch/site-packages\n"
 
 
-@pytest.mark.e2e
-def test_cpu_smoke_writes_the_report_and_the_raw_figures(data, tmp_path):
-    out = tmp_path / "report" / "gpu_check.md"
+def smoke_command(out: Path, data: Path, *parts: str) -> list[str]:
+    """A CPU smoke run of ``parts``, the NMT benchmark on the test corpus."""
     cmd = [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--cpu-smoke"]
     cmd += ["--out", str(out), "--data", str(data), "--archs", "transformer", "ringformer"]
-    cmd += ["--parts", "nmt"]  # the image benchmark's run is test_the_report_of_a_real_...
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # a budget no slow machine runs out of: the budget's own rules are the unit test's
+    return [*cmd, "--models", "ringformer_vit", "--budget", "3000", "--parts", *parts]
+
+
+@pytest.mark.e2e
+def test_cpu_smoke_writes_the_report_the_raw_figures_and_the_log(data, tmp_path):
+    out = tmp_path / "report" / "gpu_check.md"
+    cmd = smoke_command(out, data, "fairseq", "nmt")  # images: test_the_report_of_a_real_...
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
     report = out.read_text()
+    assert "**Complete** after" in report and "Steps done: fairseq fp32, nmt bf16." in report
     assert "| `ringformer` |" in report and "## Images" not in report
+    assert "## fairseq-train and fairseq-generate, fp32" in report
+    fairseq_rows = [line for line in report.splitlines() if line.startswith("| `")]
+    assert fairseq_rows[0].startswith("| `transformer` |") and len(fairseq_rows) >= 4
     check = json.loads(out.with_suffix(".json").read_text())
     assert check["smoke"] and list(check["nmt"]) == ["bf16"] and check["vision"] == {}
     assert check["environment"]["torch"] and check["environment"]["cuda_available"] is False
+    rows = check["fairseq"]["fp32"]["results"]
+    assert [r["arch"] for r in rows] == ["transformer", "ringformer"]
+    assert all(r["train_wps"] > 0 and r["gen_tokens_per_s"] > 0 for r in rows)
     assert (out.parent / "gpu_check" / "nmt_bf16.json").exists()
+    log = out.with_suffix(".log").read_text()  # the children's own output, streamed
+    assert "benchmarking transformer, ringformer, taking turns" in log
+    assert "[ringformer] training 2 epochs" in log
+
+
+@pytest.mark.e2e
+def test_a_run_stopped_half_way_leaves_a_readable_report(data, tmp_path):
+    out = tmp_path / "gpu_check.md"
+    proc = subprocess.Popen(
+        smoke_command(out, data, "nmt", "vision"),
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            written = out.with_suffix(".json")
+            if written.exists() and json.loads(written.read_text())["done"]:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "the run ended before it could be stopped half-way"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # no chance to write anything more
+        proc.wait()
+    report = out.read_text()
+    assert "**In progress** when this report was written" in report
+    assert "Steps done: nmt bf16." in report and "Not reached yet: vision bf16." in report
+    assert "| `ringformer` |" in report and "## Images" not in report
+    assert not list(tmp_path.glob("*.part"))  # whole files or none
+
+
+def test_steps_share_the_budget_and_those_left_too_little_are_not_run(tmp_path, monkeypatch):
+    opts = gpu_check.parse_args(["--cpu-smoke", "--out", str(tmp_path / "r.md"), "--dtypes",
+                                 "fp32", "bf16", "--parts", "nmt", "vision"])  # fmt: skip
+    steps = gpu_check.plan_steps(opts)
+    assert [s.name for s in steps] == ["nmt fp32", "nmt bf16", "vision fp32", "vision bf16"]
+    budget = gpu_check.Budget(100, reserve=10)
+    limits = []
+
+    def runner(python, opts, step, limit):
+        limits.append((step.name, round(limit)))
+        budget.start -= 36  # each step takes 36 s of the budget
+        return {"settings": {}, "results": []}
+
+    monkeypatch.setattr(gpu_check, "RUNNERS", {"nmt": runner, "vision": runner})
+    monkeypatch.setattr(gpu_check, "render_report", lambda check: "report")
+    report = gpu_check.Report(opts, steps, budget)
+    gpu_check.run_steps(Path(sys.executable), opts, report, steps)
+    # 90 s left at first: 90 x 2.5 / 5 = 45 s; then 54 x 1 / 2.5 = 22 s; then 18 s left:
+    # 18 x 1 / 1.5 = 12 s and at most 18 s, less than a step needs
+    assert limits == [("nmt fp32", 45), ("nmt bf16", 22)]
+    assert report.check["done"] == ["nmt fp32", "nmt bf16"]
+    assert report.check["skipped"] == {
+        "vision fp32": "not run: 18 s of the budget were left",
+        "vision bf16": "not run: 18 s of the budget were left",
+    }
+    assert json.loads((tmp_path / "r.json").read_text())["skipped"] == report.check["skipped"]
+
+
+def test_step_sizes_follow_the_budget():
+    check = gpu_check.NMT_SIZES["check"]
+    keys = ("--steps", "--sentences")
+    assert gpu_check.scaled(check, 1.0, keys) == check.split()
+    doubled = gpu_check.scaled(check, 2.0, keys)
+    assert doubled[doubled.index("--steps") + 1] == "20"
+    assert doubled[doubled.index("--sentences") + 1] == "256"
+    assert doubled[doubled.index("--levels") + 1] == "6"  # the model's size stays
+    tiny = gpu_check.scaled(check, 0.01, keys)
+    assert tiny[tiny.index("--steps") + 1] == "1"
+    assert gpu_check.parse_args(["--budget", "960"]).scale == 2.0
+    with pytest.raises(ValueError, match="--budget 5: at least 20 seconds"):
+        gpu_check.parse_args(["--budget", "5"])
 
 
 @pytest.mark.e2e
