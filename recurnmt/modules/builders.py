@@ -78,17 +78,20 @@ def build_level_parts(cfg: StackConfig, plan: DepthPlan, level: int) -> LevelPar
     embedding = None
     if sig.kind == "static" or cfg.positions_every_level:
         embedding = cfg.coordinate_scale * sinusoidal_level_embedding(cfg.num_levels, c)[level]
+    init = {"down_init": sig.down_init, "down_std": sig.down_std}
     return LevelParts(
         level,
         norms=_norms(cfg) if cfg.norms_per_level else None,
         attn_signal=(
-            build_signal(sig.kind, c, c, cfg.signal_rank, groups=3)
+            build_signal(sig.kind, c, c, cfg.signal_rank, groups=3, **init)
             if sig.learned and sig.attn != "none"
             else None
         ),
         attn_place="after" if sig.attn == "none" else sig.attn,
         ffn_signal=(
-            build_signal(sig.kind, c, cfg.ffn_dim if sig.ffn == "inter" else c, cfg.signal_rank)
+            build_signal(
+                sig.kind, c, cfg.ffn_dim if sig.ffn == "inter" else c, cfg.signal_rank, **init
+            )
             if sig.learned and sig.ffn != "none"
             else None
         ),

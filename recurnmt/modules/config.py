@@ -17,6 +17,7 @@ SHARING_SCHEMES = ("sequence", "cycle", "cycle_rev")
 SIGNAL_KINDS = ("lowrank", "full", "static", "none")
 ATTN_SIGNAL_PLACES = ("after", "before", "none")
 FFN_SIGNAL_PLACES = ("input", "inter", "none")
+SIGNAL_DOWN_INITS = ("normal", "kaiming")
 ACTIVATIONS = ("relu", "gelu")
 FFN_SHARING = ("block", "shared", "none")
 LRC_MODES = ("none", "both", "identity", "main")
@@ -111,12 +112,19 @@ class SignalConfig:
         ffn: where the feed-forward signal goes: on the FFN ``input`` before the
             up-projection (eq. 7), on the ``inter``-mediate activation pre-nonlinearity
             (Table 4 "inter-FF signal") or ``none`` (Table 4 "w.o. FF signal").
+        down_init: how a low-rank signal's down factor starts (its up factor starts at zero,
+            sec. 3.2; the paper says no more): ``normal``, N(0, ``down_std``^2) as the
+            RingFormer authors' code, or ``kaiming``, LoRA's code (Kaiming-uniform). See
+            :mod:`recurnmt.modules.level_signals`.
+        down_std: standard deviation of ``normal`` (the authors' code: 1e-6).
     """
 
     kind: str = "none"
     rank: int | None = None
     attn: str = "after"
     ffn: str = "input"
+    down_init: str = "normal"
+    down_std: float = 1e-6
 
     @property
     def learned(self) -> bool:
@@ -147,7 +155,9 @@ class StackConfig:
         attention_dropout: dropout on attention probabilities.
         activation_dropout: dropout after the FFN non-linearity.
         activation: FFN non-linearity.
-        bias: biases in the attention and FFN projections.
+        bias: biases in the attention and FFN projections (Q, K, V, output, up, down); the
+            RingFormer authors' translation code has none (``"bias": 0`` in its
+            ``config.json``), which gives RingFormer Table 1's P* exactly.
         ffn_sharing: every block has its own FFN (``block``), all blocks of the stack share
             one FFN (``shared``, One Wide FFN, Pires et al. 2023) or blocks have no FFN
             (``none``, OWF's decoder).
@@ -239,6 +249,9 @@ class StackConfig:
         _choice("signal.kind", self.signal.kind, SIGNAL_KINDS)
         _choice("signal.attn", self.signal.attn, ATTN_SIGNAL_PLACES)
         _choice("signal.ffn", self.signal.ffn, FFN_SIGNAL_PLACES)
+        _choice("signal.down_init", self.signal.down_init, SIGNAL_DOWN_INITS)
+        if not self.signal.down_std >= 0:
+            raise ConfigError("signal.down_std", self.signal.down_std, "must be >= 0")
         _choice("ffn_sharing", self.ffn_sharing, FFN_SHARING)
         _choice("lrc", self.lrc, LRC_MODES)
         if self.nll_ratio < 0:

@@ -7,7 +7,21 @@ space, x -> x B_i (r values) -> (x B_i) A_i^T (d values), never by forming the d
 Initialisation: one factor starts at zero so every signal is exactly zero at step 0 and the
 model begins as a plain shared block (RingFormer sec. 3.2, following LoRA). The paper's prose
 calls the zero-initialised A the "down-projection"; in eq. 5 A is the factor that maps rank
-space back to width d, i.e. the up-projection, which is the one zeroed here (DESIGN.md).
+space back to width d, i.e. the up-projection, which is the one zeroed here (DESIGN.md), as in
+the authors' code (``model_Ring.py``: ``lev_param_*_01``, zeros, maps rank space to width).
+
+The paper does not say how the other factor, the down-projection B (width -> rank), starts;
+it draws the initialisation "from LoRA" (Hu et al. 2021), whose text draws it from a random
+Gaussian and whose code from Kaiming's uniform rule. ``down_init`` chooses:
+
+* ``normal`` (default): N(0, ``down_std``^2) with ``down_std`` = 1e-6, as the RingFormer
+  authors' code (``model_Ring.py`` for translation, ``vringformer.py`` for images:
+  ``nn.init.normal_(lev_param_*_02, std=1e-6)``);
+* ``kaiming``: LoRA's code, ``kaiming_uniform_(a=sqrt(5))`` (PyTorch's ``nn.Linear`` rule:
+  uniform in +-1/sqrt(d)); recurnmt's only initialisation before this option existed.
+
+Either way the signal is zero at step 0; the choice sets how fast the zero factor's gradient
+(proportional to ``x B``) first grows.
 
 Several signals of one level that read the same input (Q, K and V, eq. 6) are computed by
 one module with ``groups`` > 1: a single down-projection to ``groups * r`` values, then one
@@ -21,6 +35,9 @@ import math
 import torch
 from torch import Tensor, nn
 
+DOWN_INITS = ("normal", "kaiming")
+AUTHORS_DOWN_STD = 1e-6  # RingFormer's code: nn.init.normal_(lev_param_*_02, std=1e-6)
+
 
 class LowRankSignal(nn.Module):
     """``groups`` low-rank signals g(x) = (x B) A^T read from one input (RingFormer eq. 5).
@@ -31,16 +48,38 @@ class LowRankSignal(nn.Module):
         rank: rank r of every signal.
         groups: number of signals; the output is ``... x (groups * out_dim)``, grouped
             contiguously (all of signal 0, then signal 1, ...), matching a fused projection.
+        down_init: how the down factor B starts: ``normal`` (N(0, ``down_std``^2), the
+            RingFormer authors' code) or ``kaiming`` (LoRA's code); see the module docstring.
+        down_std: standard deviation of ``normal``.
+
+    Raises:
+        ValueError: an impossible rank, an unknown ``down_init`` or a negative ``down_std``.
     """
 
-    def __init__(self, in_dim: int, out_dim: int, rank: int, groups: int = 1) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        rank: int,
+        groups: int = 1,
+        *,
+        down_init: str = "normal",
+        down_std: float = AUTHORS_DOWN_STD,
+    ) -> None:
         super().__init__()
         if rank <= 0 or rank > min(in_dim, out_dim):
             raise ValueError(f"signal rank={rank} must lie in 1..{min(in_dim, out_dim)}")
+        if down_init not in DOWN_INITS:
+            raise ValueError(f"down_init={down_init!r}; choose one of {', '.join(DOWN_INITS)}")
+        if down_std < 0:
+            raise ValueError(f"down_std={down_std} must be >= 0")
         self.groups, self.rank, self.out_dim = groups, rank, out_dim
         self.down = nn.Parameter(torch.empty(groups * rank, in_dim))  # B^T of every group
         self.up = nn.Parameter(torch.zeros(groups, out_dim, rank))  # A, zero-initialised
-        nn.init.kaiming_uniform_(self.down, a=math.sqrt(5))
+        if down_init == "normal":
+            nn.init.normal_(self.down, std=down_std)
+        else:
+            nn.init.kaiming_uniform_(self.down, a=math.sqrt(5))
 
     def forward(self, x: Tensor) -> Tensor:
         z = x @ self.down.t()  # ... x (G * r)
@@ -69,10 +108,20 @@ class FullRankSignal(nn.Module):
         return x @ self.weight.t()  # ... x (G * out)
 
 
-def build_signal(kind: str, in_dim: int, out_dim: int, rank: int, groups: int = 1) -> nn.Module:
-    """A learned level signal of the given kind (``lowrank`` or ``full``)."""
+def build_signal(
+    kind: str,
+    in_dim: int,
+    out_dim: int,
+    rank: int,
+    groups: int = 1,
+    *,
+    down_init: str = "normal",
+    down_std: float = AUTHORS_DOWN_STD,
+) -> nn.Module:
+    """A learned level signal of the given kind (``lowrank`` or ``full``); ``down_init`` and
+    ``down_std`` start a low-rank signal's down factor (a full-rank one starts at zero)."""
     if kind == "lowrank":
-        return LowRankSignal(in_dim, out_dim, rank, groups)
+        return LowRankSignal(in_dim, out_dim, rank, groups, down_init=down_init, down_std=down_std)
     if kind == "full":
         return FullRankSignal(in_dim, out_dim, groups)
     raise ValueError(f"{kind!r} is not a learned level signal kind (lowrank, full)")
