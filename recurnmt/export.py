@@ -123,6 +123,10 @@ def hf_config(model: Any, args: Any, arch: str) -> Any:
     if getattr(args, "no_token_positional_embeddings", False):
         positions = "none"
     head = model.decoder.output_projection
+    # the model's own factor: fairseq's --no-scale-embedding and recurnmt's --scale-embedding
+    scales = {side.embed.embed_scale for side in (model.encoder, model.decoder)}
+    if len(scales) != 1:
+        raise ValueError(f"the encoder and decoder scale their embeddings differently: {scales}")
     return RecurnmtConfig(
         vocab_size=len(tgt),
         d_model=model.encoder.stack_cfg.embed_dim,
@@ -132,7 +136,7 @@ def hf_config(model: Any, args: Any, arch: str) -> Any:
         decoder_levels=getattr(args, "decoder_levels", None),
         max_source_positions=model.encoder.max_source_positions,
         max_target_positions=model.decoder.max_target_positions,
-        scale_embedding=not getattr(args, "no_scale_embedding", False),
+        scale_embedding=scales.pop() != 1.0,
         positions=positions,
         layernorm_embedding=bool(getattr(args, "layernorm_embedding", False)),
         share_input_embeddings=model.encoder.embed_tokens is model.decoder.embed_tokens,

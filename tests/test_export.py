@@ -70,6 +70,35 @@ def test_round_trip_keeps_the_logits_and_stores_shared_tensors_once(arch, tmp_pa
     assert len(shared) == stored  # and tied again on loading
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--output-projection-bias", "--scale-embedding", "off"],  # the authors' code
+        ["--block-bias", "on", "--level-signal-down-init", "kaiming"],  # recurnmt before
+    ],
+    ids=["authors", "before"],
+)
+def test_ringformer_exports_as_its_authors_built_it_and_as_before(flags):
+    """The authors' choices travel in the exported config: bias-free blocks and the signals'
+    initialisation in each side's StackConfig, the unscaled embeddings in scale_embedding;
+    an embedding per side and a head with a bias in the layout fields."""
+    model, args, _ = build("ringformer_tiny", *flags)
+    train_signals(model)
+    model.eval()
+    hf = convert(model, args, "ringformer_tiny")
+    authors = "--scale-embedding" in flags
+    assert hf.config.encoder_stack["bias"] is hf.config.decoder_stack["bias"] is not authors
+    assert hf.config.encoder_stack["signal"]["down_init"] == ("normal" if authors else "kaiming")
+    assert hf.config.scale_embedding is not authors
+    assert not hf.config.share_input_embeddings and not hf.config.tie_output_projection
+    assert hf.config.output_projection_bias is authors
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        theirs, _ = model(src, lengths, prev)
+        ours = hf(input_ids=src, decoder_input_ids=prev).logits
+    assert (ours - theirs).abs().max() <= 1e-5
+
+
 def test_the_cache_decodes_step_by_step_as_the_full_pass():
     _, hf, _ = _exported("ringformer_tiny")
     src, _, prev = batch()

@@ -18,6 +18,7 @@ from recurnmt.nmt.defaults import (
     DEFAULT_SIZE,
     FAMILIES,
     FAMILY_SIZE,
+    LEGACY,
     SIZES,
     fill_arch_defaults,
     fill_defaults,
@@ -127,3 +128,35 @@ def test_model_rebuilds_from_a_checkpoint_config(arch, forgotten):
         torch.testing.assert_close(
             rebuilt.eval()(src, lengths, prev)[0], model.eval()(src, lengths, prev)[0]
         )
+
+
+# what recurnmt built before issue 29 made RingFormer's defaults its authors' (LEGACY)
+BEFORE_ISSUE_29 = ["--block-bias", "on", "--level-signal-down-init", "kaiming"]
+
+
+@pytest.mark.parametrize("flags", [[], ["--share-all-embeddings"]], ids=["untied", "tied"])
+def test_checkpoints_saved_before_the_authors_defaults_keep_their_model(flags):
+    """A RingFormer saved with biases (every checkpoint before --block-bias existed) rebuilds
+    with them from its saved configuration, loads strictly and computes the same logits."""
+    model, args, task = build("ringformer_tiny", *BEFORE_ISSUE_29, *flags)
+    saved = _saved_config(args)
+    _forget(saved, LEGACY)  # an older recurnmt saved none of them
+    rebuilt = task.build_model(saved, from_checkpoint=True)
+    assert rebuilt.encoder.stack_cfg == model.encoder.stack_cfg  # biases and init included
+    rebuilt.load_state_dict(model.state_dict(), strict=True)
+    src, lengths, prev = batch()
+    model.eval(), rebuilt.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(src, lengths, prev)[0], model(src, lengths, prev)[0])
+    assert (saved.block_bias, saved.scale_embedding) == ("on", "on")
+
+
+def test_new_checkpoints_and_command_lines_get_the_authors_defaults():
+    """A command line that gives other recurnmt options (fairseq leaves the rest out of its
+    arguments) and a configuration saved now both build RingFormer without biases."""
+    model, args, task = build("ringformer_tiny", "--level-signal-rank", "4")
+    assert not model.encoder.stack_cfg.bias and args.block_bias == "off"
+    rebuilt = task.build_model(_saved_config(args), from_checkpoint=True)
+    assert not rebuilt.decoder.stack_cfg.bias
+    rebuilt.load_state_dict(model.state_dict(), strict=True)
+    assert _filled("ringformer", "tiny", level_signal_rank=4).block_bias == "off"

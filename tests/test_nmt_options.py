@@ -6,6 +6,7 @@ import dataclasses
 import re
 
 import pytest
+import torch
 
 from recurnmt.modules import ConfigError, StackConfig
 from recurnmt.nmt import options
@@ -50,6 +51,9 @@ BASE = _signature(build("ringformer_tiny")[0])
         ("--activation-fn", "relu"),
         ("--encoder-normalize-before",),
         ("--coordinate-scale", "0.5"),
+        ("--block-bias", "on"),
+        ("--level-signal-down-init", "kaiming"),
+        ("--level-signal-down-std", "0.01"),
     ],
 )
 def test_flag_changes_the_built_model(flags):
@@ -173,3 +177,40 @@ def test_parameter_count_changes_with_rank():
     large = parameter_report(build("ringformer_tiny", "--level-signal-rank", "8")[0]).p_star
     # 3 levels x 2 sides x 4 signals x 2 factors x 64 x (8 - 2)
     assert large - small == 3 * 2 * 4 * 2 * 64 * 6
+
+
+def _projections(model) -> list:
+    """Every Linear of the blocks (Q, K, V, output, FFN), cross-attention included."""
+    return [
+        m
+        for side in (model.encoder, model.decoder)
+        for m in side.stack.blocks.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("arch", "biased"),
+    [
+        ("ringformer_tiny", False),  # the authors' code: "bias": 0 in its config.json
+        ("universal_transformer_tiny", True),  # fairseq's transformer, as before
+        ("recurrent_transformer_tiny", True),
+        ("owf_tiny", True),
+        ("sret_tiny", True),
+    ],
+)
+def test_block_bias_defaults_and_flag(arch, biased):
+    linears = _projections(build(arch)[0])
+    assert linears and all((m.bias is not None) == biased for m in linears)
+    flipped = _projections(build(arch, "--block-bias", "off" if biased else "on")[0])
+    assert all((m.bias is not None) != biased for m in flipped)
+
+
+def test_level_signal_down_init_reaches_every_signal():
+    def downs(*flags):
+        model = build("ringformer_tiny", *flags)[0]
+        return [p for n, p in model.named_parameters() if n.endswith("signal.down")]
+
+    assert all(p.abs().max() < 1e-5 for p in downs())  # N(0, 1e-6^2), the authors' code
+    assert all(p.abs().max() > 1e-3 for p in downs("--level-signal-down-init", "kaiming"))
+    assert all(p.std() > 1e-3 for p in downs("--level-signal-down-std", "0.01"))

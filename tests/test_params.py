@@ -27,6 +27,28 @@ def test_table1_parameter_counts(arch, paper):
     assert _p_star(arch) == pytest.approx(paper, rel=0.01)
 
 
+def _cut(count: int) -> float:
+    """Millions with two decimals, cut rather than rounded (RingFormer's tables give both
+    readings where they differ; see configs/nmt/README.md)."""
+    return count // 10_000 / 100
+
+
+@pytest.mark.parametrize(
+    ("arch", "exact", "paper", "with_biases"),
+    [
+        ("ringformer_wmt_en_de", 8_943_616, 8.94, 8_954_880),  # RingFormer Table 1
+        ("ringformer_wmt_en_de_big", 35_713_024, 35.71, 35_735_552),
+    ],
+)
+def test_ringformer_p_star_is_table1_exactly(arch, exact, paper, with_biases):
+    """Without biases in the attention and FFN projections, as the authors' code ("bias": 0),
+    the RingFormer stacks have Table 1's P* to the printed digit, rounded or cut; with
+    fairseq's biases (recurnmt's RingFormer before, --block-bias on) they had 8.95M / 35.74M."""
+    assert _p_star(arch) == exact
+    assert round(exact / 1e6, 2) == _cut(exact) == paper
+    assert _p_star(arch, "--block-bias", "on") == with_biases
+
+
 TABLE4 = (
     "--encoder-embed-dim",
     "128",
@@ -51,6 +73,9 @@ TABLE4 = (
 def test_table4_rank_variants(flags, paper):
     # Table 4 figures are rounded to two decimals, hence 2 %
     assert _p_star("ringformer_wmt_en_de", *TABLE4, *flags) == pytest.approx(paper, rel=0.02)
+    # bias-free (the authors' code), every variant is the table's figure cut after two
+    # decimals: 515,584, 564,736, 663,040 and 1,252,864
+    assert _cut(_p_star("ringformer_wmt_en_de", *TABLE4, *flags)) == paper / 1e6
 
 
 def test_embeddings_and_head_are_excluded():

@@ -44,7 +44,10 @@ class RecurnmtConfig(PretrainedConfig):
         decoder_levels: elastic depth of the decoder.
         max_source_positions: longest source (fairseq's ``--max-source-positions``).
         max_target_positions: longest target.
-        scale_embedding: token embeddings times sqrt(H) (fairseq unless --no-scale-embedding).
+        scale_embedding: token embeddings times sqrt(H) (fairseq, unless --no-scale-embedding
+            or --scale-embedding off, RingFormer's code). The biases of the attention and FFN
+            projections (--block-bias) and the level signals' initialisation are in the
+            stacks' ``StackConfig`` (``bias``, ``signal.down_init``).
         positions: ``sinusoidal`` (fairseq's default), ``learned`` (``--*-learned-pos``) or
             ``none`` (``--no-token-positional-embeddings``).
         layernorm_embedding: a layer norm after the embeddings (``--layernorm-embedding``).

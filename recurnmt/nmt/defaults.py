@@ -17,6 +17,11 @@ A setting takes the first value given by, in order:
 :func:`fill_defaults` fills only what is unset, so a second run changes nothing: fairseq runs
 the architecture function when it parses the command line and again when it builds the
 model (also from a checkpoint's saved arguments, where options added since are unset).
+
+Options that changed what an existing architecture builds (:data:`LEGACY`: the RingFormer
+authors' choices of issue 29) take, in the saved arguments of a checkpoint trained before they
+existed, the value that checkpoint was trained with (see :func:`_saved_by_older_recurnmt`),
+so that it still loads and computes what it did.
 """
 
 from __future__ import annotations
@@ -38,8 +43,12 @@ BASE: Defaults = {
     "layer_norms": "per-block",
     "level_signal": "none",
     "level_signal_rank": None,  # None: width // 16
+    # the low-rank signals' down factors start N(0, 1e-6^2), as RingFormer's code
+    "level_signal_down_init": "normal",
+    "level_signal_down_std": 1e-6,
     "attn_signal": "after",
     "ffn_signal": "input",
+    "block_bias": "on",  # biases in the attention and FFN projections, as fairseq's
     "encoder_ffn_sharing": "block",
     "decoder_ffn_sharing": "block",
     "positions": "input",
@@ -59,6 +68,14 @@ BASE: Defaults = {
     # embedding layout (recurnmt.nmt.embedding_layout): fairseq's unless asked
     "share_encoder_decoder_embeddings": False,
     "output_projection_bias": False,
+    "scale_embedding": "on",  # fairseq's sqrt(H) on embeddings initialised N(0, 1/H)
+}
+
+# what a model saved before these options existed was built with (issue 29)
+LEGACY: Defaults = {
+    "block_bias": "on",
+    "level_signal_down_init": "kaiming",  # no effect on a loaded model, recorded all the same
+    "scale_embedding": "on",
 }
 
 
@@ -86,7 +103,9 @@ _UNIVERSAL_TRANSFORMER: Defaults = {
 
 FAMILIES: dict[str, Defaults] = {
     # RingFormer (sec. 3): one shared block per side, per-level norms, low-rank level signals
-    # on Q/K/V (after projection) and on the FFN input, rank H/16, GELU
+    # on Q/K/V (after projection) and on the FFN input, rank H/16, GELU; no biases in the
+    # attention and FFN projections, as the authors' code ("bias": 0 in its config.json),
+    # which gives Table 1's P* exactly (8,943,616 and 35,713,024)
     "ringformer": {
         "encoder_unique_layers": 1,
         "decoder_unique_layers": 1,
@@ -95,6 +114,7 @@ FAMILIES: dict[str, Defaults] = {
         "attn_signal": "after",
         "ffn_signal": "input",
         "activation_fn": "gelu",
+        "block_bias": "off",
     },
     # a plain Transformer built from recurnmt's blocks (one block per level)
     "recurrent_transformer": {},
@@ -155,6 +175,10 @@ def fill_defaults(args: Any, family: str, size: str) -> None:
         family: a key of :data:`FAMILIES`.
         size: a key of :data:`SIZES`.
     """
+    if _saved_by_older_recurnmt(args):
+        for name, value in LEGACY.items():
+            if name not in args:
+                setattr(args, name, value)
     layers = (FAMILY_SIZE.get((family, size), {}), FAMILIES[family], SIZES[size], BASE)
     # the A.1 layout unties the head, so a family's tied head (SReT) does not apply to it
     untied = bool(getattr(args, "share_encoder_decoder_embeddings", False))
@@ -165,6 +189,19 @@ def fill_defaults(args: Any, family: str, size: str) -> None:
             if getattr(args, name, None) is None:
                 setattr(args, name, value)
     base_architecture(args)
+
+
+def _saved_by_older_recurnmt(args: Any) -> bool:
+    """``args`` are the saved configuration of a model trained before some :data:`LEGACY`
+    option existed.
+
+    fairseq names the model of every configuration it builds or saves (``_name``, set when
+    it turns the parsed command line into its config), after the architecture has filled every
+    option of the time; so a named configuration without a LEGACY key was saved without it. A
+    command line being parsed has no ``_name`` yet, and fairseq leaves its unset model options
+    out altogether (``argparse.SUPPRESS``), so their absence means nothing there.
+    """
+    return "_name" in args and any(name not in args for name in LEGACY)
 
 
 def fill_arch_defaults(args: Any) -> None:

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fairseq.modules import LayerNorm, PositionalEmbedding
 from torch import Tensor, nn
 
 from recurnmt.modules.dropout import Dropout
+from recurnmt.nmt.embedding_layout import embedding_scale
 
 
 class TokenEmbedding(nn.Module):
     """``dropout(LN?(scale * E[tokens] + P[positions]))``, as fairseq's transformer does.
 
     Args:
-        args: fairseq arguments; reads ``no_scale_embedding``, ``layernorm_embedding``,
-            ``dropout`` and ``{side}_learned_pos`` / ``no_token_positional_embeddings``.
+        args: fairseq arguments; reads ``scale_embedding`` / ``no_scale_embedding``,
+            ``layernorm_embedding``, ``dropout`` and ``{side}_learned_pos`` /
+            ``no_token_positional_embeddings``.
         embed_tokens: the (possibly shared) token embedding.
         max_positions: longest sequence.
         side: ``encoder`` or ``decoder``.
@@ -37,7 +38,7 @@ class TokenEmbedding(nn.Module):
         dim = embed_tokens.embedding_dim
         self.embed_tokens = embed_tokens
         self.padding_idx = embed_tokens.padding_idx
-        self.embed_scale = 1.0 if getattr(args, "no_scale_embedding", False) else math.sqrt(dim)
+        self.embed_scale = embedding_scale(args, dim)
         self.embed_positions = (
             PositionalEmbedding(
                 max_positions,

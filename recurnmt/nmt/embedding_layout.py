@@ -2,26 +2,45 @@
 
 fairseq offers two kinds of tying: ``--share-decoder-input-output-embed`` (the decoder's input
 embedding is its output projection) and ``--share-all-embeddings`` (one matrix for the encoder
-input, the decoder input and the output projection). RingFormer appendix A.1 counts a third
-layout, which fairseq cannot express: the encoder and decoder share one input embedding (26.62M
-parameters at H=512 with the 52K BiBERT vocabulary, RingFormer Table 1) and the vocabulary head
-is a separate linear layer with a bias (26.67M = 52,000 x 512 + 52,000).
+input, the decoder input and the output projection). RingFormer Table 1's counts ("encoder/
+decoder embeddings have 26.62M parameters", the vocabulary head 26.67M = 52,000 x 512 + 52,000
+at H=512) also fit a third layout, which fairseq cannot express: the encoder and decoder share
+one input embedding and the vocabulary head is a separate linear layer with a bias.
 
 ``--share-encoder-decoder-embeddings`` selects that layout (one input embedding, joined
-dictionary, untied head) and ``--output-projection-bias`` gives the head its bias; the A.1
-recipes set both. :func:`check_embedding_layout` refuses the combinations that contradict
-each other, naming the flag.
+dictionary, untied head) and ``--output-projection-bias`` gives the head its bias.
+:func:`check_embedding_layout` refuses the combinations that contradict each other, naming the
+flag.
+
+The RingFormer authors' code (``src_translation/src/models/model_Ring.py``) builds yet another
+layout, which fairseq does express: an encoder and a decoder embedding of their own over one
+shared (BiBERT) vocabulary, and a separate ``nn.Linear`` head with a bias, i.e. fairseq's
+default (no sharing flag) plus ``--output-projection-bias``. Read that way, Table 1's
+"encoder/decoder embeddings have 26.62M parameters" counts each side's table; the
+``*_bibert_*`` recipes follow the code.
+
+The same code neither scales the token embeddings by sqrt(H) nor shrinks their initialisation:
+its ``nn.Embedding`` starts at N(0, 1). fairseq scales by sqrt(H) an embedding initialised
+N(0, 1/H), which gives the stack the same input at step 0 but trains the table at another rate
+(and, tied to the output projection, starts the logits sqrt(H) times smaller).
+``--scale-embedding off`` builds the authors' embeddings (:func:`authors_initialisation`);
+``on`` (the default of every architecture) is fairseq's. fairseq's own
+``--no-scale-embedding`` keeps fairseq's N(0, 1/H) tables and only drops the factor.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
+
+from torch import nn
 
 from recurnmt.modules.config import ConfigError
 
 SHARE_FLAG = "--share-encoder-decoder-embeddings"
 BIAS_FLAG = "--output-projection-bias"
+SCALE_FLAG = "--scale-embedding"
 
 
 def add_embedding_layout_args(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +58,37 @@ def add_embedding_layout_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a bias on the output projection (the vocabulary head of RingFormer Table 1)",
     )
+    parser.add_argument(
+        SCALE_FLAG,
+        choices=("on", "off"),
+        help="token embeddings initialised N(0, 1/H) and multiplied by sqrt(H), as fairseq's "
+        "transformer (on, the default), or initialised N(0, 1) and not scaled, as RingFormer's "
+        "code (off)",
+    )
+
+
+def embedding_scale(args: Any, dim: int) -> float:
+    """The factor on the token embeddings: sqrt(``dim``) unless ``--scale-embedding off`` or
+    fairseq's ``--no-scale-embedding``."""
+    if (
+        getattr(args, "no_scale_embedding", False)
+        or getattr(args, "scale_embedding", "on") == "off"
+    ):
+        return 1.0
+    return math.sqrt(dim)
+
+
+def authors_initialisation(args: Any, embedding: nn.Embedding) -> None:
+    """Re-initialises a fresh token embedding as RingFormer's code (``--scale-embedding off``):
+    N(0, 1), the padding row zero (PyTorch's ``nn.Embedding`` with ``padding_idx``).
+
+    Does nothing for fairseq's scaling, or for an embedding read from a file.
+    """
+    if getattr(args, "scale_embedding", "on") != "off":
+        return
+    nn.init.normal_(embedding.weight, mean=0.0, std=1.0)
+    if embedding.padding_idx is not None:
+        nn.init.zeros_(embedding.weight[embedding.padding_idx])
 
 
 def check_embedding_layout(args: Any, same_dictionary: bool) -> None:

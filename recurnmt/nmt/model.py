@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from fairseq import utils
 from fairseq.models.transformer import TransformerModel
+from torch import nn
 
 from recurnmt.modules import ConfigError
 from recurnmt.modules.compile import from_flags
 from recurnmt.nmt.decoder import RecurrentDecoder
 from recurnmt.nmt.defaults import fill_arch_defaults
 from recurnmt.nmt.distributed_checks import check_distributed
-from recurnmt.nmt.embedding_layout import check_embedding_layout
+from recurnmt.nmt.embedding_layout import authors_initialisation, check_embedding_layout
 from recurnmt.nmt.encoder import RecurrentEncoder
 from recurnmt.nmt.options import (
     add_recurrent_args,
@@ -38,6 +40,17 @@ class RecurrentTransformerModel(TransformerModel):
     def add_args(cls, parser) -> None:
         super().add_args(parser)
         add_recurrent_args(parser)
+
+    @classmethod
+    def build_embedding(cls, args: Any, dictionary, embed_dim: int, path=None) -> nn.Embedding:
+        """fairseq's token embedding, initialised as RingFormer's code with
+        ``--scale-embedding off`` (see :mod:`recurnmt.nmt.embedding_layout`); the vectors of
+        ``path`` (fairseq's ``--*-embed-path``) are loaded over either initialisation."""
+        embedding = super().build_embedding(args, dictionary, embed_dim, None)
+        authors_initialisation(args, embedding)
+        if path:
+            utils.load_embedding(utils.parse_embedding(path), dictionary, embedding)
+        return embedding
 
     @classmethod
     def build_model(cls, args: Any, task) -> RecurrentTransformerModel:

@@ -19,6 +19,7 @@ from recurnmt.modules.config import (
     FFN_SIGNAL_PLACES,
     LRC_MODES,
     SHARING_SCHEMES,
+    SIGNAL_DOWN_INITS,
     SIGNAL_KINDS,
     ConfigError,
     SignalConfig,
@@ -78,6 +79,19 @@ def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
         help="rank of the low-rank level signals (default: embed dim // 16)",
     )
     group.add_argument(
+        "--level-signal-down-init",
+        choices=SIGNAL_DOWN_INITS,
+        help="how the low-rank signals' down factors start (their up factors start at zero): "
+        "normal, N(0, S^2) with S = --level-signal-down-std, as RingFormer's code (the "
+        "default), or kaiming, LoRA's code (Kaiming-uniform)",
+    )
+    group.add_argument(
+        "--level-signal-down-std",
+        type=float,
+        metavar="S",
+        help="standard deviation of --level-signal-down-init normal (RingFormer's code: 1e-6)",
+    )
+    group.add_argument(
         "--attn-signal",
         choices=ATTN_SIGNAL_PLACES,
         help="attention level signals after the Q/K/V projections (RingFormer eq. 6), "
@@ -88,6 +102,13 @@ def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
         choices=FFN_SIGNAL_PLACES,
         help="FFN level signal on the FFN input (RingFormer eq. 7), on the intermediate "
         "activation (inter), or none",
+    )
+    group.add_argument(
+        "--block-bias",
+        choices=("on", "off"),
+        help="biases in the attention (Q, K, V, output) and FFN projections of both stacks: "
+        "on as fairseq's transformer, off as RingFormer's code (its P* in Table 1); the "
+        "ringformer architectures default to off",
     )
     group.add_argument(
         "--encoder-ffn-sharing",
@@ -223,6 +244,9 @@ ARG_OF_FIELD: dict[str, str] = {
     "signal.rank": "level_signal_rank",
     "signal.attn": "attn_signal",
     "signal.ffn": "ffn_signal",
+    "signal.down_init": "level_signal_down_init",
+    "signal.down_std": "level_signal_down_std",
+    "bias": "block_bias",
     "dropout": "dropout",
     "attention_dropout": "attention_dropout",
     "activation_dropout": "activation_dropout",
@@ -294,6 +318,8 @@ def _side_config(args: Any, side: str) -> StackConfig:
                 rank=arg("signal.rank"),
                 attn=arg("signal.attn"),
                 ffn=arg("signal.ffn"),
+                down_init=arg("signal.down_init"),
+                down_std=arg("signal.down_std"),
             ),
             cross_attention=decoder,
             causal=decoder,
@@ -301,7 +327,7 @@ def _side_config(args: Any, side: str) -> StackConfig:
             attention_dropout=arg("attention_dropout"),
             activation_dropout=arg("activation_dropout"),
             activation=arg("activation"),
-            bias=True,
+            bias=_on_off("bias", arg("bias")),
             ffn_sharing=arg("ffn_sharing"),
             lrc=arg("lrc"),
             nll_ratio=arg("nll_ratio"),
@@ -320,6 +346,17 @@ def _side_config(args: Any, side: str) -> StackConfig:
             # first loop, permuted (and inverted) at later loops
             attn_permute=(),
         )
+
+
+def _on_off(field: str, value: Any) -> bool:
+    """An ``on`` / ``off`` option as a bool.
+
+    Raises:
+        ConfigError: anything else, naming the field (renamed to its flag by the caller).
+    """
+    if value not in ("on", "off"):
+        raise ConfigError(field, value, "choose on or off")
+    return value == "on"
 
 
 @contextmanager
