@@ -1,5 +1,6 @@
-"""RingFormer A.1's embedding layout (--share-encoder-decoder-embeddings, --output-projection-bias)
-and the BiBERT recipes that reproduce Table 1's embedding and head counts."""
+"""The embedding layouts (--share-encoder-decoder-embeddings, --output-projection-bias), the
+embedding scaling (--scale-embedding) and the BiBERT recipes that build RingFormer as its
+authors' code does and reproduce Table 1's embedding and head counts."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _truncated(count: int) -> str:
 )
 def test_bibert_recipes_reproduce_table1_counts(name, width, embeddings, head, p_star, tmp_path):
     """RingFormer sec. 4.1: "encoder/decoder embeddings have 26.62M parameters, and the
-    vocabulary head has 26.67M" (53.24M / 53.30M large): V x H and V x H + V for V = 52,000."""
+    vocabulary head has 26.67M" (53.24M / 53.30M large): V x H per side, as the authors'
+    code builds an embedding for each (model_Ring.py), and V x H + V, for V = 52,000."""
     recipe = load_recipe(name, base_dir=tmp_path)
     assert recipe.preset.name == "wmt14_de_en_bibert"
     args = validate(recipe)
@@ -50,13 +52,16 @@ def test_bibert_recipes_reproduce_table1_counts(name, width, embeddings, head, p
     with torch.device("meta"):
         model = task.build_model(args)
     report = parameter_report(model)
-    assert report.embeddings == BIBERT_VOCAB * width  # one matrix for encoder and decoder
+    assert model.encoder.embed_tokens is not model.decoder.embed_tokens
+    assert report.embeddings == 2 * BIBERT_VOCAB * width  # one matrix per side
     assert report.output_projection == BIBERT_VOCAB * (width + 1)  # its own weight and bias
-    assert (_truncated(report.embeddings), _truncated(report.output_projection)) == (
+    assert (_truncated(report.embeddings // 2), _truncated(report.output_projection)) == (
         embeddings,
         head,
     )
-    assert report.p_star / 1e6 == pytest.approx(p_star, rel=0.01)
+    assert _truncated(report.p_star) == f"{p_star:.2f}"  # bias-free blocks: Table 1's P*
+    assert (args.block_bias, args.scale_embedding) == ("off", "off")  # the authors' code
+    assert model.encoder.embed.embed_scale == model.decoder.embed.embed_scale == 1.0
 
 
 @pytest.mark.parametrize("arch", ["ringformer_tiny", "universal_transformer_tiny", "sret_tiny"])
@@ -109,3 +114,44 @@ def test_bibert_recipes_decode_word_pieces(tmp_path):
     flags = generate_flags(load_recipe("ringformer_wmt14_bibert_base", base_dir=tmp_path))
     assert flags[flags.index("--bpe") + 1] == "bert" and "--post-process" not in flags
     assert flags[flags.index("--bpe-vocab-file") + 1].endswith("tokenizer/vocab.txt")
+
+
+def test_scale_embedding_off_is_the_authors_embedding():
+    """RingFormer's code: nn.Embedding's N(0, 1) (padding row zero), not scaled by sqrt(H)."""
+    torch.manual_seed(0)
+    model, args, _ = build("ringformer_tiny", "--scale-embedding", "off")
+    assert args.scale_embedding == "off"
+    for side in (model.encoder, model.decoder):
+        weight = side.embed_tokens.weight
+        assert side.embed.embed_scale == 1.0
+        assert weight.std().item() == pytest.approx(1.0, rel=0.1)
+        assert not weight[side.embed_tokens.padding_idx].any()
+    src = torch.tensor([[5, 6, 2]])
+    x, embedded, _ = model.encoder.embed(src)
+    torch.testing.assert_close(embedded, model.encoder.embed_tokens(src))
+
+
+def test_scale_embedding_on_is_fairseqs():
+    model, args, _ = build("ringformer_tiny")
+    assert args.scale_embedding == "on" and model.encoder.embed.embed_scale == 8.0  # sqrt(64)
+    assert model.encoder.embed_tokens.weight.std().item() == pytest.approx(64**-0.5, rel=0.1)
+    # fairseq's own flag drops the factor and keeps fairseq's initialisation
+    fairseq_off, _, _ = build("ringformer_tiny", "--no-scale-embedding")
+    assert fairseq_off.encoder.embed.embed_scale == 1.0
+    assert fairseq_off.encoder.embed_tokens.weight.std().item() == pytest.approx(64**-0.5, rel=0.1)
+
+
+def test_embedding_files_load_over_the_authors_initialisation(tmp_path):
+    path = tmp_path / "vectors.txt"
+    path.write_text("2 64\nw0 " + " ".join(["0.5"] * 64) + "\nw1 " + " ".join(["-2"] * 64) + "\n")
+    model, _, _ = build(
+        "ringformer_tiny",
+        "--scale-embedding",
+        "off",
+        "--encoder-embed-path",
+        str(path),
+    )
+    table, dictionary = model.encoder.embed_tokens.weight, model.encoder.dictionary
+    assert (table[dictionary.index("w0")] == 0.5).all()
+    assert (table[dictionary.index("w1")] == -2).all()
+    assert table[dictionary.index("w2")].std().item() > 0.5  # the rest: N(0, 1)
