@@ -171,3 +171,21 @@ def test_contiguous_slices_change_the_function():
 def test_bad_permutation_settings_are_refused(bad):
     with pytest.raises(ValueError, match="attn_permute"):
         attn_permute_schedule(bad, 2)
+
+
+def test_ringformer_vit_signals_start_as_the_authors_code():
+    """vringformer.py: up factors zero, down factors N(0, 1e-6^2); LoRA's Kaiming-uniform on
+    request. The image code keeps its projection biases (unlike the translation code)."""
+    from recurnmt.vision import create_model
+
+    def downs(**kwargs):
+        model = create_model("ringformer_vit_mini_patch4", num_classes=3, **kwargs)
+        return model, [p for n, p in model.named_parameters() if n.endswith("signal.down")]
+
+    model, authors = downs()
+    assert authors and all(p.abs().max() < 1e-5 for p in authors)
+    assert model.stack.blocks[0].self_attn.qkv_proj.bias is not None
+    _, lora = downs(signal_down_init="kaiming")
+    assert all(p.abs().max() > 1e-2 for p in lora)
+    _, wide = downs(signal_down_std=0.1, signal_rank=4)
+    assert all(p.std() > 0.05 and p.size(0) in (4, 12) for p in wide)

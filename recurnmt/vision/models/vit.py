@@ -270,7 +270,10 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
     """Splits ``defaults | kwargs`` into stack and image settings and builds the model.
 
     ``signal_rank=r`` is a shortcut for the rank of the model's level signals (RingFormer
-    Table 4 varies it), handy on the command line (``--model-arg signal_rank=8``).
+    Table 4 varies it), handy on the command line (``--model-arg signal_rank=8``);
+    ``signal_down_init`` and ``signal_down_std`` set how their down factors start (N(0, 1e-6^2)
+    as the RingFormer authors' code by default, ``kaiming`` as LoRA's code; see
+    :mod:`recurnmt.modules.level_signals`).
 
     ``mrla="light"`` or ``"base"`` adds MRLA after every level (MRLA sec. 4), with
     ``mrla_head_dim`` channels per head (d_k, 16 for ViTs, MRLA sec. 5.1) and ``mrla_stages``
@@ -279,9 +282,14 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
     level has no MRLA (the head never reads the patch tokens it would change).
     """
     args = {**defaults, **kwargs}
-    if "signal_rank" in args:
-        rank = args.pop("signal_rank")
-        args["signal"] = replace(args.get("signal") or SignalConfig(), rank=rank)
+    shortcuts = {
+        "signal_rank": "rank",
+        "signal_down_init": "down_init",
+        "signal_down_std": "down_std",
+    }
+    signal = {field: args.pop(key) for key, field in shortcuts.items() if key in args}
+    if signal:
+        args["signal"] = replace(args.get("signal") or SignalConfig(), **signal)
     image = {k: args.pop(k) for k in _IMAGE_KEYS if k in args}
     pos_embed = args.pop("pos_embed", "learned")
     drop_rate = args.get("drop_rate", 0.0)
@@ -428,7 +436,10 @@ def ringformer_vit_base_patch16_224(**kwargs) -> VisionTransformer:
     """RingFormer-ViT of RingFormer Table 3: one block over 12 levels, 768/3072, 12.02M.
 
     Per-level LNs and low-rank signals of rank D/16 on Q, K, V and the FFN input
-    (RingFormer eq. 5-7). ``embed_dim=1284, ffn_dim=5120`` is the table's RingFormer^s.
+    (RingFormer eq. 5-7), their down factors starting N(0, 1e-6^2) as the authors' code
+    (``signal_down_init="kaiming"``: LoRA's). The projections keep their biases: the authors'
+    image code has them (``vringformer.py``), unlike their translation code.
+    ``embed_dim=1284, ffn_dim=5120`` is the table's RingFormer^s.
     """
     return _create_vit(
         {**_RINGFORMER, "embed_dim": 768, "ffn_dim": 3072, "depth": 12, "num_heads": 12},
