@@ -148,6 +148,25 @@ def test_naive_recursion_loops_each_block_in_a_row():
     assert model.stack.num_levels == 36  # SReT Table 1, "+2 naive recursion"
 
 
+def test_sret_108_is_built_as_sret():
+    """SReT-108: 18 DeiT-Ti blocks looped 6 times in a row, an NLL of its own after every loop
+    (SReT eq. 5-6) and learnable residual coefficients everywhere, NLLs' included (eq. 9-10);
+    the naive recursion of the same depth has neither."""
+    with torch.device("meta"):
+        sret = create_model("deit_tiny_sret_d108_patch16_224")
+        naive = create_model("deit_tiny_recursive_d108_patch16_224")
+    stack = sret.stack
+    assert stack.num_levels == naive.stack.num_levels == 108 and stack.plan.num_unique == 18
+    assert stack.plan.block_of_level[:7] == (0, 0, 0, 0, 0, 0, 1)
+    nlls = [level.nll for level in stack.levels]
+    assert all(n is not None for n in nlls) and len({id(n) for n in nlls}) == 108
+    assert nlls[0].mlp.up.out_features == 192  # ratio 1.0, as SReT-T/TL
+    coefficients = [m for m in sret.modules() if type(m).__name__ == "ResidualCoefficients"]
+    assert len(coefficients) == 18 + 108 and all(c.mode == "both" for c in coefficients)
+    assert all(level.nll is None for level in naive.stack.levels)
+    assert all(b.lrc.mode == "none" for b in naive.stack.blocks)
+
+
 def test_signal_rank_shortcut():
     model = create_model("ringformer_vit_mini_patch4", signal_rank=4)
     assert model.stack.levels[0].attn_signal.rank == 4

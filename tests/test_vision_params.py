@@ -110,6 +110,21 @@ def test_baselines(name, kwargs, paper):
     assert params(name, **kwargs) == pytest.approx(paper, rel=0.01)
 
 
+def test_sret_108_is_a_third_of_deit_108():
+    """SReT ICLR draft appendix B: "our model size is only one-third of DeiT-108". DeiT-108
+    (DeiT-Ti at 108 layers) has 48,424,360 parameters, a third 16.14M; SReT-108 (18 blocks x 6
+    loops, an NLL of ratio 1.0 per loop, LRC) has 16,432,456 = 0.339 of it. The naive
+    recursion at 36 x 3 (16,394,152) is a third in blocks but has no NLL; with SReT-T's NLLs
+    (8.05M for 108 of them) it would be half (24,440,080)."""
+    deit = params("deit_tiny_d108_patch16_224")
+    sret = params("deit_tiny_sret_d108_patch16_224")
+    assert deit == 48_424_360 and deit == pytest.approx(48.4e6, rel=0.01)
+    assert sret == 16_432_456 and sret / deit == pytest.approx(1 / 3, rel=0.02)
+    assert params("deit_tiny_recursive_d108_patch16_224") == 16_394_152
+    half = params("deit_tiny_sret_d108_patch16_224", unique_layers=36)
+    assert half == 24_440_080 and half / deit == pytest.approx(1 / 2, rel=0.02)
+
+
 @pytest.mark.parametrize(
     ("name", "kwargs", "paper"),
     [

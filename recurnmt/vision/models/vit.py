@@ -224,6 +224,8 @@ def vit_stack_config(
     attn_drop_rate: float = 0.0,
     drop_path_rate: float = 0.0,
     norm_eps: float = 1e-6,
+    lrc: str = "none",
+    nll_ratio: float = 0.0,
 ) -> StackConfig:
     """The pre-LN GELU stack of a ViT (ViT eq. 2-3): ``depth`` levels over ``unique_layers``
     blocks. The names match the translation options: ``depth`` is ``--encoder-layers`` (the
@@ -242,6 +244,10 @@ def vit_stack_config(
         attn_drop_rate: dropout on the attention probabilities.
         drop_path_rate: stochastic depth at the last level (0 at the first, linear between).
         norm_eps: epsilon of every layer norm (1e-6 as in timm and DeiT).
+        lrc: SReT's learnable residual coefficients on every residual (eq. 9-10; ``both``),
+            NLLs' included, or ``none``.
+        nll_ratio: SReT's non-linear projection layer after every level, weights of its own,
+            with this hidden ratio (eq. 5-6; 0: none).
     """
     return StackConfig(
         embed_dim=embed_dim,
@@ -260,6 +266,8 @@ def vit_stack_config(
         activation="gelu",
         drop_path=drop_path_rate,
         norm_eps=norm_eps,
+        lrc=lrc,
+        nll_ratio=nll_ratio,
     )
 
 
@@ -401,13 +409,15 @@ def _recursive(defaults: dict, loops: int) -> dict:
 
 # ---------------------------------------------------------------- extreme depth (SReT)
 
-# SReT's 108-layer pair (ECCV sec. 5 "Extremely deep transformers" and Fig. 9; ICLR draft
-# appendix B): DeiT-Ti deepened to 108 distinct layers, and a recursive DeiT-Ti of the same
-# depth whose size is "only one-third of DeiT-108". The paper prints no configuration beyond
-# that; at DeiT-Ti's width, one third is 36 unique blocks looped 3 times (108 / 3), which is
-# how the table's naive recursion deepens DeiT-Ti (blocks looped in a row). Train them with
-# set_grad_checkpointing (segments: the stack's ``checkpoint_segment``) and, for the
-# recursive one, SReT's mixed-depth training (appendix B).
+# SReT's 108-layer models (ECCV sec. 5 "Extremely deep transformers" and Fig. 9; ICLR draft
+# appendix B): DeiT-Ti deepened to 108 distinct layers (DeiT-108), and "our SReT-108" of the
+# same depth, whose size is "only one-third of DeiT-108". The paper prints no configuration
+# beyond that. Registered here: DeiT-108; the naive recursion of DeiT-Ti at that depth (36
+# unique blocks looped 3 times, 108 / 3: a third of DeiT-108 in blocks, as SReT Table 1
+# deepens DeiT-Ti, but neither NLL nor LRC); and SReT-108, the same DeiT-Ti body built as SReT
+# (an NLL after every loop, LRC on every residual) at a third of DeiT-108's size. Train them
+# with set_grad_checkpointing (segments: the stack's ``checkpoint_segment``) and, for the
+# recursive ones, SReT's mixed-depth training (appendix B).
 _DEIT_TINY_108 = {**_DEIT_TINY, "depth": 108}
 
 
@@ -422,6 +432,24 @@ def deit_tiny_recursive_d108_patch16_224(**kwargs) -> VisionTransformer:
     """SReT's recursive 108-layer DeiT-Ti: 36 unique blocks, 3 loops each, 16.4M (a third
     of DeiT-108, SReT ICLR draft appendix B)."""
     return _create_vit({**_DEIT_TINY, "unique_layers": 36, "depth": 108}, kwargs)
+
+
+@register_model
+def deit_tiny_sret_d108_patch16_224(**kwargs) -> VisionTransformer:
+    """SReT-108 (SReT Fig. 9 and ICLR draft appendix B, "our SReT-108"): DeiT-Ti's body at 108
+    levels built as SReT, 16.43M parameters, 0.34 of DeiT-108 (the paper: "one-third").
+
+    18 unique blocks, each looped 6 times in a row (SReT's internal loop, eq. 6); after every
+    loop a non-linear projection layer of its own (eq. 5, hidden ratio 1.0 as SReT-T/TL,
+    sec. 5) and learnable residual coefficients on every residual, NLLs' included (eq. 9-10);
+    DeiT's stochastic depth 0.1. The paper gives only the depth, the DeiT-Ti baseline and the
+    size: with SReT-T's NLL ratio, the 108 NLLs alone hold 8.05M, so 36 blocks x 3 loops (the
+    naive pair's) would be 24.44M, half of DeiT-108; over the block counts that divide 108,
+    18 gives the size nearest a third (12 give 13.76M). ``unique_layers`` and ``nll_ratio``
+    set others (27 blocks x 4 loops at ratio 0.5 are 16.44M).
+    """
+    defaults = {**_DEIT_TINY, "unique_layers": 18, "depth": 108, "nll_ratio": 1.0, "lrc": "both"}
+    return _create_vit(defaults, kwargs)
 
 
 # ---------------------------------------------------------------- RingFormer-ViT
