@@ -55,9 +55,13 @@ def test_one_mrla_level_per_bottleneck_restarting_at_every_stage(variant):
         # Algorithms 1 and 3: the block output itself, and a value without activation
         assert isinstance(first.proj.norm, nn.Identity)
         assert isinstance(first.proj.value_act, nn.Identity)
-    # d_k = 32 channels per head (sec. 5.1): widths 32, 64, 128, 256 give 1, 2, 4, 8 heads
-    assert [s.mrla.levels[0].proj.num_heads for s in stages(model)] == [1, 2, 4, 8]
+    # d_k as the released code: 32 channels per head for light (sec. 5.1's value; widths 32,
+    # 64, 128, 256 give 1, 2, 4, 8 heads), 16 for base (resnet_mrla_base.py: 2, 4, 8, 16)
+    heads = [1, 2, 4, 8] if variant == "light" else [2, 4, 8, 16]
+    assert [s.mrla.levels[0].proj.num_heads for s in stages(model)] == heads
     assert all(s.mrla.drop_path == (0.2,) * s.num_blocks for s in stages(model))  # App. B.1.1
+    relu = variant == "base"  # the released base code: ReLU(BN(O^t)); light: BN(O^t)
+    assert all(isinstance(s.mrla.branch_act, nn.ReLU) == relu for s in stages(model))
 
 
 def test_stage_runs_eq_8_after_every_block_with_a_normalised_branch():
@@ -82,6 +86,62 @@ def test_stage_runs_eq_8_after_every_block_with_a_normalised_branch():
         y = y + F.batch_norm(state, bn.running_mean, bn.running_var, bn.weight, bn.bias)
     with torch.no_grad():
         torch.testing.assert_close(stage(x), y)
+
+
+def test_base_runs_eq_6_after_every_block_as_the_released_code():
+    """X^t <- X^t + ReLU(BN(O^t)), O^t_h = softmax_s(Q^t_h . K^s_h / sqrt(d_k)) V^s_h over the
+    stage's blocks s <= t (eq. 6, Algorithm 1), d_k = 16: resnet_mrla_base.py."""
+    model = small("mrla_base_resnet50").eval()
+    randomise(model)
+    stage, d = model.layer2, 16  # four blocks, 64 channels in 4 heads
+    x = torch.randn(2, 32, 8, 8)
+    y, keys, values = x, [], []
+    for t in range(stage.num_blocks):
+        y = getattr(stage, str(t))(y)  # X^t: B x C x h x w
+        b, c, h, w = y.shape
+        level = stage.mrla.levels[t]
+        pooled = y.mean(dim=(2, 3))[:, None, :]  # B x 1 x C
+        keys.append(level.proj.key(pooled).view(b, c // d, d))
+        values.append(level.proj.value(y))  # 3 x 3 depth-wise, no activation
+        if t == 0:  # a stage's first block attends to itself alone
+            out = values[0]
+        else:
+            q = level.proj.query(pooled).view(b, c // d, d)
+            scores = torch.stack([(q * k).sum(-1) / math.sqrt(d) for k in keys])  # L x B x H
+            weights = scores.softmax(dim=0).repeat_interleave(d, dim=2)  # L x B x C
+            out = sum(wt[:, :, None, None] * v for wt, v in zip(weights, values, strict=True))
+        bn = stage.mrla.branch_norms[t]
+        y = y + F.relu(F.batch_norm(out, bn.running_mean, bn.running_var, bn.weight, bn.bias))
+    with torch.no_grad():
+        torch.testing.assert_close(stage(x), y)
+
+
+def test_base_as_sec_5_1_is_an_option_of_the_same_size():
+    """d_k = 32 (sec. 5.1) and no branch ReLU, recurnmt's MRLA-base before it followed the
+    released code: the same parameters, other heads and branch."""
+    released = small("mrla_base_resnet50")
+    paper = small("mrla_base_resnet50", mrla_head_dim=32, mrla_branch_relu=False)
+    assert [s.mrla.levels[0].proj.num_heads for s in stages(paper)] == [1, 2, 4, 8]
+    assert all(isinstance(s.mrla.branch_act, nn.Identity) for s in stages(paper))
+    shapes = [(n, p.shape) for n, p in released.named_parameters()]
+    assert shapes == [(n, p.shape) for n, p in paper.named_parameters()]
+    paper.load_state_dict(released.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert not torch.allclose(released.eval()(x), paper.eval()(x))
+    relu_light = small("mrla_light_resnet50", mrla_branch_relu=True)
+    assert all(isinstance(s.mrla.branch_act, nn.ReLU) for s in stages(relu_light))
+
+
+def test_the_released_base_stem_is_timms_deep_stem():
+    """resnet_mrla_base.py's stem: 3 x 3 convolutions of 32, 32 and 64 channels (timm's deep
+    stem at width 32), 19,232 parameters more than the 7 x 7 one; not in Table 1."""
+    with torch.device("meta"):
+        plain, deep = (
+            sum(p.numel() for p in create_model("mrla_base_resnet50", **kw).parameters())
+            for kw in ({}, dict(stem_type="deep", stem_width=32))
+        )
+    assert deep - plain == 19_232
 
 
 def test_the_backbone_is_timms_resnet():

@@ -279,6 +279,8 @@ class LayerAttention(nn.Module):
             (Algorithms 1 and 3).
         branch_norm: a batch norm on the MRLA branch before it joins the feature map (CNNs;
             the released ResNet code's ``bn_mrla``); the recurrent state stays unnormalised.
+        branch_relu: a ReLU on the branch after that norm (the released MRLA-base ResNet
+            code, ``resnet_mrla_base.py``: ``relu(bn_mrla(O^t))``; its MRLA-light has none).
 
     Raises:
         ValueError: an unknown ``variant``, a ``head_dim`` that does not divide ``dim``, or
@@ -300,6 +302,7 @@ class LayerAttention(nn.Module):
         input_norm: bool = True,
         value_act: bool | None = None,
         branch_norm: bool = False,
+        branch_relu: bool = False,
     ) -> None:
         super().__init__()
         if variant not in MRLA_VARIANTS:
@@ -332,6 +335,7 @@ class LayerAttention(nn.Module):
         self.branch_norms = (
             nn.ModuleList(nn.BatchNorm1d(dim) for _ in range(count)) if branch_norm else None
         )
+        self.branch_act = nn.ReLU() if branch_relu else nn.Identity()
 
     def starts_stage(self, level: int) -> bool:
         return level == 0 or self.stage_of_level[level] != self.stage_of_level[level - 1]
@@ -353,7 +357,7 @@ class LayerAttention(nn.Module):
         out, state = self.levels[level](x[:, p:], grid, state)  # B x N x C
         if self.branch_norms is not None:  # over B and N per channel, as BatchNorm2d on maps
             out = self.branch_norms[level](out.transpose(1, 2)).transpose(1, 2)
-        out = _drop_path(out, self.drop_path[level], self.training)
+        out = _drop_path(self.branch_act(out), self.drop_path[level], self.training)
         if p == 0:  # no copy: keeps the memory layout of x (a CNN's channels-first map)
             return x + out, state
         return torch.cat([x[:, :p], x[:, p:] + out], dim=1), state

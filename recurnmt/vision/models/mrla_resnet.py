@@ -14,6 +14,21 @@ layer"), on the block's output ``X^t`` (after its residual addition and ReLU):
 * the recurrence restarts at every ResNet stage, whose first block changes the resolution and
   width (sec. 5.1: "the first layer [within each stage] only attends to itself").
 
+The released code (``joyfang1106/MRLA``, ``resnet/models/``) builds the two variants apart, and
+each registered model follows its own file by default:
+
+* MRLA-light (``resnet_mrla_light.py``): heads of d_k = 32 channels (sec. 5.1's value), the
+  branch ``BN(O^t)``;
+* MRLA-base (``resnet_mrla_base.py``): heads of d_k = 16 channels (``dim_perhead = 16``) and a
+  ReLU after the branch's batch norm, ``ReLU(BN(O^t))``. ``mrla_head_dim=32,
+  mrla_branch_relu=False`` builds it as sec. 5.1 and the light code instead (recurnmt's
+  MRLA-base before following the code). Neither changes a parameter count.
+
+The released MRLA-base ResNet also has a deep stem (three 3 x 3 convolutions of 32, 32 and 64
+channels, as timm's ``stem_type="deep", stem_width=32``; +19,232 parameters, +0.24 GMACs), which
+the paper's Table 1 does not mention and the MRLA-light code does not have; timm's arguments
+build it (``create_model("mrla_base_resnet50", stem_type="deep", stem_width=32)``).
+
 The per-level MRLA modules are those of the vision transformers
 (:class:`~recurnmt.vision.layers.layer_attention.LayerAttention`, one per stage), run on the
 feature map seen as tokens (a view). Choices where the paper is silent, from the released code:
@@ -33,7 +48,8 @@ ResNet-50 (25.72M, Table 1: 25.7M). Table 1 has no MRLA-base ResNet-101 (out of 
 paper's batch size); ``mrla_base_resnet101`` is built the same way. Multiply-accumulates at
 224 x 224 (:func:`recurnmt.vision.flops.count_macs`, which counts convolutions and matrix
 products only): ResNet-50 4.09G, + MRLA-light 4.14G (Table 1: 4.2B), + MRLA-base 4.15G
-(Table 1: 4.6B, a gap our design does not explain); ResNet-101 + MRLA-light 7.88G (7.9B).
+(Table 1: 4.6B; with the released code's deep stem, below, 4.39G); ResNet-101 + MRLA-light
+7.88G (7.9B).
 
 Shape legend: B batch, C channels, h x w feature map, N = h * w.
 """
@@ -52,6 +68,11 @@ from recurnmt.vision.layers.layer_attention import LayerAttention, LayerState
 from recurnmt.vision.registry import register_model
 
 RESNET_DEPTHS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}  # He et al. 2016, Table 1
+# each variant's settings in the released code (resnet_mrla_light.py, resnet_mrla_base.py)
+RELEASED = {
+    "light": {"head_dim": 32, "branch_relu": False},
+    "base": {"head_dim": 16, "branch_relu": True},
+}
 
 
 class MRLAStage(nn.Module):
@@ -66,10 +87,17 @@ class MRLAStage(nn.Module):
         variant: ``light`` (eq. 8) or ``base`` (eq. 6).
         head_dim: channels per MRLA head d_k.
         drop_path: stochastic depth rate of every MRLA branch.
+        branch_relu: a ReLU after the branch's batch norm (the released MRLA-base code).
     """
 
     def __init__(
-        self, blocks: Sequence[nn.Module], dim: int, variant: str, head_dim: int, drop_path: float
+        self,
+        blocks: Sequence[nn.Module],
+        dim: int,
+        variant: str,
+        head_dim: int,
+        drop_path: float,
+        branch_relu: bool = False,
     ) -> None:
         super().__init__()
         self.num_blocks = len(blocks)
@@ -85,6 +113,7 @@ class MRLAStage(nn.Module):
             input_norm=False,
             value_act=False,
             branch_norm=True,
+            branch_relu=branch_relu,
         )
         self.grad_checkpointing = False
 
@@ -119,8 +148,10 @@ class MRLAResNet(ResNet):
     Args:
         layers: bottleneck blocks per stage.
         mrla: ``light`` or ``base``.
-        mrla_head_dim: channels per MRLA head d_k (32 for ResNets, sec. 5.1); must divide
-            every stage's output width.
+        mrla_head_dim: channels per MRLA head d_k; must divide every stage's output width.
+            None: the released code's, 32 for light (sec. 5.1's value for ResNets), 16 for base.
+        mrla_branch_relu: a ReLU after the branch's batch norm. None: the released code's,
+            on for base, off for light.
         mrla_drop_path: stochastic depth rate of the MRLA branches (0.2, App. B.1.1).
         img_size: the training resolution, kept for the data pipeline and evaluation (the
             network itself runs at any size).
@@ -137,7 +168,8 @@ class MRLAResNet(ResNet):
         layers: Sequence[int],
         *,
         mrla: str = "light",
-        mrla_head_dim: int = 32,
+        mrla_head_dim: int | None = None,
+        mrla_branch_relu: bool | None = None,
         mrla_drop_path: float = 0.2,
         img_size: int | tuple[int, int] = 224,
         **kwargs,
@@ -147,12 +179,16 @@ class MRLAResNet(ResNet):
         self.in_chans = kwargs.get("in_chans", 3)  # older timm ResNets (1.0.20) do not keep it
         self.img_size = to_2tuple(img_size)
         self.mrla_variant = mrla
+        released = RELEASED.get(mrla, {})  # an unknown variant is named by LayerAttention
+        head_dim = released.get("head_dim", 32) if mrla_head_dim is None else mrla_head_dim
+        relu = released.get("branch_relu", False) if mrla_branch_relu is None else mrla_branch_relu
         for name in ("layer1", "layer2", "layer3", "layer4"):
             blocks = list(getattr(self, name))
             dim = blocks[-1].bn3.num_features if hasattr(blocks[-1], "bn3") else None
             if dim is None:
                 raise ValueError("MRLA on a ResNet needs bottleneck blocks (block=Bottleneck)")
-            setattr(self, name, MRLAStage(blocks, dim, mrla, mrla_head_dim, mrla_drop_path))
+            stage = MRLAStage(blocks, dim, mrla, head_dim, mrla_drop_path, relu)
+            setattr(self, name, stage)
 
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
         """A new training resolution (fine-tuning): nothing in a CNN depends on it."""
@@ -181,7 +217,9 @@ def mrla_light_resnet50(**kwargs) -> MRLAResNet:
 
 @register_model
 def mrla_base_resnet50(**kwargs) -> MRLAResNet:
-    """ResNet-50 + MRLA-base (MRLA Table 1: 25.7M, 77.7 % top-1)."""
+    """ResNet-50 + MRLA-base (MRLA Table 1: 25.7M, 77.7 % top-1), as the released code: d_k =
+    16 and a ReLU after the branch's batch norm (``mrla_head_dim=32, mrla_branch_relu=False``:
+    sec. 5.1's d_k and the light variant's branch)."""
     return _mrla_resnet(50, "base", **kwargs)
 
 
@@ -193,5 +231,6 @@ def mrla_light_resnet101(**kwargs) -> MRLAResNet:
 
 @register_model
 def mrla_base_resnet101(**kwargs) -> MRLAResNet:
-    """ResNet-101 + MRLA-base (not in MRLA Table 1: out of memory at the paper's batch)."""
+    """ResNet-101 + MRLA-base (not in MRLA Table 1: out of memory at the paper's batch), built
+    as ``mrla_base_resnet50``."""
     return _mrla_resnet(101, "base", **kwargs)
