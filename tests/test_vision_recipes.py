@@ -58,6 +58,14 @@ def test_recipes_say_what_the_papers_print():
     mrla = recipe("imagenet_deit_t_mrla")  # MRLA appendix B.1
     assert mrla.lr == pytest.approx(1e-3) and mrla.model == "deit_tiny_mrla_patch16_224"
     assert recipe("imagenet_dvt_deit_s").lr == pytest.approx(1e-3)  # DeiT-S at batch 1024
+    resnet = recipe("imagenet_mrla_resnet50")  # MRLA appendix B.1, "ResNet"
+    assert resnet.model == "mrla_light_resnet50"
+    assert (resnet.epochs, resnet.batch_size, resnet.lr) == (100, 256, pytest.approx(0.1))
+    assert (resnet.opt, resnet.momentum, resnet.weight_decay) == ("momentum", 0.9, 1e-4)
+    assert (resnet.sched, resnet.decay_epochs, resnet.decay_rate) == ("step", 30, 0.1)
+    assert resnet.warmup_epochs == 0 and resnet.weight_decay_all  # the released code's
+    assert (resnet.smoothing, resnet.mixup, resnet.cutmix, resnet.reprob) == (0, 0, 0, 0)
+    assert resnet.aa == "" and resnet.aug_repeats == 0  # crop and flip only
 
 
 @pytest.fixture(scope="module")

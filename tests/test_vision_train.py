@@ -96,6 +96,30 @@ def test_timm_optimizer_and_cosine_schedule_with_warmup():
     assert lr(100) == pytest.approx(1e-5)
 
 
+def test_timm_step_schedule_and_weight_decay_on_everything():
+    """ResNet's recipe (MRLA appendix B.1): SGD, lr times 0.1 every 30 epochs from timm's
+    scheduler factory, no warm-up, weight decay on every parameter (--weight-decay-all)."""
+    from recurnmt.vision import create_model
+
+    args = parse_args(["--config", "configs/vision/imagenet_mrla_resnet50.yaml"])
+    model = create_model("vit_mini_patch4", num_classes=3)
+    optimizer, scheduler = train_cli.build_optimization(model, args, steps=10)
+    assert type(optimizer).__name__ == "SGD" and not optimizer.defaults["nesterov"]
+    assert all(g["weight_decay"] == 1e-4 for g in optimizer.param_groups)
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+
+    def lr(update: int) -> float:
+        scheduler.step_update(update)
+        return optimizer.param_groups[0]["lr"]
+
+    assert [lr(u) for u in (0, 299, 300, 599, 600, 999)] == pytest.approx(
+        [0.1, 0.1, 0.01, 0.01, 0.001, 1e-4]
+    )
+    exempt = parse_args(["--opt", "momentum", "--sched", "step"])  # the default exemptions
+    optimizer, _ = train_cli.build_optimization(model, exempt, steps=10)
+    assert any(g["weight_decay"] == 0 for g in optimizer.param_groups)
+
+
 @pytest.fixture
 def process_group_of_one(tmp_path):
     """A gloo process group of this process alone (ZeroRedundancyOptimizer needs a group)."""

@@ -16,6 +16,7 @@ from typing import Any
 from recurnmt.modules import ConfigError
 
 DEFAULT_LR = 2e-3  # the digits recipe's
+SCHEDULES = ("cosine", "step")
 
 
 def parse_model_args(items: list[str] | dict | None) -> dict[str, Any]:
@@ -129,9 +130,29 @@ def build_parser() -> argparse.ArgumentParser:
         "batch / lr_base_size (DeiT: 5e-4 per 512); instead of --lr",
     )
     g.add_argument("--lr-base-size", type=int, default=512)
+    g.add_argument(
+        "--sched",
+        choices=SCHEDULES,
+        default="cosine",
+        help="learning-rate schedule after the warm-up (timm's scheduler factory): cosine to "
+        "--min-lr (DeiT, SReT, RingFormer), or step, times --decay-rate every --decay-epochs "
+        "(ResNet; MRLA's ResNets)",
+    )
+    g.add_argument(
+        "--decay-epochs", type=float, default=30.0, help="epochs between the steps of --sched step"
+    )
+    g.add_argument(
+        "--decay-rate", type=float, default=0.1, help="learning-rate factor at each step"
+    )
     g.add_argument("--min-lr", type=float, default=1e-5, help="end of the cosine")
     g.add_argument("--warmup-lr", type=float, default=1e-6, help="start of the warm-up")
     g.add_argument("--weight-decay", type=float, default=0.05)
+    g.add_argument(
+        "--weight-decay-all",
+        action="store_true",
+        help="decay every parameter, biases and norms included (the SGD recipes of ResNet "
+        "and MRLA's code); by default they are exempt, as in DeiT",
+    )
     g.add_argument("--warmup-epochs", type=float, default=5.0)
     g.add_argument(
         "--opt", default="adamw", help="timm optimizer name (timm.optim.list_optimizers())"

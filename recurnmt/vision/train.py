@@ -143,15 +143,19 @@ def build_optimization(
 
     The optimizer (``timm.optim.create_optimizer_v2``; AdamW for DeiT and SReT) decays weight
     matrices only: biases, norm scales, 1-D parameters and ``model.no_weight_decay()`` (position
-    tables, class tokens) are exempt, as in DeiT. The schedule (``timm.scheduler``) warms up
-    linearly from ``--warmup-lr`` over ``--warmup-epochs`` and follows a cosine to ``--min-lr``
-    at the last update (Loshchilov & Hutter 2017), set at every update.
+    tables, class tokens) are exempt, as in DeiT, unless ``--weight-decay-all`` (ResNet's SGD
+    recipe decays everything). The schedule (``timm.scheduler``) warms up linearly from
+    ``--warmup-lr`` over ``--warmup-epochs``, then follows a cosine to ``--min-lr`` at the last
+    update (Loshchilov & Hutter 2017; ``--sched cosine``) or is multiplied by ``--decay-rate``
+    every ``--decay-epochs`` (``--sched step``: ResNet's 0.1 every 30 epochs), set at every
+    update.
 
     ``shard`` (``--zero``, in a process group): the optimizer's state is sharded over the
     processes (:func:`recurnmt.vision.zero.shard_optimizer`); the schedule sets its rate.
     """
     optimizer = create_optimizer_v2(
-        model,
+        # the bare parameters: timm would still exempt model.no_weight_decay()
+        model.parameters() if args.weight_decay_all else model,
         opt=args.opt,
         lr=args.lr,
         weight_decay=args.weight_decay,
@@ -163,8 +167,10 @@ def build_optimization(
         optimizer = shard_optimizer(optimizer, args.opt)
     scheduler, _ = create_scheduler_v2(
         optimizer,
-        sched="cosine",
+        sched=args.sched,
         num_epochs=args.epochs,
+        decay_epochs=args.decay_epochs,
+        decay_rate=args.decay_rate,
         warmup_epochs=args.warmup_epochs,
         warmup_lr=args.warmup_lr,
         min_lr=args.min_lr,
