@@ -113,6 +113,7 @@ def test_default_rank_is_width_over_16():
             "--decoder-ffn-sharing='none': removes the FFN, so it cannot carry the FFN level "
             "signal --ffn-signal='input'",
         ),
+        (("--level-signal-down-std", "-1"), "--level-signal-down-std=-1.0: must be >= 0"),
         (("--encoder-layerdrop", "0.1"), "--encoder-layerdrop=0.1: LayerDrop is not supported"),
         (
             ("--adaptive-softmax-cutoff", "10,20"),
