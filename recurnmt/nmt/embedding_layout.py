@@ -80,9 +80,9 @@ def embedding_scale(args: Any, dim: int) -> float:
 
 def authors_initialisation(args: Any, embedding: nn.Embedding) -> None:
     """Re-initialises a fresh token embedding as RingFormer's code (``--scale-embedding off``):
-    N(0, 1), the padding row zero (PyTorch's ``nn.Embedding`` with ``padding_idx``).
-
-    Does nothing for fairseq's scaling, or for an embedding read from a file.
+    N(0, 1), the padding row zero (PyTorch's ``nn.Embedding`` with ``padding_idx``). Does
+    nothing with fairseq's scaling. Vectors read from a file go in afterwards
+    (``RecurrentTransformerModel.build_embedding``).
     """
     if getattr(args, "scale_embedding", "on") != "off":
         return
