@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from recurnmt.analysis.dispatch import count_dispatch
 from recurnmt.modules.attention import AttentionTerms, SelfAttention
 from recurnmt.parameters import count_parameters
 from recurnmt.vision import create_model
@@ -19,7 +20,12 @@ from recurnmt.vision.budget import (
     solve_thresholds,
 )
 from recurnmt.vision.exits import ExitLogits
-from recurnmt.vision.layers.reuse import FeatureReuse, RelationReuse, upsample_relations
+from recurnmt.vision.layers.reuse import (
+    FeatureReuse,
+    RelationReuse,
+    upsample_relations,
+    upsample_tokens,
+)
 from recurnmt.vision.models.dvt import AllExits, DVTCascade
 
 SMALL = dict(embed_dim=32, ffn_dim=64, num_heads=2, img_size=32, patch_size=8, num_classes=5)
@@ -207,6 +213,28 @@ def test_relation_upsampling_resizes_rows_and_columns_on_the_grid():
     r4, c4 = torch.arange(4).repeat_interleave(4) // 2, torch.arange(4).repeat(4) // 2
     torch.testing.assert_close(up[0, 0, 1:, 1:], (r4[:, None] * 10 + c4[None, :]).float())
     assert (up[0, 0, 0, 1:] == 7).all() and (up[0, 0, 1:, 0] == 3).all()
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic", "nearest"])
+@pytest.mark.parametrize(("grid_in", "grid_out"), [((7, 7), (14, 14)), ((2, 3), (5, 4))])
+def test_reuse_resizes_as_interpolate_does(mode, grid_in, grid_out):
+    x = torch.randn(2, grid_in[0] * grid_in[1], 6, dtype=torch.float64)
+    image = x.transpose(1, 2).reshape(2, 6, *grid_in)
+    align = {} if mode == "nearest" else {"align_corners": False}
+    expected = F.interpolate(image, size=grid_out, mode=mode, **align).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(upsample_tokens(x, grid_in, grid_out, mode), expected)
+
+
+def test_reuse_backward_runs_no_interpolation_kernel():
+    """The reuse terms resize through matrix products: F.interpolate's backward accumulates
+    with atomic adds on CUDA, which made a resumed DVT run differ from one that never
+    stopped (issue 25: test_resume_continues_the_same_run[cuda-dvt_vit_mini_patch2])."""
+    model = cascade(relation_reuse=True).train()
+    x = torch.randn(2, 3, 32, 32)
+    with count_dispatch() as log:
+        sum(o.sum() for o in model.forward_exits(x)).backward()
+    assert [op for op in log.ops if "upsample" in op and "backward" in op] == []
+    assert all(p.grad is not None for p in model.relation_reuse.parameters())
 
 
 def test_recurrent_backbones_share_reuse_columns_like_their_blocks():

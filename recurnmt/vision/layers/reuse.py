@@ -31,14 +31,26 @@ from recurnmt.modules.hooks import LevelHook
 Grid = tuple[int, int]
 
 
+def resize_matrix(grid_in: Grid, grid_out: Grid, mode: str, like: Tensor) -> Tensor:
+    """The resize of an ``grid_in`` map to ``grid_out`` (``F.interpolate`` with ``mode``) as
+    an N_out x N_in matrix, on ``like``'s device and dtype.
+
+    Resizing is linear in the map, so its matrix is the resize of every basis map; applying
+    it is a matrix product, whose backward is a matrix product too. ``F.interpolate``'s own
+    backward (bilinear, bicubic) accumulates with atomic adds on CUDA, so two identical runs
+    differ in the last bits and a resumed run drifts from one that never stopped.
+    """
+    n = grid_in[0] * grid_in[1]
+    basis = torch.eye(n, dtype=like.dtype, device=like.device).reshape(n, 1, *grid_in)
+    resized = F.interpolate(basis, size=grid_out, mode=mode, **_align(mode))  # N_in x 1 x h' x w'
+    return resized.reshape(n, -1).t()  # N_out x N_in
+
+
 def upsample_tokens(x: Tensor, grid_in: Grid, grid_out: Grid, mode: str = "bilinear") -> Tensor:
     """Patch tokens B x N_in x C on ``grid_in`` -> B x N_out x C on ``grid_out``."""
     if tuple(grid_in) == tuple(grid_out):
         return x
-    b, _, c = x.shape
-    x = x.transpose(1, 2).reshape(b, c, *grid_in)  # B x C x h x w
-    x = F.interpolate(x, size=grid_out, mode=mode, **_align(mode))
-    return x.flatten(2).transpose(1, 2)  # B x N_out x C
+    return resize_matrix(grid_in, grid_out, mode, x) @ x  # B x N_out x C
 
 
 def upsample_relations(
@@ -53,12 +65,11 @@ def upsample_relations(
     if tuple(grid_in) == tuple(grid_out):
         return a
 
+    resize = resize_matrix(grid_in, grid_out, mode, a).t()  # N_in x N_out
+
     def keys(m: Tensor) -> Tensor:
         # B x M x R x T_in -> B x M x R x T_out, resizing the grid of the last axis
-        b, h, r, _ = m.shape
-        patches = m[..., prefix:].reshape(b, h * r, *grid_in)  # B x MR x h x w
-        patches = F.interpolate(patches, size=grid_out, mode=mode, **_align(mode))
-        return torch.cat([m[..., :prefix], patches.reshape(b, h, r, -1)], dim=-1)
+        return torch.cat([m[..., :prefix], m[..., prefix:] @ resize], dim=-1)
 
     a = keys(a)  # B x M x T_in x T_out
     return keys(a.transpose(-1, -2)).transpose(-1, -2)  # B x M x T_out x T_out
