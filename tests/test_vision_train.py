@@ -280,6 +280,8 @@ def test_resume_continues_the_same_run(tmp_path, model, device):
         "--model-arg",
         "drop_rate=0.1",
     ]
+    if device.type == "cuda":  # CUDA's atomic-add kernels would differ in the last bits
+        flags.append("--deterministic")
     straight = train(tmp_path / "a", *flags)
     train(tmp_path / "b", *flags, "--stop-after-epoch", "1")
     resumed = train(tmp_path / "b", *flags, "--resume", "auto")
@@ -289,6 +291,19 @@ def test_resume_continues_the_same_run(tmp_path, model, device):
         assert a["top1"] == b["top1"]
     ckpt = load_checkpoint(tmp_path / "b" / "checkpoint.pt")  # weights-only load works
     assert ckpt["epoch"] == 3 and len(ckpt["rng"]) == 1
+
+
+def test_deterministic_holds_for_the_run_and_is_restored_after(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        train_cli,
+        "run",
+        lambda args, info: seen.append(torch.are_deterministic_algorithms_enabled()),
+    )
+    before = torch.are_deterministic_algorithms_enabled()
+    train_cli.main(["--output", str(tmp_path), *FAST, "--deterministic"])
+    train_cli.main(["--output", str(tmp_path), *FAST])
+    assert seen == [True, before] and torch.are_deterministic_algorithms_enabled() == before
 
 
 def test_workers_ema_and_randaugment_resume_exactly(tmp_path):

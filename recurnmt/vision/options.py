@@ -233,6 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="end after this epoch as if interrupted (the schedule still spans --epochs)",
     )
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic kernels only (torch.use_deterministic_algorithms): on CUDA a run "
+        "and its resumption give the same losses to the bit; an operation without such a "
+        "kernel stops the run, naming it",
+    )
     g.add_argument("--device", default="auto", help="auto (CUDA where present), cpu or cuda[:N]")
     g.add_argument(
         "--amp",

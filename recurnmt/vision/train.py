@@ -48,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Subset
 
 from recurnmt.cli import entry_point
+from recurnmt.device import deterministic_algorithms
 from recurnmt.modules import ConfigError
 from recurnmt.modules.compile import from_flags
 from recurnmt.parameters import count_parameters
@@ -470,7 +471,7 @@ def run(args: Namespace, info: DistInfo) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    with process_group(args.device) as info:
+    with process_group(args.device) as info, deterministic_algorithms(args.deterministic):
         run(args, info)
 
 
