@@ -59,7 +59,7 @@ GPU_PYTHON := $(if $(filter command line environment,$(origin PYTHON)),$(PYTHON)
 GPU_REPORT ?= docs/gpu_check.md
 
 gpu-check:
-	$(GPU_PYTHON) scripts/gpu_check.py --python $(GPU_PYTHON) --out $(GPU_REPORT) \
+	$(GPU_PYTHON) -m scripts.gpu_check --python $(GPU_PYTHON) --out $(GPU_REPORT) \
 		$(if $(WHEELS),--wheels $(WHEELS)) $(if $(BUDGET),--budget $(BUDGET)) $(GPU_CHECK_FLAGS)
 
 # gpu-wheels: here, with a package index, the wheels a GPU machine without one needs

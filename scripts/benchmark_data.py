@@ -25,11 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from recurnmt.cli import entry_point  # noqa: E402
+from recurnmt.cli import entry_point
 
 PROG = "python scripts/benchmark_data.py"
 CROP = (375, 500)  # rows, cols: ImageNet's most common image size

@@ -42,13 +42,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from recurnmt.analysis.benchmark import (  # noqa: E402
+from recurnmt.analysis.benchmark import (
     Column,
     MixedPrecision,
     Turns,
@@ -69,9 +65,11 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     training_step,
     write_json,
 )
-from recurnmt.cli import entry_point  # noqa: E402
-from recurnmt.device import resolve_device  # noqa: E402
-from recurnmt.nmt.results import FAMILY_ORDER  # noqa: E402
+from recurnmt.cli import entry_point
+from recurnmt.device import resolve_device
+from recurnmt.nmt.results import FAMILY_ORDER
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BASELINE = "transformer"
 WORKER_OPTIONS = (

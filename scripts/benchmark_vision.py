@@ -38,13 +38,9 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from recurnmt.analysis.benchmark import (  # noqa: E402
+from recurnmt.analysis.benchmark import (
     Column,
     MixedPrecision,
     Turns,
@@ -59,8 +55,10 @@ from recurnmt.analysis.benchmark import (  # noqa: E402
     training_step,
     write_json,
 )
-from recurnmt.cli import entry_point  # noqa: E402
-from recurnmt.device import resolve_device  # noqa: E402
+from recurnmt.cli import entry_point
+from recurnmt.device import resolve_device
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TORCH_VIT = "torch_vit"
 # name -> timm's registered model, rebuilt at the benchmark's sizes

@@ -25,13 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from data_prep.embedded import data_dir  # noqa: E402
-from recurnmt.analysis.nmt_runs import (  # noqa: E402
+from data_prep.embedded import data_dir
+from recurnmt.analysis.nmt_runs import (
     SCHEDULES,
     generate_command,
     processes,
@@ -42,8 +37,11 @@ from recurnmt.analysis.nmt_runs import (  # noqa: E402
     train_stats,
     valid_ppl,
 )
-from recurnmt.cli import UserError, entry_point  # noqa: E402
-from recurnmt.nmt.quiet import quiet_env  # noqa: E402
+from recurnmt.cli import UserError, entry_point
+from recurnmt.nmt.quiet import quiet_env
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
 
 PROG = "python scripts/compare_nmt.py"
 ARCHS = ("transformer", "ringformer", "universal_transformer", "owf", "sret")

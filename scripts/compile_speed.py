@@ -21,13 +21,8 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from recurnmt.cli import entry_point  # noqa: E402
+from recurnmt.cli import entry_point
 
 PROG = "python scripts/compile_speed.py"
 TASKS = ("nmt", "vision")

@@ -21,12 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from recurnmt.cli import entry_point
+from recurnmt.nmt.results import FAMILY_ORDER
 
-from recurnmt.cli import entry_point  # noqa: E402
-from recurnmt.nmt.results import FAMILY_ORDER  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PROG = "python scripts/decoding_speed.py"
 BASELINE = "transformer"

@@ -23,14 +23,12 @@ import sys
 import time
 from pathlib import Path
 
+from data_prep.embedded import data_dir
+from recurnmt.analysis.nmt_runs import processes, recipe_flags, run_logged
+from recurnmt.cli import UserError, entry_point, split_extra_args
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from data_prep.embedded import data_dir  # noqa: E402
-from recurnmt.analysis.nmt_runs import processes, recipe_flags, run_logged  # noqa: E402
-from recurnmt.cli import UserError, entry_point, split_extra_args  # noqa: E402
 
 PROG = "python scripts/demo_nmt.py"
 

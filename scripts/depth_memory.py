@@ -25,11 +25,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from recurnmt.cli import entry_point
 
-from recurnmt.cli import entry_point  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PROG = "python scripts/depth_memory.py"
 MODES = {

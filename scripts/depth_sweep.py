@@ -39,11 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from recurnmt.analysis.nmt_runs import (  # noqa: E402
+from recurnmt.analysis.nmt_runs import (
     SCHEDULES,
     generate_command,
     recipe_flags,
@@ -51,7 +47,9 @@ from recurnmt.analysis.nmt_runs import (  # noqa: E402
     size_flags,
     train_command,
 )
-from recurnmt.cli import entry_point, split_extra_args  # noqa: E402
+from recurnmt.cli import entry_point, split_extra_args
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PROG = "python scripts/depth_sweep.py"
 VARIANTS = {"plain": "trained without mixed depth", "mixed": "trained with mixed depth"}

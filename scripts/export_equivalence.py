@@ -25,12 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from recurnmt.cli import entry_point
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from recurnmt.cli import entry_point  # noqa: E402
 
 PROG = "python scripts/export_equivalence.py"
 

@@ -26,11 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from recurnmt.analysis.nmt_runs import (  # noqa: E402
+from recurnmt.analysis.nmt_runs import (
     epoch_stats,
     generate_command,
     generation_speed,
@@ -39,8 +35,10 @@ from recurnmt.analysis.nmt_runs import (  # noqa: E402
     size_flags,
     train_command,
 )
-from recurnmt.cli import UserError, entry_point  # noqa: E402
-from recurnmt.nmt.quiet import quiet_env  # noqa: E402
+from recurnmt.cli import UserError, entry_point
+from recurnmt.nmt.quiet import quiet_env
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PROG = "python scripts/fairseq_speed.py"
 # fairseq 0.12's --bf16 implies --tpu (torch_xla): half precision on a GPU is --fp16

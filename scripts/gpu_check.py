@@ -45,7 +45,12 @@ pipeline, the budget and the report anywhere.
     make gpu-check                                   # python3's CUDA torch, index for the rest
     make gpu-check PYTHON=/opt/torch/.venv/bin/python3 WHEELS=wheels   # no index
     make gpu-check GPU_CHECK_FLAGS="--budget 900"    # more time, more steps measured
-    python scripts/gpu_check.py --cpu-smoke --out /tmp/gpu_check.md
+    python -m scripts.gpu_check --cpu-smoke --out /tmp/gpu_check.md
+
+It runs before recurnmt is installed, with the machine's own Python: ``python -m
+scripts.gpu_check`` from the repository's root puts that root first on the import path, so
+the two standard-library-only modules it shares with the package (``recurnmt.cli``,
+``recurnmt.analysis.timed``) import from the checkout.
 """
 
 from __future__ import annotations
@@ -64,14 +69,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from recurnmt.analysis.timed import Budget, run_streamed  # standard library only
+from recurnmt.cli import UserError, entry_point  # standard library only
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from recurnmt.analysis.timed import Budget, run_streamed  # noqa: E402  (standard library only)
-from recurnmt.cli import UserError, entry_point  # noqa: E402  (standard library only)
-
-PROG = "python scripts/gpu_check.py"
+PROG = "python -m scripts.gpu_check"
 DTYPES = ("fp32", "bf16", "fp16")
 NMT_BASELINE = "transformer"
 VISION_BASELINE = "timm vit"

@@ -15,7 +15,7 @@ what a CUDA image brings with its torch (torch, torchvision, torchaudio, triton 
   torch and numpy (``--no-build-isolation``, with cython, setuptools and wheel from the
   folder): 143-158 s on this 2-core machine, about 40 s on a 16-core one.
 
-gpu-check installs only what the machine lacks (``python3 scripts/gpu_check.py
+gpu-check installs only what the machine lacks (``python3 -m scripts.gpu_check
 --list-missing`` there prints it), so the folder may hold more than is used.
 """
 

@@ -22,11 +22,9 @@ import torch.nn.functional as F
 from PIL import Image
 from sklearn.datasets import load_digits
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from recurnmt.cli import entry_point
 
-from recurnmt.cli import entry_point  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PROG = "python scripts/make_vision_fixtures.py"
 OUT = ROOT / "tests" / "fixtures" / "vision"

@@ -3,7 +3,8 @@
 The commands are discovered, not listed: every console script of ``setup.cfg`` and every
 ``python -m`` entry point (a module of ``recurnmt/`` or ``data_prep/`` with an
 ``if __name__ == "__main__":`` block, or a package's ``__main__.py``) and every script of
-``scripts/`` with such a block. :data:`BAD_INPUTS` gives each a bad setting or a missing file;
+``scripts/`` with such a block (``python scripts/NAME.py``, or ``python -m scripts.NAME`` where
+its ``PROG`` says so). :data:`BAD_INPUTS` gives each a bad setting or a missing file;
 a new command without an entry there fails :func:`test_every_command_has_a_bad_input`.
 
 They run in this process (``runpy``, as ``python -m`` and ``python script.py`` would, or the
@@ -63,7 +64,11 @@ def discover_commands() -> dict[str, tuple[str, str]]:
                 commands[f"python -m {'.'.join(parts)}"] = ("module", ".".join(parts))
     for path in sorted((REPO / "scripts").glob("*.py")):
         if has_main_block(path):
-            commands[f"python scripts/{path.name}"] = ("script", str(path))
+            module = f"scripts.{path.stem}"
+            if f'PROG = "python -m {module}"' in path.read_text(encoding="utf-8"):
+                commands[f"python -m {module}"] = ("module", module)
+            else:
+                commands[f"python scripts/{path.name}"] = ("script", str(path))
     return commands
 
 
@@ -179,7 +184,7 @@ BAD_INPUTS: dict[str, BadInput] = {
         "no_images",
     ),
     "python scripts/demo_nmt.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
-    "python scripts/gpu_check.py": lambda tmp: (["--wheels", str(tmp / "no_wheels")], "no_wheels"),
+    "python -m scripts.gpu_check": lambda tmp: (["--wheels", str(tmp / "no_wheels")], "no_wheels"),
     "python scripts/setup_env.py": lambda tmp: (
         ["--lock", str(tmp / "no_lock.txt"), "--venv", str(tmp / "venv")],
         "no_lock.txt",
@@ -202,7 +207,7 @@ def run_in_process(command: str, argv: list[str], monkeypatch: pytest.MonkeyPatc
     """Runs ``command argv`` as the shell would; returns its exit code."""
     kind, target = COMMANDS[command]
     monkeypatch.setattr(sys, "argv", [command.split()[-1], *argv])
-    monkeypatch.setattr(sys, "path", list(sys.path))  # scripts put the repository first
+    monkeypatch.setattr(sys, "path", list(sys.path))  # python script.py puts its folder first
     with warnings.catch_warnings():
         # runpy warns that the module is imported already (the test imported it, or another)
         warnings.simplefilter("ignore", RuntimeWarning)

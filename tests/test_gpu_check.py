@@ -152,7 +152,7 @@ def test_without_a_gpu_it_stops_at_once(monkeypatch, capsys):
     code = entry_point(gpu_check.main, gpu_check.PROG)([])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert err.startswith("python scripts/gpu_check.py: error: no NVIDIA GPU on this machine")
+    assert err.startswith("python -m scripts.gpu_check: error: no NVIDIA GPU on this machine")
     assert "--cpu-smoke" in err
 
 
@@ -203,7 +203,7 @@ def test_the_venv_sees_the_base_interpreters_packages(tmp_path):
 
 def smoke_command(out: Path, data: Path, *parts: str) -> list[str]:
     """A CPU smoke run of ``parts``, the NMT benchmark on the test corpus."""
-    cmd = [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--cpu-smoke"]
+    cmd = [sys.executable, "-m", "scripts.gpu_check", "--cpu-smoke"]  # from REPO, as make
     cmd += ["--out", str(out), "--data", str(data), "--archs", "transformer", "ringformer"]
     # a budget no slow machine runs out of: the budget's own rules are the unit test's
     return [*cmd, "--models", "ringformer_vit", "--budget", "3000", "--parts", *parts]

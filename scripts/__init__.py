@@ -1,0 +1,9 @@
+"""The repository's own commands, outside the installed package.
+
+Each runs as ``python scripts/NAME.py`` (the package installed, as ``make setup`` installs it)
+and none changes ``sys.path``. The ones that run before anything is installed import only the
+standard library (``setup_env.py``, ``compat.py``, ``gpu_wheels.py``), or run as ``python -m
+scripts.gpu_check`` from the repository's root, which puts the checkout on the import path.
+This file makes ``scripts`` a regular package, so that ``-m scripts.NAME`` finds this folder
+before any installed distribution that ships a top-level ``scripts``.
+"""
