@@ -96,6 +96,10 @@ def _recipe(tmp: Path) -> tuple[list[str], str]:
     return ["show", "no_such_recipe"], "no_such_recipe"
 
 
+def _evaluation(tmp: Path) -> tuple[list[str], str]:
+    return ["--save-dir", str(tmp / "no_checkpoints"), "--dataset", "iwslt14"], "--save-dir"
+
+
 def _results(tmp: Path) -> tuple[list[str], str]:
     return [str(tmp / "nothing_here")], "nothing_here"
 
@@ -122,6 +126,10 @@ BAD_INPUTS: dict[str, BadInput] = {
     "recurnmt-plot-lrc": _missing("train.log"),
     "recurnmt-cka": _cka,
     "recurnmt-attention-distance": _attention_distance,
+    "recurnmt-train-nmt": _launch,
+    "recurnmt-run-nmt-recipe": _recipe,
+    "recurnmt-evaluate-nmt": _evaluation,
+    "recurnmt-results-nmt": _results,
     # python -m, recurnmt
     "python -m recurnmt.analysis.params": _params,
     "python -m recurnmt.analysis.plot_lrc": _missing("train.log"),
@@ -138,6 +146,7 @@ BAD_INPUTS: dict[str, BadInput] = {
         ["--inputs", str(tmp / "c1.pt"), "--output", str(tmp / "avg.pt")],
         "c1.pt",
     ),
+    "python -m recurnmt.nmt.evaluation": _evaluation,
     "python -m recurnmt.nmt.results": _results,
     "python -m recurnmt.nmt.recipe": _recipe,
     "python -m recurnmt.nmt.launch": _launch,
@@ -158,13 +167,6 @@ BAD_INPUTS: dict[str, BadInput] = {
         "no_src",
     ),
     # scripts
-    "python scripts/train_nmt.py": _launch,
-    "python scripts/run_nmt_recipe.py": _recipe,
-    "python scripts/results_nmt.py": _results,
-    "python scripts/evaluate_nmt.py": lambda tmp: (
-        ["--save-dir", str(tmp / "no_checkpoints"), "--dataset", "iwslt14"],
-        "--save-dir",
-    ),
     "python scripts/benchmark_nmt.py": lambda tmp: (["--archs", "no_such_arch"], "no_such_arch"),
     "python scripts/compare_nmt.py": lambda tmp: (["--archs", "no_such_arch"], "no_such_arch"),
     "python scripts/export_equivalence.py": lambda tmp: (

@@ -57,7 +57,7 @@ def test_a_working_cpu_configuration_passes():
 def test_torchrun_without_world_size_is_refused():
     msg = problems(args("--cpu"), world_size=1, environ=TORCHRUN)
     assert "torchrun started 2 processes" in msg and "same --save-dir" in msg
-    assert "recurnmt.nmt.launch --nproc 2" in msg
+    assert "recurnmt-train-nmt --nproc 2" in msg
     # the same processes with the world size given are fine
     assert problems(args(*GOOD_CPU), world_size=2, environ=TORCHRUN) == ""
 
@@ -250,7 +250,7 @@ def test_main_dry_run_and_refusal(capsys):
         launch.main(refused)
     assert launch.cli(refused) == 2
     err = capsys.readouterr().err
-    assert err.startswith("python -m recurnmt.nmt.launch: error: refusing this fairseq training")
+    assert err.startswith("recurnmt-train-nmt: error: refusing this fairseq training")
     assert "--ddp-backend pytorch_ddp does not work on CPU" in err
 
 

@@ -69,8 +69,8 @@ def _summable_logging(criterion: str | None) -> bool:
 
 def _launcher_hint(world: int) -> str:
     return (
-        f"use `python -m recurnmt.nmt.launch --nproc {world} [--launcher torchrun] -- ARGS` "
-        "(scripts/train_nmt.py), which passes the world size and the ranks"
+        f"use `recurnmt-train-nmt --nproc {world} [--launcher torchrun] -- ARGS` "
+        "(python -m recurnmt.nmt.launch), which passes the world size and the ranks"
     )
 
 

@@ -4,19 +4,39 @@
 the ``evaluate:`` settings of a recipe (:class:`EvalSettings`): checkpoint averaging with
 :mod:`recurnmt.nmt.averaging`, ``fairseq-generate`` with the dataset's beam and length penalty,
 then the scoring command :mod:`recurnmt.nmt.evaluate`, which writes ``result.json``.
-``scripts/evaluate_nmt.py`` and ``python -m recurnmt.nmt.recipe run`` run them.
+``recurnmt-run-nmt-recipe run`` runs them after training; this module's command runs them for
+a run trained otherwise.
+
+Command line (``recurnmt-evaluate-nmt``, also ``python -m recurnmt.nmt.evaluation``): average
+the last checkpoints (fairseq's average_checkpoints logic), ``fairseq-generate`` with the
+dataset's beam and length penalty (IWSLT14: 5 / 1.0; WMT14: 4 / 0.6), and scoring: detokenized
+sacrebleu with its signature, tokenized BLEU (compound-split for WMT14), parameter counts, all
+written to ``RUN_DIR/result.json`` for ``recurnmt-results-nmt``; each command is printed
+first::
+
+    recurnmt-evaluate-nmt --save-dir runs/x/checkpoints --data data-bin/wmt14_en_de \\
+        --dataset wmt14 [--average-last 5 --average-by update] [--run-dir runs/x]
+    recurnmt-evaluate-nmt ... --average-last 1 --checkpoint best
+
+Models trained with a length limit (the RingFormer A.1 recipes: 50 tokens) translate the whole
+test set with ``--model-overrides "{'max_source_positions': 1024, 'max_target_positions':
+1024}"`` (sinusoidal positions only; learned ones have a fixed table).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recurnmt.nmt.presets import DatasetPreset, segmentation_of
-from recurnmt.nmt.steps import Step, fairseq_flags, fairseq_tool, user_dir
+from recurnmt.cli import entry_point
+from recurnmt.nmt.presets import PRESETS, DatasetPreset, segmentation_of
+from recurnmt.nmt.steps import Step, fairseq_flags, fairseq_tool, run_steps, user_dir
+
+PROG = "recurnmt-evaluate-nmt"  # also python -m recurnmt.nmt.evaluation
 
 
 @dataclass(frozen=True)
@@ -162,3 +182,59 @@ def evaluation_steps(
         score_cmd += ["--meta", f"{key}={value}"]
     steps.append(Step(tuple(score_cmd)))
     return steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs (or prints) the evaluation; returns the exit status of the step that failed.
+
+    Raises:
+        FileNotFoundError: the save or data directory does not exist (without ``--dry-run``).
+    """
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Evaluate a trained translation model the standard way for its dataset.",
+    )
+    parser.add_argument("--save-dir", type=Path, required=True, help="fairseq's --save-dir")
+    parser.add_argument("--data", type=Path, help="binarized data (default: the preset's)")
+    parser.add_argument("--dataset", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--run-dir", type=Path, help="outputs (default: save dir's parent)")
+    parser.add_argument("--name", help="the run's name in the results table")
+    parser.add_argument("--average-last", type=int, default=5, help="0/1: no averaging")
+    parser.add_argument("--average-by", choices=("update", "epoch"), default="update")
+    parser.add_argument("--checkpoint", default="last", help="without averaging: last/best/PATH")
+    parser.add_argument("--subset", default="test")
+    parser.add_argument("--beam", type=int, help="default: the dataset's")
+    parser.add_argument("--lenpen", type=float, help="default: the dataset's")
+    parser.add_argument("--model-overrides", help="fairseq-generate --model-overrides")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    args = parser.parse_args(argv)
+
+    preset = PRESETS[args.dataset]
+    save_dir = args.save_dir.resolve()
+    run_dir = (args.run_dir or save_dir.parent).resolve()
+    data = (args.data or Path(preset.data)).resolve()
+    settings = EvalSettings(
+        average_last=args.average_last,
+        average_by=args.average_by,
+        checkpoint=args.checkpoint,
+        subset=args.subset,
+    )
+    options = (
+        ("beam", args.beam),
+        ("lenpen", args.lenpen),
+        ("model_overrides", args.model_overrides),
+    )
+    generate = {k: v for k, v in options if v is not None}
+    meta = {"name": args.name or run_dir.name}
+    if not args.dry_run:
+        for flag, path in (("--save-dir", save_dir), ("--data", data)):
+            if not path.is_dir():
+                raise FileNotFoundError(f"{flag} {path} does not exist")
+    steps = evaluation_steps(preset, data, save_dir, run_dir, settings, generate, meta)
+    return run_steps(steps, dry_run=args.dry_run)
+
+
+cli = entry_point(main, PROG)  # the console script
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -13,12 +13,13 @@ flags that work:
 * on CPU it adds ``--cpu --distributed-backend gloo --ddp-backend legacy_ddp``; on GPUs
   fairseq's defaults (nccl, pytorch_ddp).
 
-Command line (``scripts/train_nmt.py`` is the same)::
+Command line (``recurnmt-train-nmt``, also ``python -m recurnmt.nmt.launch``)::
 
-    python -m recurnmt.nmt.launch --nproc 2 --device cpu -- DATA --arch ringformer_tiny ...
-    python -m recurnmt.nmt.launch --nproc 8 --launcher torchrun -- DATA --arch ...
+    recurnmt-train-nmt -- DATA --user-dir user_dir --arch ringformer_tiny ...  # one process
+    recurnmt-train-nmt --nproc 2 --device cpu -- DATA --arch ringformer_tiny ...
+    recurnmt-train-nmt --nproc 8 --launcher torchrun -- DATA --arch ...
     # two nodes, 8 GPUs each; run on each node with its --node-rank
-    python -m recurnmt.nmt.launch --nnodes 2 --node-rank 0 --nproc 8 \\
+    recurnmt-train-nmt --nnodes 2 --node-rank 0 --nproc 8 \\
         --master-addr node0.example --master-port 29500 -- DATA --arch ...
 """
 
@@ -44,7 +45,7 @@ from recurnmt.modules import ConfigError
 from recurnmt.nmt.distributed_checks import check_distributed
 from recurnmt.nmt.steps import fairseq_tool
 
-PROG = "python -m recurnmt.nmt.launch"
+PROG = "recurnmt-train-nmt"  # also python -m recurnmt.nmt.launch
 DEVICES = ("cpu", "cuda")
 LAUNCHERS = ("fairseq", "torchrun")
 # flags the launcher owns: a user value would contradict the processes it starts
@@ -361,7 +362,7 @@ def launch(plan: LaunchPlan, argv: Sequence[str], dry_run: bool = False, check: 
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    """The launcher's options (shared with ``python -m recurnmt.nmt.recipe run``)."""
+    """The launcher's options (shared with ``recurnmt-run-nmt-recipe run``)."""
     parser.add_argument("--nproc", type=int, default=1, help="processes on this node")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes taking part")
     parser.add_argument("--node-rank", type=int, default=0, help="this node's index")
@@ -393,7 +394,7 @@ def _split_dashes(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m recurnmt.nmt.launch [OPTIONS] -- FAIRSEQ_TRAIN_ARGS``; the exit status.
+    """``recurnmt-train-nmt [OPTIONS] -- FAIRSEQ_TRAIN_ARGS``; the exit status.
 
     Raises:
         ConfigError: a plan or flags that cannot work (names the option).
@@ -421,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     return launch(plan_from_args(args), train_argv, dry_run=args.dry_run)
 
 
-cli = entry_point(main, PROG)
+cli = entry_point(main, PROG)  # the console script
 
 if __name__ == "__main__":
     sys.exit(cli())

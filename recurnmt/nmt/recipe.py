@@ -25,11 +25,11 @@ Option names are fairseq's flags with underscores; ``true`` is a bare flag, ``nu
 an inherited option; strings may use ``{name}``, ``{run_dir}`` and ``{data}``. Unknown keys
 (also unknown fairseq options) are refused, naming the key.
 
-Command line (``scripts/run_nmt_recipe.py`` is the same)::
+Command line (``recurnmt-run-nmt-recipe``, also ``python -m recurnmt.nmt.recipe``)::
 
-    python -m recurnmt.nmt.recipe list
-    python -m recurnmt.nmt.recipe show ringformer_wmt14 [--override train.lr=5e-4]
-    python -m recurnmt.nmt.recipe run configs/nmt/ringformer_wmt14.yaml [--dry-run] \\
+    recurnmt-run-nmt-recipe list
+    recurnmt-run-nmt-recipe show ringformer_wmt14 [--override train.lr=5e-4]
+    recurnmt-run-nmt-recipe run configs/nmt/ringformer_wmt14.yaml [--dry-run] \\
         [--override KEY=VALUE ...] [--steps train,evaluate] [--nproc 2 --device cuda ...]
 """
 
@@ -55,7 +55,7 @@ from recurnmt.nmt.launch import LaunchPlan, add_plan_arguments, launch, plan_fro
 from recurnmt.nmt.presets import PRESETS, DatasetPreset
 from recurnmt.nmt.steps import fairseq_flags, run_steps, user_dir
 
-PROG = "python -m recurnmt.nmt.recipe"
+PROG = "recurnmt-run-nmt-recipe"  # also python -m recurnmt.nmt.recipe
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "nmt"
 TOP_KEYS = {
     "extends": "base recipe file(s), merged first",
@@ -432,7 +432,7 @@ def run(
         if not dry_run:
             print(
                 f"\nresult: {recipe.run_dir / 'result.json'}\ntable of every run: "
-                f"python -m recurnmt.nmt.results {recipe.run_dir.parent} "
+                f"recurnmt-results-nmt {recipe.run_dir.parent} "
                 f"--markdown {recipe.run_dir.parent / 'results.md'} "
                 f"--png {recipe.run_dir.parent / 'results.png'}"
             )
@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     return run(recipe, plan_from_args(args), stages, dry_run=args.dry_run)
 
 
-cli = entry_point(main, PROG)
+cli = entry_point(main, PROG)  # the console script
 
 if __name__ == "__main__":
     sys.exit(cli())

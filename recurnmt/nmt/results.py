@@ -1,14 +1,14 @@
 """A results table across architectures from the ``result.json`` files of the evaluations.
 
-Each evaluation (``python -m recurnmt.nmt.recipe run ...`` or ``scripts/evaluate_nmt.py``)
+Each evaluation (``recurnmt-run-nmt-recipe run ...`` or ``recurnmt-evaluate-nmt``)
 writes ``result.json``: the sacrebleu score and signature, the tokenized BLEU, the parameter
 counts and what was evaluated. This module gathers them into one markdown table (rows:
 architecture families; column groups: dataset and model size; in each group detokenized
 sacreBLEU, tokenized BLEU and RingFormer's P*) and a PNG bar chart of the sacreBLEU scores.
 
-Command line (``scripts/results_nmt.py`` is the same)::
+Command line (``recurnmt-results-nmt``, also ``python -m recurnmt.nmt.results``)::
 
-    python -m recurnmt.nmt.results runs/ --markdown runs/results.md --png runs/results.png
+    recurnmt-results-nmt runs/ --markdown runs/results.md --png runs/results.png
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 from recurnmt.cli import entry_point
 from recurnmt.nmt.presets import PRESETS
 
-PROG = "python -m recurnmt.nmt.results"
+PROG = "recurnmt-results-nmt"  # also python -m recurnmt.nmt.results
 
 # family order of the table: the two baselines, then the papers' models
 FAMILY_ORDER = (
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-cli = entry_point(main, PROG)
+cli = entry_point(main, PROG)  # the console script
 
 if __name__ == "__main__":
     sys.exit(cli())
