@@ -18,7 +18,7 @@ installed first is kept; with ``--lock`` the lock's versions), then
    and vision training steps (the ``smoke`` marker in the tests says which);
 
 and writes what it found (versions, each step's result and time) to ``docs/compat/NAME.json``
-and the README's row of it to the terminal; ``--table`` prints the table of every saved run.
+and its row of docs/install.md's table to the terminal; ``--table`` prints the table of every saved run.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def brief(summary: str) -> str:
 
 
 def row(result: dict) -> str:
-    """The README's line of one run."""
+    """The line of one run in docs/install.md's table."""
     versions = result["versions"]
     status = "pass" if result["passed"] else "**FAIL**"
     resolution = {"lock": "requirements/lock.txt", "newest": "newest in range"}.get(

@@ -1,4 +1,4 @@
-"""The README's main job: train a small RingFormer from scratch on the CPU, translate, score.
+"""The main job (`make demo`): train a small RingFormer from scratch on the CPU, translate, score.
 
 Steps, each a real command (the full command lines are in the log files):
 
@@ -36,7 +36,7 @@ PROG = "python scripts/demo_nmt.py"
 # width 128, FFN 512, pre-LN, embeddings shared by encoder, decoder and output.
 SIZE = {"embed_dim": 128, "ffn_dim": 512, "heads": 4}
 MAX_UPDATE = 1400
-# Training recipe, each choice measured (the README's demo section gives the runs): Adam with
+# Training recipe, each choice measured (docs/demo.md gives the runs): Adam with
 # a short warm-up and a linear decay to zero over the fixed budget (the old inverse-sqrt
 # schedule never annealed); batches of 2,048 tokens (twice the updates of 4,096 for the same
 # tokens); no dropout (three epochs do not overfit: dropout 0.1 ended at validation perplexity

@@ -79,8 +79,8 @@ DTYPES = ("fp32", "bf16", "fp16")
 NMT_BASELINE = "transformer"
 VISION_BASELINE = "timm vit"
 PARTS = ("fairseq", "nmt", "tests", "vision")
-# scripts/benchmark_*.py flags per size: "base" is issue 13's base size with the README's
-# rounds; "check" the same models with the step counts of the default budget (scaled with
+# scripts/benchmark_*.py flags per size: "base" is issue 13's base size with the rounds of
+# docs/benchmarks.md; "check" the same models with the step counts of the default budget (scaled with
 # --budget: see scaled()); "smoke" a tiny CPU run
 NMT_SIZES = {
     "base": "--embed-dim 512 --ffn-dim 2048 --heads 8 --levels 6 --max-tokens 4096 "
@@ -378,7 +378,7 @@ def normalize(name: str) -> str:
 
 # fairseq-fixed 0.12.3.1's requirements but torchaudio: it is installed without its own
 # (--no-deps), since recurnmt never imports torchaudio, and a torchaudio other than the one
-# built for the machine's torch breaks transformers' imports (README "Install")
+# built for the machine's torch breaks transformers' imports (docs/install.md)
 FAIRSEQ_REQUIRES = (
     "cffi", "cython", "hydra-core", "omegaconf", "numpy", "regex", "sacrebleu", "tqdm",
     "bitarray", "scikit-learn", "packaging",

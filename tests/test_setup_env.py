@@ -1,6 +1,6 @@
 """Packaging: setup.cfg's ranges, the lock of the demo environment, scripts/setup_env.py's
 plumbing (installer choice, pip's indexes for uv, the order of the stages) and make compat's
-report. Building whole environments is `make setup` (CI) and `make compat` (README)."""
+report. Building whole environments is `make setup` (CI) and `make compat` (docs/install.md)."""
 
 from __future__ import annotations
 
@@ -255,10 +255,10 @@ def test_compat_rows_show_versions_result_and_times():
 def test_saved_compat_runs_passed():
     runs = [json.loads(p.read_text()) for p in sorted((REPO / "docs" / "compat").glob("*.json"))]
     assert runs, "no make compat result in docs/compat"
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    page = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
     for run in runs:
         assert run["passed"] and run["metadata"]["ok"], run["name"]
-        assert compat.row(run) in readme, f"README lacks the row of docs/compat/{run['name']}.json"
+        assert compat.row(run) in page, f"docs/install.md lacks the row of {run['name']}.json"
 
 
 def test_the_smoke_subset_covers_what_make_compat_promises():
