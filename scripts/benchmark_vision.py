@@ -9,7 +9,7 @@ position table and head, PyTorch's attention and layer code). Every model has th
 FFN width, heads and number of levels (SReT-style naive recursion runs levels/2 blocks twice;
 One Wide FFN shares one FFN), sees the same real images (scikit-learn's handwritten digits,
 upsampled) and runs in a fresh process so that peak memory is its own; the processes take
-turns on the machine, one timed round at a time (:class:`recurnmt.analysis.benchmark.Turns`;
+turns on the machine, one timed round at a time (:class:`recurnmt.runs.benchmark.Turns`;
 ``--sequential``: one model after another). The table reports absolute figures and ratios to
 ``--baseline`` (timm's ViT by default):
 
@@ -40,7 +40,9 @@ from pathlib import Path
 
 import torch
 
-from recurnmt.analysis.benchmark import (
+from recurnmt.cli import entry_point
+from recurnmt.device import resolve_device
+from recurnmt.runs.benchmark import (
     Column,
     MixedPrecision,
     Turns,
@@ -55,8 +57,6 @@ from recurnmt.analysis.benchmark import (
     training_step,
     write_json,
 )
-from recurnmt.cli import entry_point
-from recurnmt.device import resolve_device
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.embedded import data_dir
-from recurnmt.analysis.nmt_runs import (
+from recurnmt.cli import UserError, entry_point
+from recurnmt.nmt.quiet import quiet_env
+from recurnmt.runs.experiment import (
     SCHEDULES,
     generate_command,
     processes,
@@ -37,8 +39,6 @@ from recurnmt.analysis.nmt_runs import (
     train_stats,
     valid_ppl,
 )
-from recurnmt.cli import UserError, entry_point
-from recurnmt.nmt.quiet import quiet_env
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -66,7 +66,7 @@ def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[s
     """Trains ``arch``, translates the test set and scores it; writes ``result.json``."""
     import sacrebleu
 
-    from recurnmt.nmt.scoring import read_hypotheses
+    from recurnmt.runs.scoring import read_hypotheses
 
     flags = [*size_flags(args, arch), *recipe_flags(args)]
     train = train_command(args.data, arch, flags, run_dir / "checkpoints", args.nproc)

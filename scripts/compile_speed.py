@@ -32,8 +32,8 @@ def nmt_steps(opts: argparse.Namespace) -> tuple[Callable[[], None], Callable[[]
     """The eager and the compiled training step of the translation model."""
     import torch
 
-    from recurnmt.analysis.benchmark import nmt_model_flags, random_token_batch
     from recurnmt.nmt.build import build_model, toy_dictionary
+    from recurnmt.runs.benchmark import nmt_model_flags, random_token_batch
 
     dictionary = toy_dictionary(opts.vocab)
     flags = nmt_model_flags(opts.arch, argparse.Namespace(**vars(opts), device="cpu"))

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from recurnmt.cli import entry_point
-from recurnmt.nmt.results import FAMILY_ORDER
+from recurnmt.runs.results import FAMILY_ORDER
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,14 +57,14 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from recurnmt.analysis.benchmark import (
+    from recurnmt.nmt.build import build_model, check_arch
+    from recurnmt.runs.benchmark import (
         fixed_length_generator,
         load_batches,
         load_generation_batches,
         nmt_model_flags,
         training_step,
     )
-    from recurnmt.nmt.build import build_model, check_arch
 
     for arch in opts.archs:
         check_arch(arch)

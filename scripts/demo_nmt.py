@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from data_prep.embedded import data_dir
-from recurnmt.analysis.nmt_runs import processes, recipe_flags, run_logged
 from recurnmt.cli import UserError, entry_point, split_extra_args
+from recurnmt.runs.experiment import processes, recipe_flags, run_logged
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     train_log = work / "train.log"
     if args.nproc < 1 or MAX_TOKENS % args.nproc:
         raise UserError(f"--nproc must divide the {MAX_TOKENS:,}-token update, got {args.nproc}")
-    from recurnmt.nmt.launch import cpu_train_command
+    from recurnmt.runs.launch import cpu_train_command
 
     train = [
         *cpu_train_command(args.nproc),
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     if speed:
         print(speed.group(0))
 
-    from recurnmt.nmt.scoring import score
+    from recurnmt.runs.scoring import score
 
     result, hyps = score(lines, refs, kind="D")
     hyp_out = work / "test.hyp.en"

@@ -39,7 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from recurnmt.analysis.nmt_runs import (
+from recurnmt.cli import entry_point, split_extra_args
+from recurnmt.runs.experiment import (
     SCHEDULES,
     generate_command,
     recipe_flags,
@@ -47,7 +48,6 @@ from recurnmt.analysis.nmt_runs import (
     size_flags,
     train_command,
 )
-from recurnmt.cli import entry_point, split_extra_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ def nmt_refusal(checkpoint: str, depth: int) -> str | None:
 
 def nmt_score(args: argparse.Namespace, checkpoint: str, depth: int, run_dir: Path) -> Score:
     """sacreBLEU of the test set translated at ``depth`` levels."""
-    from recurnmt.nmt.scoring import score
+    from recurnmt.runs.scoring import score
 
     levels = f"{{'encoder_levels': {depth}, 'decoder_levels': {depth}}}"
     extra = ["--model-overrides", levels]

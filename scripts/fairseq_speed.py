@@ -26,7 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recurnmt.analysis.nmt_runs import (
+from recurnmt.cli import UserError, entry_point
+from recurnmt.nmt.quiet import quiet_env
+from recurnmt.runs.experiment import (
     epoch_stats,
     generate_command,
     generation_speed,
@@ -35,8 +37,6 @@ from recurnmt.analysis.nmt_runs import (
     size_flags,
     train_command,
 )
-from recurnmt.cli import UserError, entry_point
-from recurnmt.nmt.quiet import quiet_env
 
 ROOT = Path(__file__).resolve().parent.parent
 

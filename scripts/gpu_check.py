@@ -50,7 +50,7 @@ pipeline, the budget and the report anywhere.
 It runs before recurnmt is installed, with the machine's own Python: ``python -m
 scripts.gpu_check`` from the repository's root puts that root first on the import path, so
 the two standard-library-only modules it shares with the package (``recurnmt.cli``,
-``recurnmt.analysis.timed``) import from the checkout.
+``recurnmt.runs.timed``) import from the checkout.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from recurnmt.analysis.timed import Budget, run_streamed  # standard library only
 from recurnmt.cli import UserError, entry_point  # standard library only
+from recurnmt.runs.timed import Budget, run_streamed  # standard library only
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from recurnmt.analysis.memory import saved_for_backward_bytes
 from recurnmt.nmt.architectures import FAMILIES
 from recurnmt.nmt.build import build_model
+from recurnmt.runs.memory import saved_for_backward_bytes
 from recurnmt.vision import list_models
 from tests.nmt_helpers import DICT, batch, train_signals
 from tests.test_vision_models import build_small

@@ -141,15 +141,15 @@ BAD_INPUTS: dict[str, BadInput] = {
     ),
     "python -m recurnmt.vision.evaluate": _missing("best.pt"),
     "python -m recurnmt.vision.budget": _missing("dvt.pt"),
-    "python -m recurnmt.nmt.evaluate": _nmt_evaluate,
-    "python -m recurnmt.nmt.averaging": lambda tmp: (
+    "python -m recurnmt.runs.evaluate": _nmt_evaluate,
+    "python -m recurnmt.runs.averaging": lambda tmp: (
         ["--inputs", str(tmp / "c1.pt"), "--output", str(tmp / "avg.pt")],
         "c1.pt",
     ),
-    "python -m recurnmt.nmt.evaluation": _evaluation,
-    "python -m recurnmt.nmt.results": _results,
-    "python -m recurnmt.nmt.recipe": _recipe,
-    "python -m recurnmt.nmt.launch": _launch,
+    "python -m recurnmt.runs.evaluation": _evaluation,
+    "python -m recurnmt.runs.results": _results,
+    "python -m recurnmt.runs.recipe": _recipe,
+    "python -m recurnmt.runs.launch": _launch,
     "python -m recurnmt.export": lambda tmp: (
         [str(tmp / "bad_input.py"), str(tmp / "out")],  # an empty file, no checkpoint
         "bad_input.py is not a fairseq checkpoint",

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import recurnmt.nmt.checkpoint_safety  # noqa: F401  (fairseq checkpoints load weights-only)
-from recurnmt.nmt.launch import free_port
-from recurnmt.nmt.steps import fairseq_tool, user_dir
+from recurnmt.runs.commands import fairseq_tool, user_dir
+from recurnmt.runs.launch import free_port
 from tests import nmt_fixtures
 
 pytestmark = [pytest.mark.dist, pytest.mark.e2e]
@@ -148,7 +148,7 @@ def test_two_processes_match_one_process_on_the_combined_batch(
     data, tmp_path, reference, launcher, two_devices
 ):
     save = tmp_path / "dist"
-    cmd = [sys.executable, "-m", "recurnmt.nmt.launch", "--nproc", "2", "--device", two_devices]
+    cmd = [sys.executable, "-m", "recurnmt.runs.launch", "--nproc", "2", "--device", two_devices]
     cmd += ["--launcher", launcher, "--", *one_update(data, save)]
     proc = run(cmd)
     log = proc.stdout + proc.stderr

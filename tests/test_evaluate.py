@@ -16,10 +16,10 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.scoring import bleu as fairseq_bleu
 
-from recurnmt.nmt import evaluate
-from recurnmt.nmt.evaluation import EvalSettings, evaluation_steps
-from recurnmt.nmt.presets import PRESETS
-from recurnmt.nmt.scoring import (
+from recurnmt.runs import evaluate
+from recurnmt.runs.evaluation import EvalSettings, evaluation_steps
+from recurnmt.runs.presets import PRESETS
+from recurnmt.runs.scoring import (
     compound_split,
     read_hypotheses,
     read_targets,
@@ -180,7 +180,7 @@ def test_truncated_output_is_reported(tmp_path, capsys):
     with pytest.raises(ValueError, match="fairseq-generate output"):
         evaluate.main([str(gen), "--reference", str(ref)])
     assert evaluate.cli([str(gen), "--reference", str(ref)]) == 2
-    assert capsys.readouterr().err.startswith("python -m recurnmt.nmt.evaluate: error: ")
+    assert capsys.readouterr().err.startswith("python -m recurnmt.runs.evaluate: error: ")
 
 
 # --- the evaluation commands of each dataset ---------------------------------------------------
@@ -203,7 +203,7 @@ def test_wmt14_evaluation_averages_beams_4_and_splits_compounds(tmp_path):
         PRESETS["wmt14"], data, tmp_path / "ck", tmp_path / "run", EvalSettings(), meta={"a": 1}
     )
     average, generate, scoring = (list(s.argv) for s in steps)
-    assert "recurnmt.nmt.averaging" in average and _flag(average, "--last") == "5"
+    assert "recurnmt.runs.averaging" in average and _flag(average, "--last") == "5"
     assert _flag(average, "--by") == "update"
     assert _flag(generate, "--path") == _flag(average, "--output")
     assert (_flag(generate, "--beam"), _flag(generate, "--lenpen")) == ("4", "0.6")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from recurnmt.nmt import averaging
-from recurnmt.nmt.averaging import average_checkpoints, last_checkpoints
+from recurnmt.runs import averaging
+from recurnmt.runs.averaging import average_checkpoints, last_checkpoints
 
 
 def fake_checkpoint(path: Path, seed: int) -> dict:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from recurnmt.nmt import results
-from recurnmt.nmt.results import load_results, markdown_table, split_arch
+from recurnmt.runs import results
+from recurnmt.runs.results import load_results, markdown_table, split_arch
 
 SIG = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
 

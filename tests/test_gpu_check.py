@@ -43,7 +43,7 @@ def worker_opts(flags: str, **extra) -> argparse.Namespace:
 
 
 def document(opts: argparse.Namespace, results: list[dict]) -> dict:
-    """What ``--json`` writes (see recurnmt.analysis.benchmark.write_json)."""
+    """What ``--json`` writes (see recurnmt.runs.benchmark.write_json)."""
     settings = {k: str(v) for k, v in vars(opts).items()}
     return {"device": "cpu", "dtype": opts.dtype, "settings": settings, "results": results}
 

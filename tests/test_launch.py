@@ -8,17 +8,17 @@ from __future__ import annotations
 import pytest
 
 from recurnmt.modules import ConfigError
-from recurnmt.nmt import launch
 from recurnmt.nmt.build import arch_train_args
 from recurnmt.nmt.distributed_checks import check_distributed, distributed_problems
-from recurnmt.nmt.launch import (
+from recurnmt.runs import launch
+from recurnmt.runs.commands import user_dir
+from recurnmt.runs.launch import (
     LaunchPlan,
     device_flags,
     rank_commands,
     torchrun_command,
     worker_argv,
 )
-from recurnmt.nmt.steps import user_dir
 from tests.nmt_helpers import build
 
 LS = ["--criterion", "label_smoothed_cross_entropy"]
@@ -203,7 +203,9 @@ def test_torchrun_command_and_worker_flags():
     cmd = torchrun_command(plan, ["DATA", "--arch", "x"], port=5)
     joined = " ".join(cmd)
     assert "--nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr h --master-port 5" in joined
-    assert joined.endswith("-m recurnmt.nmt.launch --torchrun-worker --device cpu -- DATA --arch x")
+    assert joined.endswith(
+        "-m recurnmt.runs.launch --torchrun-worker --device cpu -- DATA --arch x"
+    )
     env = {**TORCHRUN_FULL, "WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}
     argv = worker_argv(["DATA"], "cuda", env)
     assert argv[argv.index("--distributed-rank") + 1] == "3"

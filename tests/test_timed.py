@@ -1,4 +1,4 @@
-"""recurnmt.analysis.timed: a command's output streamed as it comes, stopped with its children
+"""recurnmt.runs.timed: a command's output streamed as it comes, stopped with its children
 at its time limit; a budget shared among the steps still to come."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from recurnmt.analysis.timed import Budget, run_streamed
+from recurnmt.runs.timed import Budget, run_streamed
 
 
 def test_output_is_streamed_to_the_terminal_and_the_log(tmp_path, capfd):

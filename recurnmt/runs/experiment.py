@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from recurnmt.cli import UserError
-from recurnmt.nmt.launch import cpu_train_command
 from recurnmt.nmt.quiet import quiet_env
-from recurnmt.nmt.steps import fairseq_tool, user_dir
+from recurnmt.runs.commands import fairseq_tool, user_dir
+from recurnmt.runs.launch import cpu_train_command
 
 SCHEDULES = {"inverse_sqrt": "inverse-sqrt decay", "polynomial_decay": "linear decay to 0"}
 
@@ -136,7 +136,7 @@ def train_command(
     device: str = "cpu",
 ) -> list[str]:
     """Training of ``arch`` with ``flags`` on this machine's CPU (``nproc`` data-parallel
-    processes through :mod:`recurnmt.nmt.launch`) or, with ``device="cuda"``, on its GPU
+    processes through :mod:`recurnmt.runs.launch`) or, with ``device="cuda"``, on its GPU
     (fairseq's own choice: one process on the first device); the last checkpoint only, a json
     log line every 25 updates."""
     start = cpu_train_command(nproc) if device == "cpu" else fairseq_tool("train")

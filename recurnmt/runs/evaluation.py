@@ -1,13 +1,13 @@
 """The commands of one evaluation: average the last checkpoints, ``fairseq-generate``, score.
 
-:func:`evaluation_steps` builds them from a dataset preset (:mod:`recurnmt.nmt.presets`) and
+:func:`evaluation_steps` builds them from a dataset preset (:mod:`recurnmt.runs.presets`) and
 the ``evaluate:`` settings of a recipe (:class:`EvalSettings`): checkpoint averaging with
-:mod:`recurnmt.nmt.averaging`, ``fairseq-generate`` with the dataset's beam and length penalty,
-then the scoring command :mod:`recurnmt.nmt.evaluate`, which writes ``result.json``.
+:mod:`recurnmt.runs.averaging`, ``fairseq-generate`` with the dataset's beam and length penalty,
+then the scoring command :mod:`recurnmt.runs.evaluate`, which writes ``result.json``.
 ``recurnmt-run-nmt-recipe run`` runs them after training; this module's command runs them for
 a run trained otherwise.
 
-Command line (``recurnmt-evaluate-nmt``, also ``python -m recurnmt.nmt.evaluation``): average
+Command line (``recurnmt-evaluate-nmt``, also ``python -m recurnmt.runs.evaluation``): average
 the last checkpoints (fairseq's average_checkpoints logic), ``fairseq-generate`` with the
 dataset's beam and length penalty (IWSLT14: 5 / 1.0; WMT14: 4 / 0.6), and scoring: detokenized
 sacrebleu with its signature, tokenized BLEU (compound-split for WMT14), parameter counts, all
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from recurnmt.cli import entry_point
-from recurnmt.nmt.presets import PRESETS, DatasetPreset, segmentation_of
-from recurnmt.nmt.steps import Step, fairseq_flags, fairseq_tool, run_steps, user_dir
+from recurnmt.runs.commands import Step, fairseq_flags, fairseq_tool, run_steps, user_dir
+from recurnmt.runs.presets import PRESETS, DatasetPreset, segmentation_of
 
-PROG = "recurnmt-evaluate-nmt"  # also python -m recurnmt.nmt.evaluation
+PROG = "recurnmt-evaluate-nmt"  # also python -m recurnmt.runs.evaluation
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def evaluation_steps(
         meta: extra fields of ``result.json`` (``name``, ``arch``, ...).
 
     Returns:
-        :class:`recurnmt.nmt.steps.Step` objects, in order.
+        :class:`recurnmt.runs.commands.Step` objects, in order.
     """
     segmentation = segmentation_of(data, preset.segmentation)
     steps = []
@@ -107,7 +107,7 @@ def evaluation_steps(
                 (
                     sys.executable,
                     "-m",
-                    "recurnmt.nmt.averaging",
+                    "recurnmt.runs.averaging",
                     "--dir",
                     str(save_dir),
                     "--last",
@@ -153,7 +153,7 @@ def evaluation_steps(
     score_cmd = [
         sys.executable,
         "-m",
-        "recurnmt.nmt.evaluate",
+        "recurnmt.runs.evaluate",
         str(gen_out),
         "--reference",
         str(data / f"{settings.subset}.raw.{target}"),

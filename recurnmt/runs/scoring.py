@@ -14,7 +14,7 @@ scores them two ways:
   for WMT14 En-De with compound splitting: every ``a-b`` becomes ``a ##AT##-##AT## b`` in both,
   as fairseq's ``scripts/compound_split_bleu.sh`` does (the convention of Vaswani et al. 2017).
 
-The command line is :mod:`recurnmt.nmt.evaluate`.
+The command line is :mod:`recurnmt.runs.evaluate`.
 """
 
 from __future__ import annotations

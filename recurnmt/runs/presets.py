@@ -2,9 +2,9 @@
 
 IWSLT14: beam 5, length penalty 1, lowercased data; WMT14: beam 4, length penalty 0.6 and
 compound-split tokenized BLEU (Vaswani et al. 2017, sec. 6.1); the LibreOffice help corpus
-shipped with ``data_prep``: sentencepiece, beam 5. Recipes (:mod:`recurnmt.nmt.recipe`), the
-evaluation plan (:mod:`recurnmt.nmt.evaluation`) and the results table
-(:mod:`recurnmt.nmt.results`) read them from here.
+shipped with ``data_prep``: sentencepiece, beam 5. Recipes (:mod:`recurnmt.runs.recipe`), the
+evaluation plan (:mod:`recurnmt.runs.evaluation`) and the results table
+(:mod:`recurnmt.runs.results`) read them from here.
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
 """Score ``fairseq-generate`` output: detokenized sacrebleu with its signature, and tokenized BLEU.
 
-The scoring step of an evaluation, as a command: the scores of :mod:`recurnmt.nmt.scoring`
+The scoring step of an evaluation, as a command: the scores of :mod:`recurnmt.runs.scoring`
 (detokenized sacrebleu with its signature; tokenized BLEU of ``H`` against ``T`` lines, with
 compound splitting for WMT14 En-De), the ordered hypotheses, and with ``--checkpoint`` the
 model's parameter counts (RingFormer P*), written to ``result.json`` for
-:mod:`recurnmt.nmt.results`. The commands of a whole evaluation (average, generate, this
-command) are built by :mod:`recurnmt.nmt.evaluation`; the datasets' standard settings are in
-:mod:`recurnmt.nmt.presets`.
+:mod:`recurnmt.runs.results`. The commands of a whole evaluation (average, generate, this
+command) are built by :mod:`recurnmt.runs.evaluation`; the datasets' standard settings are in
+:mod:`recurnmt.runs.presets`.
 
 Command line (the scoring step)::
 
     fairseq-generate DATA --path ckpt.pt --post-process sentencepiece ... > gen.out
-    python -m recurnmt.nmt.evaluate gen.out --reference DATA/test.raw.en --hyp-out hyp.txt
+    python -m recurnmt.runs.evaluate gen.out --reference DATA/test.raw.en --hyp-out hyp.txt
     # Moses-tokenized BPE data (WMT14): detokenize, plus compound-split tokenized BLEU
-    python -m recurnmt.nmt.evaluate gen.out --reference DATA/test.raw.de --detokenize moses \\
+    python -m recurnmt.runs.evaluate gen.out --reference DATA/test.raw.de --detokenize moses \\
         --target-lang de --tokenized-bleu --compound-split --json-out result.json
 """
 
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from recurnmt.cli import entry_point
-from recurnmt.nmt.scoring import score
+from recurnmt.runs.scoring import score
 
-PROG = "python -m recurnmt.nmt.evaluate"
+PROG = "python -m recurnmt.runs.evaluate"
 
 
 def model_report(checkpoint: str | Path, data: str | Path) -> dict[str, Any]:

@@ -6,7 +6,7 @@ counts and what was evaluated. This module gathers them into one markdown table 
 architecture families; column groups: dataset and model size; in each group detokenized
 sacreBLEU, tokenized BLEU and RingFormer's P*) and a PNG bar chart of the sacreBLEU scores.
 
-Command line (``recurnmt-results-nmt``, also ``python -m recurnmt.nmt.results``)::
+Command line (``recurnmt-results-nmt``, also ``python -m recurnmt.runs.results``)::
 
     recurnmt-results-nmt runs/ --markdown runs/results.md --png runs/results.png
 """
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from recurnmt.cli import entry_point
-from recurnmt.nmt.presets import PRESETS
+from recurnmt.runs.presets import PRESETS
 
-PROG = "recurnmt-results-nmt"  # also python -m recurnmt.nmt.results
+PROG = "recurnmt-results-nmt"  # also python -m recurnmt.runs.results
 
 # family order of the table: the two baselines, then the papers' models
 FAMILY_ORDER = (

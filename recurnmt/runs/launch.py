@@ -7,13 +7,13 @@ flags that work:
 * ``--launcher fairseq`` (default): one ``fairseq-train`` per local rank with explicit
   ``--distributed-world-size/--distributed-rank/--distributed-init-method tcp://...
   --distributed-no-spawn --device-id``;
-* ``--launcher torchrun``: ``torchrun ... -m recurnmt.nmt.launch --torchrun-worker -- ARGS``;
+* ``--launcher torchrun``: ``torchrun ... -m recurnmt.runs.launch --torchrun-worker -- ARGS``;
   the worker turns torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` into the same flags with
   ``env://``, so it works on CPUs as well as GPUs;
 * on CPU it adds ``--cpu --distributed-backend gloo --ddp-backend legacy_ddp``; on GPUs
   fairseq's defaults (nccl, pytorch_ddp).
 
-Command line (``recurnmt-train-nmt``, also ``python -m recurnmt.nmt.launch``)::
+Command line (``recurnmt-train-nmt``, also ``python -m recurnmt.runs.launch``)::
 
     recurnmt-train-nmt -- DATA --user-dir user_dir --arch ringformer_tiny ...  # one process
     recurnmt-train-nmt --nproc 2 --device cpu -- DATA --arch ringformer_tiny ...
@@ -43,9 +43,9 @@ import torch
 from recurnmt.cli import entry_point
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.distributed_checks import check_distributed
-from recurnmt.nmt.steps import fairseq_tool
+from recurnmt.runs.commands import fairseq_tool
 
-PROG = "recurnmt-train-nmt"  # also python -m recurnmt.nmt.launch
+PROG = "recurnmt-train-nmt"  # also python -m recurnmt.runs.launch
 DEVICES = ("cpu", "cuda")
 LAUNCHERS = ("fairseq", "torchrun")
 # flags the launcher owns: a user value would contradict the processes it starts
@@ -111,7 +111,7 @@ def cpu_train_command(nproc: int) -> list[str]:
         return [
             sys.executable,
             "-m",
-            "recurnmt.nmt.launch",
+            "recurnmt.runs.launch",
             "--nproc",
             str(nproc),
             "--device",
@@ -211,7 +211,7 @@ def torchrun_command(plan: LaunchPlan, argv: Sequence[str], port: int) -> list[s
         "--master-port",
         str(port),
         "-m",
-        "recurnmt.nmt.launch",
+        "recurnmt.runs.launch",
         "--torchrun-worker",
         "--device",
         plan.device,

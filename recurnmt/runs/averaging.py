@@ -18,9 +18,9 @@ it would pair averaged weights with one checkpoint's Adam moments).
 
 Command line::
 
-    python -m recurnmt.nmt.averaging --dir checkpoints/run --last 5 --by update \\
+    python -m recurnmt.runs.averaging --dir checkpoints/run --last 5 --by update \\
         --output checkpoints/run/checkpoint_avg5.pt
-    python -m recurnmt.nmt.averaging --inputs a.pt b.pt --output avg.pt
+    python -m recurnmt.runs.averaging --inputs a.pt b.pt --output avg.pt
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import torch
 import recurnmt.nmt.checkpoint_safety  # noqa: F401  (fairseq checkpoints load weights-only)
 from recurnmt.cli import entry_point
 
-PROG = "python -m recurnmt.nmt.averaging"
+PROG = "python -m recurnmt.runs.averaging"
 
 _PATTERNS = {
     "epoch": re.compile(r"checkpoint(\d+)\.pt"),

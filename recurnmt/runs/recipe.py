@@ -2,8 +2,8 @@
 
 A recipe names a dataset preset, an architecture and the papers' training settings as
 ``fairseq-train`` / ``fairseq-generate`` options; ``run`` expands it into the commands and
-runs them: training (one process or several, through :mod:`recurnmt.nmt.launch`), then the
-evaluation of :func:`recurnmt.nmt.evaluation.evaluation_steps` (checkpoint averaging,
+runs them: training (one process or several, through :mod:`recurnmt.runs.launch`), then the
+evaluation of :func:`recurnmt.runs.evaluation.evaluation_steps` (checkpoint averaging,
 ``fairseq-generate``, scoring into ``result.json``). The recipes live in ``configs/nmt/``
 (see its README for the papers' settings and every choice the papers leave open).
 
@@ -12,20 +12,20 @@ Format (YAML)::
     extends: _a1_wmt14.yaml            # optional: file(s) merged first, relative to this one
     description: RingFormer, base size, WMT14 En-De
     paper: RingFormer appendix A.1
-    dataset: wmt14                     # a preset of recurnmt.nmt.presets.PRESETS
+    dataset: wmt14                     # a preset of recurnmt.runs.presets.PRESETS
     data: data-bin/wmt14_en_de         # optional, the preset's by default
     run_dir: runs/{name}               # optional: checkpoints/, generate output, result.json
     arch: ringformer_wmt_en_de
     paper_world_size: 2                # processes of the paper's batch (sets --update-freq)
     train: {lr: 7.0e-4, lr_scheduler: cosine, ...}   # fairseq-train options
     generate: {beam: 4}                # fairseq-generate options over the preset's
-    evaluate: {average_last: 5}        # recurnmt.nmt.evaluation.EvalSettings
+    evaluate: {average_last: 5}        # recurnmt.runs.evaluation.EvalSettings
 
 Option names are fairseq's flags with underscores; ``true`` is a bare flag, ``null`` removes
 an inherited option; strings may use ``{name}``, ``{run_dir}`` and ``{data}``. Unknown keys
 (also unknown fairseq options) are refused, naming the key.
 
-Command line (``recurnmt-run-nmt-recipe``, also ``python -m recurnmt.nmt.recipe``)::
+Command line (``recurnmt-run-nmt-recipe``, also ``python -m recurnmt.runs.recipe``)::
 
     recurnmt-run-nmt-recipe list
     recurnmt-run-nmt-recipe show ringformer_wmt14 [--override train.lr=5e-4]
@@ -50,12 +50,12 @@ import yaml
 
 from recurnmt.cli import entry_point
 from recurnmt.modules import ConfigError
-from recurnmt.nmt.evaluation import EvalSettings, evaluation_steps
-from recurnmt.nmt.launch import LaunchPlan, add_plan_arguments, launch, plan_from_args
-from recurnmt.nmt.presets import PRESETS, DatasetPreset
-from recurnmt.nmt.steps import fairseq_flags, run_steps, user_dir
+from recurnmt.runs.commands import fairseq_flags, run_steps, user_dir
+from recurnmt.runs.evaluation import EvalSettings, evaluation_steps
+from recurnmt.runs.launch import LaunchPlan, add_plan_arguments, launch, plan_from_args
+from recurnmt.runs.presets import PRESETS, DatasetPreset
 
-PROG = "recurnmt-run-nmt-recipe"  # also python -m recurnmt.nmt.recipe
+PROG = "recurnmt-run-nmt-recipe"  # also python -m recurnmt.runs.recipe
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "nmt"
 TOP_KEYS = {
     "extends": "base recipe file(s), merged first",

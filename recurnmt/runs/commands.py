@@ -1,7 +1,7 @@
 """The commands of the NMT workflows: fairseq's tools and flags, printed and run in order.
 
-Training (:mod:`recurnmt.nmt.launch`), the evaluation plan (:mod:`recurnmt.nmt.evaluation`)
-and the recipes (:mod:`recurnmt.nmt.recipe`) all build ``fairseq-*`` command lines with the
+Training (:mod:`recurnmt.runs.launch`), the evaluation plan (:mod:`recurnmt.runs.evaluation`)
+and the recipes (:mod:`recurnmt.runs.recipe`) all build ``fairseq-*`` command lines with the
 ``--user-dir`` shim and run them as :class:`Step` objects; the spelling lives here, below
 all three.
 """
