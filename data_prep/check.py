@@ -12,20 +12,16 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 from data_prep.errors import PrepError
 from recurnmt.cli import entry_point
+from recurnmt.runs.experiment import size_flags
 
 PROG = "python -m data_prep.check"
 
-TINY_TRANSFORMER = [
-    "--arch", "transformer",
-    "--encoder-layers", "1", "--decoder-layers", "1",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--share-all-embeddings",
-]  # fmt: skip
+TINY_SIZE = SimpleNamespace(embed_dim=16, ffn_dim=32, heads=2, levels=1)
+TINY_TRANSFORMER = ["--arch", "transformer", *size_flags(TINY_SIZE), "--share-all-embeddings"]
 
 
 def smoke_train_command(data_dir: Path, save_dir: Path, src: str, tgt: str) -> list[str]:

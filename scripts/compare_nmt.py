@@ -28,17 +28,19 @@ from typing import Any
 from data_prep.embedded import data_dir
 from recurnmt.cli import UserError, entry_point
 from recurnmt.nmt.quiet import quiet_env
+from recurnmt.runs.commands import generate_command, run_logged, train_command
 from recurnmt.runs.experiment import (
     SCHEDULES,
-    generate_command,
+    add_recipe_arguments,
+    add_size_arguments,
+    decoding_flags,
     processes,
     recipe_flags,
-    run_logged,
+    run_flags,
     size_flags,
-    train_command,
-    train_stats,
-    valid_ppl,
 )
+from recurnmt.runs.fairseq_log import train_stats, valid_ppl
+from recurnmt.runs.launch import cpu_train_command
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -68,13 +70,13 @@ def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[s
 
     from recurnmt.runs.scoring import read_hypotheses
 
-    flags = [*size_flags(args, arch), *recipe_flags(args)]
-    train = train_command(args.data, arch, flags, run_dir / "checkpoints", args.nproc)
+    flags = [*size_flags(args, arch), *recipe_flags(args), *run_flags(run_dir / "checkpoints")]
+    train = train_command(args.data, arch, flags, start=cpu_train_command(args.nproc))
     print(f"[{arch}] training {args.max_update} updates ...", flush=True)
     train_s = run_logged(train, run_dir / "train.log", cwd=ROOT)
     gen_out = run_dir / "generate-test.txt"
     checkpoint = run_dir / "checkpoints" / "checkpoint_last.pt"
-    generate = generate_command(args.data, checkpoint, beam=args.beam, lenpen=args.lenpen)
+    generate = generate_command(args.data, checkpoint, decoding_flags(args.beam, args.lenpen))
     print(f"[{arch}] translating the test set ...", flush=True)
     gen_s = run_logged(generate, run_dir / "generate.log", stdout=gen_out, cwd=ROOT)
     hyps = read_hypotheses(gen_out.read_text(encoding="utf-8").splitlines(), "D")
@@ -200,19 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", type=Path, default=Path("work/compare_nmt"), help="runs")
     parser.add_argument("--doc", type=Path, default=Path("docs/compare_nmt.md"))
-    parser.add_argument("--embed-dim", type=int, default=128)
-    parser.add_argument("--ffn-dim", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument(
-        "--levels", type=int, default=6, help="levels per side (0: each family's default)"
+    add_size_arguments(
+        parser,
+        levels_help="levels per side (0: each family's default)",
+        pre_ln_help="pre-LN (Table 4 is post-LN)",
     )
-    parser.add_argument("--pre-ln", action="store_true", help="pre-LN (Table 4 is post-LN)")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--lr-scheduler", choices=sorted(SCHEDULES), default="inverse_sqrt")
-    parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--dropout", type=float, default=0.1)
-    parser.add_argument("--max-tokens", type=int, default=4096)
-    parser.add_argument("--max-update", type=int, default=800)
+    add_recipe_arguments(parser)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--lenpen", type=float, default=1.0)

@@ -25,7 +25,9 @@ from pathlib import Path
 
 from data_prep.embedded import data_dir
 from recurnmt.cli import UserError, entry_point, split_extra_args
-from recurnmt.runs.experiment import processes, recipe_flags, run_logged
+from recurnmt.runs.commands import generate_command, run_logged, train_command
+from recurnmt.runs.experiment import processes, recipe_flags, size_flags
+from recurnmt.runs.fairseq_log import last_valid_stats
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -51,15 +53,9 @@ BEAM, LENPEN = 4, 1.5
 NUM_SAMPLES = 5
 
 
-def size_flags(levels: int) -> list[str]:
-    """fairseq flags of the demo's model size (both sides alike)."""
-    flags = []
-    for side in ("encoder", "decoder"):
-        flags += [f"--{side}-embed-dim", str(SIZE["embed_dim"])]
-        flags += [f"--{side}-ffn-embed-dim", str(SIZE["ffn_dim"])]
-        flags += [f"--{side}-attention-heads", str(SIZE["heads"])]
-        flags += [f"--{side}-layers", str(levels), f"--{side}-normalize-before"]
-    return flags
+def demo_size_flags(levels: int) -> list[str]:
+    """fairseq flags of the demo's model size (both sides alike, pre-LN)."""
+    return size_flags(argparse.Namespace(**SIZE, levels=levels, pre_ln=True))
 
 
 def param_counts(arch: str, levels: int) -> tuple[int, int]:
@@ -67,7 +63,7 @@ def param_counts(arch: str, levels: int) -> tuple[int, int]:
     from recurnmt.nmt.build import build_model
     from recurnmt.parameters import parameter_report
 
-    flags = size_flags(levels) + ["--share-all-embeddings"]
+    flags = demo_size_flags(levels) + ["--share-all-embeddings"]
     ours = parameter_report(build_model(arch, flags)[0]).p_star
     vanilla = parameter_report(build_model("transformer", flags)[0]).p_star
     return ours, vanilla
@@ -77,17 +73,6 @@ def pick_samples(refs: list[str], n: int = NUM_SAMPLES) -> list[int]:
     """``n`` test sentences spread over the test set, 8 to 20 reference words long."""
     fit = [i for i, r in enumerate(refs) if 8 <= len(r.split()) <= 20]
     return [fit[(2 * k + 1) * len(fit) // (2 * n)] for k in range(n)] if fit else []
-
-
-def last_valid_stats(train_log: Path) -> dict[str, str]:
-    """The last ``valid on 'valid' subset`` statistics of a fairseq-train log."""
-    stats: dict[str, str] = {}
-    for line in train_log.read_text(encoding="utf-8").splitlines():
-        if "valid on 'valid' subset" in line:
-            stats = dict(
-                part.strip().split(" ", 1) for part in line.split(" | ")[4:] if " " in part.strip()
-            )
-    return stats
 
 
 def minutes(seconds: float) -> str:
@@ -162,32 +147,14 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"--nproc must divide the {MAX_TOKENS:,}-token update, got {args.nproc}")
     from recurnmt.runs.launch import cpu_train_command
 
-    train = [
-        *cpu_train_command(args.nproc),
-        args.data,
-        "--user-dir",
-        "user_dir",
-        "--arch",
-        args.arch,
-        *size_flags(args.levels),
-        *recipe_flags(
-            argparse.Namespace(
-                **RECIPE, max_tokens=MAX_TOKENS, nproc=args.nproc, max_update=args.max_update
-            )
-        ),
-        "--num-workers",
-        "0",
-        "--save-dir",
-        str(work / "checkpoints"),
-        "--no-epoch-checkpoints",
-        "--log-format",
-        "tqdm",
-        "--log-interval",
-        "10",
-        "--tensorboard-logdir",
-        str(work / "tensorboard"),
-        *extra,
-    ]
+    recipe = argparse.Namespace(
+        **RECIPE, max_tokens=MAX_TOKENS, nproc=args.nproc, max_update=args.max_update
+    )
+    flags = [*demo_size_flags(args.levels), *recipe_flags(recipe), "--num-workers", "0"]
+    flags += ["--save-dir", str(work / "checkpoints"), "--no-epoch-checkpoints"]
+    flags += ["--log-format", "tqdm", "--log-interval", "10"]
+    flags += ["--tensorboard-logdir", str(work / "tensorboard"), *extra]
+    train = train_command(args.data, args.arch, flags, start=cpu_train_command(args.nproc))
     rel = work.relative_to(ROOT) if work.is_relative_to(ROOT) else work
     print(f"\nTraining (log: {rel}/train.log) ...", flush=True)
     t0 = time.time()
@@ -200,29 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     gen_out, gen_log = work / "generate-test.txt", work / "generate.log"
-    generate = [
-        str(BIN / "fairseq-generate"),
-        args.data,
-        "--user-dir",
-        "user_dir",
-        "--path",
-        str(work / "checkpoints" / "checkpoint_last.pt"),
-        "--gen-subset",
-        "test",
-        "--beam",
-        str(args.beam),
-        "--lenpen",
-        str(args.lenpen),
-        "--max-tokens",
-        "8000",
-        "--required-batch-size-multiple",
-        "1",  # else fairseq drops a last batch that is not a multiple of 8
-        "--post-process",
-        "sentencepiece",
-        "--scoring",
-        "sacrebleu",
-        "--cpu",
-    ]
+    decoding = ["--gen-subset", "test", "--beam", str(args.beam), "--lenpen", str(args.lenpen)]
+    # without --required-batch-size-multiple 1 fairseq drops a last batch not a multiple of 8
+    decoding += ["--max-tokens", "8000", "--required-batch-size-multiple", "1"]
+    decoding += ["--post-process", "sentencepiece", "--scoring", "sacrebleu", "--cpu"]
+    checkpoint = work / "checkpoints" / "checkpoint_last.pt"
+    generate = generate_command(args.data, checkpoint, decoding)
     print(f"\nTranslating the test set (beam {args.beam}) ...", flush=True)
     run_logged(generate, gen_log, stdout=gen_out, cwd=ROOT)
     lines = gen_out.read_text(encoding="utf-8").splitlines()

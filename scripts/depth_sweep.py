@@ -40,14 +40,16 @@ from pathlib import Path
 from typing import Any
 
 from recurnmt.cli import entry_point, split_extra_args
+from recurnmt.runs.commands import generate_command, run_logged, train_command
 from recurnmt.runs.experiment import (
-    SCHEDULES,
-    generate_command,
+    add_recipe_arguments,
+    add_size_arguments,
+    decoding_flags,
     recipe_flags,
-    run_logged,
+    run_flags,
     size_flags,
-    train_command,
 )
+from recurnmt.runs.launch import cpu_train_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,8 +67,8 @@ def nmt_train(args: argparse.Namespace, variant: str, run_dir: Path) -> dict[str
     """Trains one translation model; returns its command, wall seconds and checkpoint."""
     flags = [*size_flags(args, args.arch), *recipe_flags(args)]
     flags += ["--mixed-depth", "on" if variant == "mixed" else "off"]
-    cmd = train_command(args.data, args.arch, flags, run_dir / "checkpoints", args.nproc)
-    cmd += args.extra
+    flags += [*run_flags(run_dir / "checkpoints"), *args.extra]
+    cmd = train_command(args.data, args.arch, flags, start=cpu_train_command(args.nproc))
     seconds = run_logged(cmd, run_dir / "train.log", cwd=ROOT)
     checkpoint = run_dir / "checkpoints" / "checkpoint_last.pt"
     return {"command": shlex.join(cmd), "seconds": round(seconds, 1), "checkpoint": str(checkpoint)}
@@ -92,8 +94,8 @@ def nmt_score(args: argparse.Namespace, checkpoint: str, depth: int, run_dir: Pa
     from recurnmt.runs.scoring import score
 
     levels = f"{{'encoder_levels': {depth}, 'decoder_levels': {depth}}}"
-    extra = ["--model-overrides", levels]
-    cmd = generate_command(args.data, Path(checkpoint), beam=args.beam, lenpen=1.0, extra=extra)
+    flags = [*decoding_flags(args.beam, lenpen=1.0), "--model-overrides", levels]
+    cmd = generate_command(args.data, Path(checkpoint), flags)
     out = run_dir / f"generate-test-K{depth}.txt"
     seconds = run_logged(cmd, run_dir / f"generate-K{depth}.log", stdout=out, cwd=ROOT)
     refs = (Path(args.data) / "test.raw.en").read_text(encoding="utf-8").splitlines()
@@ -288,17 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("nmt (size and recipe as scripts/compare_nmt.py)")
     g.add_argument("--arch", default="ringformer")
     g.add_argument("--data", default="data-bin/lohelp_de_en")
-    g.add_argument("--embed-dim", type=int, default=128)
-    g.add_argument("--ffn-dim", type=int, default=512)
-    g.add_argument("--heads", type=int, default=8)
-    g.add_argument("--levels", type=int, default=6, help="levels per side in training")
-    g.add_argument("--pre-ln", action="store_true")
-    g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument("--lr-scheduler", choices=sorted(SCHEDULES), default="inverse_sqrt")
-    g.add_argument("--warmup", type=int, default=100)
-    g.add_argument("--dropout", type=float, default=0.1)
-    g.add_argument("--max-tokens", type=int, default=4096)
-    g.add_argument("--max-update", type=int, default=800)
+    add_size_arguments(g, levels_help="levels per side in training")
+    add_recipe_arguments(g)
     g.add_argument(
         "--nproc", type=int, default=1, help="data-parallel CPU processes per model (gloo)"
     )

@@ -27,9 +27,6 @@ from pathlib import Path
 
 from recurnmt.cli import entry_point
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
 PROG = "python scripts/export_equivalence.py"
 
 
@@ -48,22 +45,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def fairseq_generate_tokens(args: argparse.Namespace) -> tuple[dict[int, str], float]:
     """``{sentence id: H tokens}`` of fairseq-generate, and its wall time."""
-    cmd = [str(BIN / "fairseq-generate"), str(args.data), "--user-dir", str(ROOT / "user_dir")]
-    cmd += ["--path", str(args.checkpoint), "--gen-subset", args.subset, "--cpu"]
-    cmd += ["--beam", str(args.beam), "--lenpen", str(args.lenpen)]
-    cmd += ["--max-len-b", str(args.max_len_b), "--batch-size", str(args.batch_size)]
-    cmd += ["--required-batch-size-multiple", "1"]
+    from recurnmt.runs.commands import generate_command
+    from recurnmt.runs.scoring import read_hypotheses
+
+    flags = ["--gen-subset", args.subset, "--cpu", "--beam", str(args.beam)]
+    flags += ["--lenpen", str(args.lenpen), "--max-len-b", str(args.max_len_b)]
+    flags += ["--batch-size", str(args.batch_size), "--required-batch-size-multiple", "1"]
+    cmd = generate_command(args.data, args.checkpoint, flags)
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if proc.returncode:
         raise RuntimeError(f"fairseq-generate failed:\n{proc.stderr[-3000:]}")
-    hyps = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("H-"):
-            head, _score, tokens = (line.split("\t") + [""])[:3]
-            hyps[int(head[2:])] = tokens
-    return hyps, wall
+    return dict(enumerate(read_hypotheses(proc.stdout.splitlines(), "H"))), wall
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -28,15 +28,10 @@ from pathlib import Path
 
 from recurnmt.cli import UserError, entry_point
 from recurnmt.nmt.quiet import quiet_env
-from recurnmt.runs.experiment import (
-    epoch_stats,
-    generate_command,
-    generation_speed,
-    recipe_flags,
-    run_logged,
-    size_flags,
-    train_command,
-)
+from recurnmt.runs.commands import generate_command, run_logged, train_command
+from recurnmt.runs.experiment import decoding_flags, recipe_flags, run_flags, size_flags
+from recurnmt.runs.fairseq_log import epoch_stats, generation_speed
+from recurnmt.runs.launch import cpu_train_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,19 +67,19 @@ def measure(arch: str, data: Path, args: argparse.Namespace) -> dict:
     )  # fmt: skip
     flags = [*size_flags(args, arch), *recipe_flags(recipe), *PRECISION_FLAGS[args.dtype]]
     flags += ["--max-epoch", str(args.epochs), "--disable-validation"]
-    train = train_command(data, arch, flags, run / "checkpoints", device=args.device)
+    flags += run_flags(run / "checkpoints")
+    start = cpu_train_command(1) if args.device == "cpu" else None
+    train = train_command(data, arch, flags, start=start)
     print(f"[{arch}] training {args.epochs} epochs ...", flush=True)
     train_s = run_logged(train, run / "train.log", cwd=ROOT)
     epochs = epoch_stats(run / "train.log")
     if args.epochs not in epochs:
         raise UserError(f"[{arch}] no end-of-epoch line for epoch {args.epochs} in {run}/train.log")
-    extra = [*PRECISION_FLAGS[args.dtype]]
+    decoding = [*decoding_flags(args.beam, 1.0, args.device), *PRECISION_FLAGS[args.dtype]]
     if args.gen_shards > 1:  # the first of N shards of the test set
-        extra += ["--num-shards", str(args.gen_shards), "--shard-id", "0"]
+        decoding += ["--num-shards", str(args.gen_shards), "--shard-id", "0"]
     checkpoint = run / "checkpoints" / "checkpoint_last.pt"
-    generate = generate_command(
-        data, checkpoint, beam=args.beam, lenpen=1.0, extra=extra, device=args.device
-    )
+    generate = generate_command(data, checkpoint, decoding)
     print(f"[{arch}] translating the test set (beam {args.beam}) ...", flush=True)
     run_logged(generate, run / "generate.log", stdout=run / "generate.txt", cwd=ROOT)
     speed = generation_speed(run / "generate.txt") or generation_speed(run / "generate.log")

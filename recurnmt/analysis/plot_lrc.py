@@ -13,33 +13,20 @@ identity-branch coefficients against the update number.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from recurnmt.cli import entry_point
+from recurnmt.runs.fairseq_log import log_records
 
 Series = dict[str, list[tuple[int, float]]]
-
-_SIMPLE_PAIR = re.compile(r"(\w+)=([-+\d.eE]+)")
 
 
 def read_log(path: Path) -> Series:
     """LRC series from a fairseq training log (train_inner lines, simple or json format)."""
     series: Series = defaultdict(list)
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if "train_inner" not in line:
-            continue
-        brace = line.find("{")
-        if brace >= 0:
-            try:
-                record = {k: str(v) for k, v in json.loads(line[brace:]).items()}
-            except json.JSONDecodeError:
-                continue
-        else:
-            record = dict(_SIMPLE_PAIR.findall(line))
+    for record in log_records(path, "train_inner"):
         if "num_updates" not in record:
             continue
         step = int(float(record["num_updates"]))

@@ -4,10 +4,12 @@ The models and their fairseq integration live in :mod:`recurnmt.nmt` and
 :mod:`recurnmt.vision`; this package runs them and reads what they wrote. It may import
 ``recurnmt.nmt`` (lazily where fairseq is heavy), never the reverse.
 
-* :mod:`.commands`: fairseq's tools, the ``--user-dir`` shim, option mappings as flags, and
-  running commands in order;
-* :mod:`.experiment`: the training and translation commands of the scripts that compare
-  models, their shared recipe and the reading of their logs;
+* :mod:`.commands`: the one spelling of a ``fairseq-train`` / ``fairseq-generate`` command line
+  (the ``--user-dir`` shim, option mappings as flags), and running commands in order or logged;
+* :mod:`.experiment`: the small experiments of the scripts that compare models (demo,
+  ``compare_nmt``, ``depth_sweep``, ``fairseq_speed``): model-size flags, one training recipe,
+  test-set decoding, and the command-line options that set them;
+* :mod:`.fairseq_log`: the one reader of fairseq's training and generation logs;
 * :mod:`.launch`: ``recurnmt-train-nmt``, multi-process ``fairseq-train`` on CPUs or GPUs;
 * :mod:`.recipe`, :mod:`.presets`: ``recurnmt-run-nmt-recipe``, the papers' recipes
   (``configs/nmt/``) and the datasets' standard settings;

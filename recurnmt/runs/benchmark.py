@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from recurnmt.cli import UserError
+from recurnmt.runs.experiment import size_flags
 
 RESULT = "RESULT "
 TURN = "TURN"  # a worker waits for its turn
@@ -376,33 +377,10 @@ def ratio_table(results: Sequence[dict], name_key: str, columns: Sequence[Column
 
 def nmt_model_flags(arch: str, opts: argparse.Namespace) -> list[str]:
     """fairseq flags of one architecture at the benchmarks' common size (``opts``: embed_dim,
-    ffn_dim, heads, levels, device)."""
-    flags = [
-        "--encoder-embed-dim",
-        str(opts.embed_dim),
-        "--decoder-embed-dim",
-        str(opts.embed_dim),
-        "--encoder-ffn-embed-dim",
-        str(opts.ffn_dim),
-        "--decoder-ffn-embed-dim",
-        str(opts.ffn_dim),
-        "--encoder-attention-heads",
-        str(opts.heads),
-        "--decoder-attention-heads",
-        str(opts.heads),
-        "--encoder-layers",
-        str(opts.levels),
-        "--decoder-layers",
-        str(opts.levels),
-        "--activation-fn",
-        "gelu",
-        "--share-all-embeddings",
-        "--dropout",
-        "0.1",
-    ]
-    if arch == "sret":  # same depth: levels/2 unique blocks, each looped twice
-        half = str(max(1, opts.levels // 2))
-        flags += ["--encoder-unique-layers", half, "--decoder-unique-layers", half]
+    ffn_dim, heads, levels, device; :func:`recurnmt.runs.experiment.size_flags`), GELU,
+    shared embeddings, dropout 0.1."""
+    flags = [*size_flags(opts, arch), "--activation-fn", "gelu", "--share-all-embeddings"]
+    flags += ["--dropout", "0.1"]
     if opts.device == "cpu":
         flags.append("--cpu")
     return flags

@@ -1,9 +1,13 @@
 """The commands of the NMT workflows: fairseq's tools and flags, printed and run in order.
 
-Training (:mod:`recurnmt.runs.launch`), the evaluation plan (:mod:`recurnmt.runs.evaluation`)
-and the recipes (:mod:`recurnmt.runs.recipe`) all build ``fairseq-*`` command lines with the
-``--user-dir`` shim and run them as :class:`Step` objects; the spelling lives here, below
-all three.
+Every ``fairseq-train`` and ``fairseq-generate`` command line that recurnmt writes is spelled
+here, once: :func:`train_command` and :func:`generate_command` (the tool of this interpreter,
+the data directory, the ``--user-dir`` shim, then the caller's flags, which
+:func:`fairseq_flags` writes from an ``{option: value}`` mapping). Training
+(:mod:`recurnmt.runs.launch`), the evaluation plan (:mod:`recurnmt.runs.evaluation`), the
+recipes (:mod:`recurnmt.runs.recipe`) and the scripts (with the flags of
+:mod:`recurnmt.runs.experiment`) all build theirs with them, and run them as :class:`Step`
+objects (printed, then run in order) or with :func:`run_logged` (output in a log file, timed).
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recurnmt.cli import UserError
 from recurnmt.modules import ConfigError
 
 _BIN = Path(sys.executable).parent
@@ -63,6 +69,42 @@ def fairseq_flags(options: Mapping[str, Any]) -> list[str]:
     return flags
 
 
+def train_command(
+    data: str | Path,
+    arch: str,
+    flags: Sequence[str] = (),
+    *,
+    start: Sequence[str] | None = None,
+) -> list[str]:
+    """``fairseq-train DATA --user-dir USER_DIR --arch ARCH FLAGS...``.
+
+    Args:
+        data: the binarized data directory.
+        arch: a registered architecture.
+        flags: the rest of the command line, in order (later flags win in fairseq).
+        start: what runs fairseq-train: this interpreter's ``fairseq-train`` by default, the
+            launcher's command (:func:`recurnmt.runs.launch.cpu_train_command`), or ``()`` for
+            the arguments alone (the launcher adds its own start).
+    """
+    start = fairseq_tool("train") if start is None else start
+    return [*start, str(data), "--user-dir", str(user_dir()), "--arch", arch, *flags]
+
+
+def generate_command(
+    data: str | Path, checkpoint: str | Path, flags: Sequence[str] = ()
+) -> list[str]:
+    """``fairseq-generate DATA --user-dir USER_DIR --path CHECKPOINT FLAGS...``."""
+    return [
+        *fairseq_tool("generate"),
+        str(data),
+        "--user-dir",
+        str(user_dir()),
+        "--path",
+        str(checkpoint),
+        *flags,
+    ]
+
+
 @dataclass(frozen=True)
 class Step:
     """One command of a workflow, with an optional file that receives its stdout."""
@@ -98,3 +140,47 @@ def run_steps(steps: Sequence[Step], dry_run: bool = False) -> int:
             print(f"step failed with exit status {status}: {step}", file=sys.stderr)
             return status
     return 0
+
+
+def run_logged(
+    cmd: Sequence[str],
+    log: Path,
+    *,
+    stdout: Path | None = None,
+    show_stderr: bool = False,
+    cwd: Path | None = None,
+) -> float:
+    """Runs one command with its output in ``log`` (stdout in ``stdout`` if given).
+
+    Args:
+        cmd: the command line; written at the top of ``log``.
+        log: receives stdout and stderr (stderr only when ``stdout`` is given).
+        stdout: a file for the command's stdout (fairseq-generate's translations).
+        show_stderr: let stderr (fairseq's progress bar) reach the terminal instead.
+        cwd: the working directory.
+
+    Returns:
+        The wall time in seconds.
+
+    Raises:
+        UserError: the command failed; the message quotes the end of its log.
+    """
+    from recurnmt.nmt.quiet import quiet_env
+
+    env = quiet_env(dict(os.environ, PYTHONUNBUFFERED="1"))
+    start = time.time()
+    with log.open("w", encoding="utf-8") as log_f:
+        log_f.write(f"$ {shlex.join(cmd)}\n")
+        log_f.flush()
+        out_f = stdout.open("w", encoding="utf-8") if stdout else log_f
+        try:
+            status = subprocess.run(
+                list(cmd), cwd=cwd, env=env, stdout=out_f, stderr=None if show_stderr else log_f
+            ).returncode
+        finally:
+            if stdout:
+                out_f.close()
+    if status:
+        tail = "\n".join(log.read_text(encoding="utf-8").splitlines()[-15:])
+        raise UserError(f"{cmd[0]} failed with exit status {status} (log: {log}):\n{tail}")
+    return time.time() - start

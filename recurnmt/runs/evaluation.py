@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from recurnmt.cli import entry_point
-from recurnmt.runs.commands import Step, fairseq_flags, fairseq_tool, run_steps, user_dir
+from recurnmt.runs.commands import Step, fairseq_flags, generate_command, run_steps
 from recurnmt.runs.presets import PRESETS, DatasetPreset, segmentation_of
 
 PROG = "recurnmt-evaluate-nmt"  # also python -m recurnmt.runs.evaluation
@@ -120,8 +120,6 @@ def evaluation_steps(
             )
         )
     options: dict[str, Any] = {
-        "user_dir": str(user_dir()),
-        "path": str(checkpoint),
         "gen_subset": settings.subset,
         "source_lang": preset.source_lang,
         "target_lang": preset.target_lang,
@@ -140,7 +138,8 @@ def evaluation_steps(
         )
     options.update(generate_options or {})
     gen_out = run_dir / f"generate-{settings.subset}.txt"
-    steps.append(Step((*fairseq_tool("generate"), str(data), *fairseq_flags(options)), gen_out))
+    generate = generate_command(data, checkpoint, fairseq_flags(options))
+    steps.append(Step(tuple(generate), gen_out))
 
     # word pieces split punctuation off as Moses does, so both are Moses-detokenized
     moses = segmentation in ("bpe", "bibert")

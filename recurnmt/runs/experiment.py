@@ -1,87 +1,44 @@
-"""Training and translating on a binarized corpus, for the scripts that compare models.
+"""The small translation experiments of the scripts that compare models.
 
 ``scripts/compare_nmt.py`` (the families at one size), ``scripts/depth_sweep.py`` (a trained
-model at every depth) and ``scripts/demo_nmt.py`` run the same ``fairseq-train`` and
-``fairseq-generate`` commands, each with its output in a log file; the command lines, the
-recipe they share and the reading of the logs live here, below all three.
+model at every depth), ``scripts/fairseq_speed.py`` (the real commands, timed) and
+``scripts/demo_nmt.py`` train every model at one size with one recipe and translate the test
+set the same way; the benchmarks build their models at a size too. The settings they share
+live here, as fairseq flags for :func:`recurnmt.runs.commands.train_command` and
+:func:`~recurnmt.runs.commands.generate_command`: the model size (:func:`size_flags`, the only
+writer of ``--encoder-embed-dim`` and its kin), the training recipe (:func:`recipe_flags`),
+the runs' bookkeeping (:func:`run_flags`: what :mod:`recurnmt.runs.fairseq_log` reads back)
+and the test-set decoding (:func:`decoding_flags`), with the command-line options that set
+the first two (RingFormer's Table 4 setting by default).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
-import shlex
-import subprocess
-import time
-from collections.abc import Sequence
 from pathlib import Path
-
-from recurnmt.cli import UserError
-from recurnmt.nmt.quiet import quiet_env
-from recurnmt.runs.commands import fairseq_tool, user_dir
-from recurnmt.runs.launch import cpu_train_command
+from typing import Any
 
 SCHEDULES = {"inverse_sqrt": "inverse-sqrt decay", "polynomial_decay": "linear decay to 0"}
 
 
-def run_logged(
-    cmd: Sequence[str],
-    log: Path,
-    *,
-    stdout: Path | None = None,
-    show_stderr: bool = False,
-    cwd: Path | None = None,
-) -> float:
-    """Runs one command with its output in ``log`` (stdout in ``stdout`` if given).
+def size_flags(size: Any, arch: str = "") -> list[str]:
+    """fairseq flags of one model size, the same for every architecture and both sides.
 
     Args:
-        cmd: the command line; written at the top of ``log``.
-        log: receives stdout and stderr (stderr only when ``stdout`` is given).
-        stdout: a file for the command's stdout (fairseq-generate's translations).
-        show_stderr: let stderr (fairseq's progress bar) reach the terminal instead.
-        cwd: the working directory.
-
-    Returns:
-        The wall time in seconds.
-
-    Raises:
-        UserError: the command failed; the message quotes the end of its log.
+        size: ``embed_dim``, ``ffn_dim``, ``heads``, ``levels`` (0: the architecture's own) and
+            optionally ``pre_ln`` (parsed options, or a ``SimpleNamespace``).
+        arch: SReT runs its levels as blocks looped twice (3 blocks x 2 loops for 6 levels).
     """
-    env = quiet_env(dict(os.environ, PYTHONUNBUFFERED="1"))
-    start = time.time()
-    with log.open("w", encoding="utf-8") as log_f:
-        log_f.write(f"$ {shlex.join(cmd)}\n")
-        log_f.flush()
-        out_f = stdout.open("w", encoding="utf-8") if stdout else log_f
-        try:
-            status = subprocess.run(
-                list(cmd), cwd=cwd, env=env, stdout=out_f, stderr=None if show_stderr else log_f
-            ).returncode
-        finally:
-            if stdout:
-                out_f.close()
-    if status:
-        tail = "\n".join(log.read_text(encoding="utf-8").splitlines()[-15:])
-        raise UserError(f"{cmd[0]} failed with exit status {status} (log: {log}):\n{tail}")
-    return time.time() - start
-
-
-def size_flags(args: argparse.Namespace, arch: str = "") -> list[str]:
-    """Model size flags (``args``: embed_dim, ffn_dim, heads, levels, pre_ln), the same for
-    every architecture and both sides; SReT runs its levels as blocks looped twice (3 blocks
-    x 2 loops for 6 levels)."""
     flags = []
     for side in ("encoder", "decoder"):
-        flags += [f"--{side}-embed-dim", str(args.embed_dim)]
-        flags += [f"--{side}-ffn-embed-dim", str(args.ffn_dim)]
-        flags += [f"--{side}-attention-heads", str(args.heads)]
-        if args.levels:
-            flags += [f"--{side}-layers", str(args.levels)]
+        flags += [f"--{side}-embed-dim", str(size.embed_dim)]
+        flags += [f"--{side}-ffn-embed-dim", str(size.ffn_dim)]
+        flags += [f"--{side}-attention-heads", str(size.heads)]
+        if size.levels:
+            flags += [f"--{side}-layers", str(size.levels)]
             if arch == "sret":
-                flags += [f"--{side}-unique-layers", str(max(1, args.levels // 2))]
-        if args.pre_ln:
+                flags += [f"--{side}-unique-layers", str(max(1, size.levels // 2))]
+        if getattr(size, "pre_ln", False):
             flags.append(f"--{side}-normalize-before")
     return flags
 
@@ -90,6 +47,8 @@ def recipe_flags(args: argparse.Namespace) -> list[str]:
     """The training recipe shared by every model (``args``: dropout, lr, lr_scheduler,
     warmup, max_tokens, nproc, max_update, seed): shared embeddings, Adam (0.9, 0.98), one of
     :data:`SCHEDULES`, label smoothing 0.1 under the recurrent criterion."""
+    from recurnmt.nmt.registry import RECURRENT_CRITERION  # fairseq: not for the size alone
+
     flags = [
         "--share-all-embeddings",
         "--dropout",
@@ -107,7 +66,7 @@ def recipe_flags(args: argparse.Namespace) -> list[str]:
         "--warmup-updates",
         str(args.warmup),
         "--criterion",
-        "recurrent_label_smoothed_cross_entropy",
+        RECURRENT_CRITERION,
         "--label-smoothing",
         "0.1",
         "--max-tokens",
@@ -122,32 +81,10 @@ def recipe_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def processes(nproc: int) -> str:
-    """How training ran (:func:`train_command` with ``nproc``), in words."""
-    return "one process" if nproc == 1 else f"{nproc} data-parallel processes (gloo)"
-
-
-def train_command(
-    data: str | Path,
-    arch: str,
-    flags: Sequence[str],
-    save_dir: Path,
-    nproc: int = 1,
-    device: str = "cpu",
-) -> list[str]:
-    """Training of ``arch`` with ``flags`` on this machine's CPU (``nproc`` data-parallel
-    processes through :mod:`recurnmt.runs.launch`) or, with ``device="cuda"``, on its GPU
-    (fairseq's own choice: one process on the first device); the last checkpoint only, a json
-    log line every 25 updates."""
-    start = cpu_train_command(nproc) if device == "cpu" else fairseq_tool("train")
+def run_flags(save_dir: Path) -> list[str]:
+    """The runs' bookkeeping: no data workers, the last checkpoint only (in ``save_dir``), a
+    json log line every 25 updates (:mod:`recurnmt.runs.fairseq_log` reads it)."""
     return [
-        *start,
-        str(data),
-        "--user-dir",
-        str(user_dir()),
-        "--arch",
-        arch,
-        *flags,
         "--num-workers",
         "0",
         "--save-dir",
@@ -160,24 +97,10 @@ def train_command(
     ]
 
 
-def generate_command(
-    data: str | Path,
-    checkpoint: Path,
-    *,
-    beam: int,
-    lenpen: float,
-    extra: Sequence[str] = (),
-    device: str = "cpu",
-) -> list[str]:
+def decoding_flags(beam: int, lenpen: float, device: str = "cpu") -> list[str]:
     """``fairseq-generate`` of the test set on the CPU (or ``device="cuda"``: the GPU),
-    sentencepiece removed; ``extra`` flags last."""
+    sentencepiece removed."""
     return [
-        *fairseq_tool("generate"),
-        str(data),
-        "--user-dir",
-        str(user_dir()),
-        "--path",
-        str(checkpoint),
         "--gen-subset",
         "test",
         "--beam",
@@ -195,74 +118,36 @@ def generate_command(
         "--post-process",
         "sentencepiece",
         *(["--cpu"] if device == "cpu" else []),
-        *extra,
     ]
 
 
-def valid_ppl(train_log: Path) -> float | None:
-    """Validation perplexity at the last validation of a ``fairseq-train`` log."""
-    found = None
-    for line in train_log.read_text(encoding="utf-8").splitlines():
-        if "valid on 'valid' subset" in line and (m := re.search(r"\| ppl ([\d.]+)", line)):
-            found = float(m.group(1))
-        elif "| valid |" in line and (m := re.search(r'"valid_ppl": "([\d.]+)"', line)):
-            found = float(m.group(1))  # --log-format json
-    return found
+def processes(nproc: int) -> str:
+    """How training ran (``nproc`` processes, :func:`recurnmt.runs.launch.cpu_train_command`),
+    in words."""
+    return "one process" if nproc == 1 else f"{nproc} data-parallel processes (gloo)"
 
 
-def train_stats(train_log: Path) -> dict[str, float]:
-    """Training loss and perplexity at the last logged update (json log lines)."""
-    stats: dict[str, float] = {}
-    for line in train_log.read_text(encoding="utf-8").splitlines():
-        start = line.find("{")
-        if "| train_inner |" in line and start >= 0:
-            record = json.loads(line[start:])
-            stats = {k: float(record[k]) for k in ("num_updates", "loss", "ppl") if k in record}
-    return stats
+def add_size_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    levels_help: str,
+    pre_ln_help: str | None = None,
+) -> None:
+    """``--embed-dim --ffn-dim --heads --levels --pre-ln`` (:func:`size_flags`), at
+    RingFormer's Table 4 size: H=128, FF=512, 8 heads, 6 levels, post-LN."""
+    parser.add_argument("--embed-dim", type=int, default=128)
+    parser.add_argument("--ffn-dim", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--levels", type=int, default=6, help=levels_help)
+    parser.add_argument("--pre-ln", action="store_true", help=pre_ln_help)
 
 
-def epoch_stats(train_log: Path) -> dict[int, dict[str, float]]:
-    """fairseq's end-of-epoch training line (json log) per epoch: ``{epoch: {"wps": ...,
-    "ups": ..., "wall": ..., "loss": ...}}`` (the ``train_`` prefix dropped)."""
-    found = {}
-    for line in train_log.read_text(encoding="utf-8").splitlines():
-        start = line.find("{")
-        if "| train |" in line and start >= 0:
-            record = json.loads(line[start:])
-            found[int(record["epoch"])] = {
-                k.removeprefix("train_"): float(v)
-                for k, v in record.items()
-                if k.startswith("train_") and _is_number(v)
-            }
-    return found
-
-
-def _is_number(value: object) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-# fairseq-generate's closing line: "Translated 1,555 sentences (33,982 tokens) in 33.6s
-# (46.22 sentences/s, 1010.01 tokens/s)"
-_TRANSLATED = re.compile(
-    r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s "
-    r"\(([\d.]+) sentences/s, ([\d.]+) tokens/s\)"
-)
-
-
-def generation_speed(generate_log: Path) -> dict[str, float] | None:
-    """What ``fairseq-generate`` says of its own speed (None: no such line)."""
-    match = _TRANSLATED.search(generate_log.read_text(encoding="utf-8"))
-    if match is None:
-        return None
-    sentences, tokens, seconds, per_s, tokens_per_s = match.groups()
-    return {
-        "sentences": int(sentences.replace(",", "")),
-        "tokens": int(tokens.replace(",", "")),
-        "seconds": float(seconds),
-        "sentences_per_s": float(per_s),
-        "tokens_per_s": float(tokens_per_s),
-    }
+def add_recipe_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The options of :func:`recipe_flags` but ``--nproc`` and ``--seed``, at RingFormer's
+    Table 4 setting: Adam at lr 1e-3, inverse-sqrt decay after 100 warm-up updates, dropout
+    0.1, 800 updates of 4,096 tokens."""
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr-scheduler", choices=sorted(SCHEDULES), default="inverse_sqrt")
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--max-update", type=int, default=800)

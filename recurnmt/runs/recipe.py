@@ -50,7 +50,7 @@ import yaml
 
 from recurnmt.cli import entry_point
 from recurnmt.modules import ConfigError
-from recurnmt.runs.commands import fairseq_flags, run_steps, user_dir
+from recurnmt.runs.commands import fairseq_flags, run_steps, train_command
 from recurnmt.runs.evaluation import EvalSettings, evaluation_steps
 from recurnmt.runs.launch import LaunchPlan, add_plan_arguments, launch, plan_from_args
 from recurnmt.runs.presets import PRESETS, DatasetPreset
@@ -291,24 +291,16 @@ def update_freq(recipe: Recipe, world_size: int) -> int | None:
 
 def train_argv(recipe: Recipe, world_size: int = 1) -> list[str]:
     """The fairseq-train arguments (data directory first), without distributed flags."""
-    argv = [
-        str(recipe.data),
-        "--user-dir",
-        str(user_dir()),
-        "--arch",
-        recipe.arch,
-        "--source-lang",
-        recipe.preset.source_lang,
-        "--target-lang",
-        recipe.preset.target_lang,
-        "--save-dir",
-        str(recipe.save_dir),
-        *fairseq_flags(recipe.train),
-    ]
+    options = {
+        "source_lang": recipe.preset.source_lang,
+        "target_lang": recipe.preset.target_lang,
+        "save_dir": str(recipe.save_dir),
+        **recipe.train,
+    }
     freq = update_freq(recipe, world_size)
     if freq and freq > 1:
-        argv += ["--update-freq", str(freq)]
-    return argv
+        options["update_freq"] = freq
+    return train_command(recipe.data, recipe.arch, fairseq_flags(options), start=())
 
 
 def eval_steps(recipe: Recipe) -> list:
