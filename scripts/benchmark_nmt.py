@@ -49,7 +49,6 @@ from recurnmt.device import resolve_device
 from recurnmt.runs.benchmark import (
     Column,
     MixedPrecision,
-    Turns,
     add_device_arguments,
     add_sequential_argument,
     emit,
@@ -62,6 +61,7 @@ from recurnmt.runs.benchmark import (
     peak_memory_mb,
     ratio_table,
     run_workers,
+    start_worker,
     storage_bytes,
     training_flops,
     training_step,
@@ -152,18 +152,12 @@ class StateCapture:
 
 def worker(opts: argparse.Namespace) -> dict:
     """Benchmarks one architecture in this process; returns its figures."""
-    turns = Turns()  # heavy work only in this worker's turns
-    import torch
+    turns, device, precision = start_worker(opts)
     from fairseq import utils
 
     from recurnmt.nmt.build import build_model
     from recurnmt.parameters import parameter_report
 
-    torch.manual_seed(opts.seed)
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    device = resolve_device(opts.device)
-    precision = MixedPrecision.build(opts.dtype, device)
     task, train_batches = load_batches(
         opts.data, "train", opts.max_tokens, opts.steps + opts.warmup, opts.seed
     )

@@ -45,7 +45,6 @@ from recurnmt.device import resolve_device
 from recurnmt.runs.benchmark import (
     Column,
     MixedPrecision,
-    Turns,
     add_device_arguments,
     add_sequential_argument,
     emit,
@@ -54,6 +53,7 @@ from recurnmt.runs.benchmark import (
     peak_memory_mb,
     ratio_table,
     run_workers,
+    start_worker,
     training_step,
     write_json,
 )
@@ -200,15 +200,9 @@ def training_memory_mb(model, x, y, precision: MixedPrecision | None = None) -> 
 
 def worker(opts: argparse.Namespace) -> dict:
     """Benchmarks one model in this process; returns its figures."""
-    turns = Turns()  # heavy work only in this worker's turns
-    import torch
+    turns, device, precision = start_worker(opts)
     import torch.nn.functional as F
 
-    torch.manual_seed(opts.seed)
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    device = resolve_device(opts.device)
-    precision = MixedPrecision.build(opts.dtype, device)
     scaler = precision.scaler()
     model = build(opts.model, opts, num_classes=10).to(device)
     params = sum(p.numel() for p in model.parameters())

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from recurnmt.cli import UserError
+from recurnmt.device import resolve_device
 from recurnmt.runs.experiment import size_flags
 
 RESULT = "RESULT "
@@ -231,6 +232,18 @@ class Turns:
         print(TURN, flush=True)
         if sys.stdin.readline().strip() != GO:
             sys.exit("benchmark worker: the parent process went away")
+
+
+def start_worker(opts: argparse.Namespace) -> tuple[Turns, torch.device, MixedPrecision]:
+    """A worker's first steps: its first turn (:class:`Turns`), then torch seeded with
+    ``opts.seed`` on ``opts.threads`` threads (0: torch's default), the ``--device`` and the
+    ``--dtype``."""
+    turns = Turns()  # heavy work only in this worker's turns
+    torch.manual_seed(opts.seed)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    device = resolve_device(opts.device)
+    return turns, device, MixedPrecision.build(opts.dtype, device)
 
 
 def fastest_round(
