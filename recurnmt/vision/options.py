@@ -56,7 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train an image classifier from recurnmt.vision (single process or torchrun).",
     )
     p.add_argument("--config", help="YAML file of option defaults")
-    g = p.add_argument_group("model")
+    _add_model_options(p)
+    _add_data_options(p)
+    _add_optimisation_options(p)
+    _add_augmentation_options(p)
+    _add_distillation_options(p)
+    _add_run_options(p)
+    return p
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The model group: the model, its compilation and a checkpoint to fine-tune."""
+    g = parser.add_argument_group("model")
     g.add_argument("--model", default="ringformer_vit_mini_patch4", help="registered model")
     g.add_argument(
         "--model-arg",
@@ -87,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CKPT",
         help="start from this checkpoint's weights (new resolution/classes allowed)",
     )
-    g = p.add_argument_group("data")
+
+
+def _add_data_options(parser: argparse.ArgumentParser) -> None:
+    """The data group: the data set, its resolution and loading."""
+    g = parser.add_argument_group("data")
     g.add_argument(
         "--data", default="digits", choices=["digits", "cifar10", "cifar100", "imagenet"]
     )
@@ -108,7 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="evaluate on the first N images only (smoke tests)",
     )
-    g = p.add_argument_group("optimisation")
+
+
+def _add_optimisation_options(parser: argparse.ArgumentParser) -> None:
+    """The optimisation group: batch, learning-rate schedule, optimizer, regularisation."""
+    g = parser.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, default=60)
     g.add_argument(
         "--batch-size",
@@ -178,7 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep an exponential moving average of the weights with this decay and "
         "evaluate it too (DeiT's code: 0.99996); 0: none",
     )
-    g = p.add_argument_group("augmentation (data set defaults when omitted)")
+
+
+def _add_augmentation_options(parser: argparse.ArgumentParser) -> None:
+    """The augmentation group: DeiT's augmentation; the data set's defaults when omitted."""
+    g = parser.add_argument_group("augmentation (data set defaults when omitted)")
     g.add_argument("--hflip", type=float, help="horizontal flip probability")
     g.add_argument("--scale-min", type=float, help="smallest random-resized-crop area")
     g.add_argument("--reprob", type=float, help="random erasing probability")
@@ -201,7 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cutmix", type=float, default=0.0, help="cutmix alpha (DeiT: 1.0)")
     g.add_argument("--mixup-prob", type=float, default=1.0)
     g.add_argument("--mixup-switch-prob", type=float, default=0.5)
-    g = p.add_argument_group("distillation and depth")
+
+
+def _add_distillation_options(parser: argparse.ArgumentParser) -> None:
+    """The distillation group: distillation from a teacher (SReT eq. 17) and mixed depth."""
+    g = parser.add_argument_group("distillation and depth")
     g.add_argument(
         "--teacher",
         metavar="CKPT",
@@ -219,7 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="SReT appendix B: add the loss of the loop-free shallow branch",
     )
-    g = p.add_argument_group("run")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The run group: output, resume, seed, device, precision and logging."""
+    g = parser.add_argument_group("run")
     g.add_argument("--output", default="runs/vision", help="checkpoints, metrics, tensorboard")
     g.add_argument(
         "--resume",
@@ -263,7 +294,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch CPU threads per process (default 1 on CPU: the small models "
         "gain little from more, and oversubscribed cores lose a lot)",
     )
-    return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
