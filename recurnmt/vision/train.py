@@ -32,8 +32,10 @@ import sys
 import time
 import warnings
 from argparse import Namespace
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import timm
@@ -42,10 +44,11 @@ import torch.distributed as dist
 from timm.data import Mixup
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
+from timm.scheduler.scheduler import Scheduler
 from timm.utils import ModelEmaV3
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import Subset
+from torch.utils.data import DataLoader, Subset
 
 from recurnmt.cli import entry_point
 from recurnmt.device import deterministic_algorithms
@@ -67,7 +70,6 @@ from recurnmt.vision.engine import Precision, evaluate, train_one_epoch
 from recurnmt.vision.exits import evaluate_exits
 from recurnmt.vision.losses import ClassificationLoss
 from recurnmt.vision.mixed_depth import MixedDepth
-from recurnmt.vision.models.dvt import AllExits, DVTCascade
 from recurnmt.vision.options import parse_args
 from recurnmt.vision.registry import create_model
 from recurnmt.vision.zero import (
@@ -242,20 +244,74 @@ def _trim_metrics(path: Path, epochs: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
-def run(args: Namespace, info: DistInfo) -> dict:
-    """Trains as ``args`` says; returns the last metrics line."""
+@dataclass
+class RunState:
+    """What a training run holds from one phase to the next: :func:`setup` builds it,
+    :func:`resume` restores a checkpoint into it, :func:`fit` trains it epoch by epoch and
+    :func:`save` writes it after each epoch.
+
+    Attributes:
+        args: the parsed options.
+        info: this process's rank, world size and device.
+        log: prints a line on the main process.
+        spec: the data set's normalisation, crop and augmentation.
+        model: the bare model (what checkpoints store).
+        model_name: its registered name; ``model_kwargs`` rebuild it.
+        loader: this rank's training batches; ``evaluation``: its evaluation shard.
+        images: training and evaluation images (before sharding).
+        steps: optimiser updates per epoch.
+        optimizer, scheduler: timm's (the optimizer sharded under ``--zero``).
+        precision: autocast, loss scaling and memory layout.
+        loss_fn: label smoothing, and the teacher when distilling.
+        mixup: timm's batch mixer (``None``: off).
+        ema: the weights' moving average (``None``: off).
+        net: what trains: the model's training view, under DDP and ``torch.compile``
+            (:func:`training_net`).
+        epoch: epochs done; ``best``: the best top-1 so far.
+        writer: the tensorboard writer of the main process (``None``: off).
+    """
+
+    args: Namespace
+    info: DistInfo
+    log: Callable[[str], None]
+    spec: DataSpec
+    model: nn.Module
+    model_name: str
+    model_kwargs: dict
+    loader: DataLoader
+    evaluation: DataLoader
+    images: tuple[int, int]
+    steps: int
+    optimizer: torch.optim.Optimizer
+    scheduler: Scheduler
+    precision: Precision
+    loss_fn: ClassificationLoss
+    mixup: Mixup | None = None
+    ema: ModelEmaV3 | None = None
+    net: nn.Module | None = None
+    epoch: int = 0
+    best: float = 0.0
+    writer: Any = None
+
+    @property
+    def out(self) -> Path:
+        return Path(self.args.output)
+
+
+def _printer(info: DistInfo) -> Callable[[str], None]:
+    """A run's ``log``: prints on the main process."""
 
     def log(msg: str) -> None:
         if info.is_main:
             print(msg, flush=True)
 
-    if args.threads or info.device.type == "cpu":
-        torch.set_num_threads(args.threads or 1)
-    seed_everything(args.seed + info.rank)
-    out = Path(args.output)
-    spec = _spec_with_overrides(args)
-    img_size = tuple(args.img_size or spec.img_size)
-    model, model_name, model_kwargs = _build_model(args, spec, img_size, log)
+    return log
+
+
+def _place_model(
+    model: nn.Module, args: Namespace, spec: DataSpec, img_size: tuple[int, int], info: DistInfo
+) -> None:
+    """The model's data configuration, checkpointing, device and memory layout."""
     _data_cfg(model, spec, img_size)
     if args.grad_checkpointing:
         model.set_grad_checkpointing(True)
@@ -263,6 +319,16 @@ def run(args: Namespace, info: DistInfo) -> dict:
     if args.channels_last:  # NHWC weights for the convolutions, to match the images
         model.to(memory_format=torch.channels_last)
 
+
+def _build_loaders(
+    args: Namespace,
+    info: DistInfo,
+    spec: DataSpec,
+    img_size: tuple[int, int],
+    log: Callable[[str], None],
+) -> tuple[DataLoader, DataLoader, tuple[int, int], int]:
+    """This rank's training and evaluation loaders, the images of each and the updates per
+    epoch; the settings are checked against this rank's micro-batch first."""
     train_set, _ = build_dataset(
         args.data, "train", root=args.data_root, img_size=img_size, augment=True, spec=spec
     )
@@ -289,7 +355,36 @@ def run(args: Namespace, info: DistInfo) -> dict:
     steps = len(loader) // args.accum_steps  # optimiser updates per epoch
     if steps == 0:
         raise ValueError(f"--batch-size {args.batch_size} exceeds the {len(train_set)} images")
+    return loader, evaluation, (len(train_set), len(eval_set)), steps
 
+
+def _build_mixup(args: Namespace, spec: DataSpec) -> Mixup | None:
+    """timm's mixup/cutmix (DeiT), or ``None`` when both are off."""
+    if args.mixup <= 0 and args.cutmix <= 0:
+        return None
+    return Mixup(
+        mixup_alpha=args.mixup,
+        cutmix_alpha=args.cutmix,
+        prob=args.mixup_prob,
+        switch_prob=args.mixup_switch_prob,
+        label_smoothing=args.smoothing,
+        num_classes=spec.num_classes,
+    )
+
+
+def setup(args: Namespace, info: DistInfo) -> RunState:
+    """Everything before the first epoch: threads and seeds, the model (or the fine-tuned
+    checkpoint's), the data, timm's optimizer and schedule, precision, the loss (with its
+    teacher), mixup and the EMA, in this order (each may draw random numbers)."""
+    log = _printer(info)
+    if args.threads or info.device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
+    seed_everything(args.seed + info.rank)
+    spec = _spec_with_overrides(args)
+    img_size = tuple(args.img_size or spec.img_size)
+    model, model_name, model_kwargs = _build_model(args, spec, img_size, log)
+    _place_model(model, args, spec, img_size, info)
+    loader, evaluation, images, steps = _build_loaders(args, info, spec, img_size, log)
     optimizer, scheduler = build_optimization(
         model, args, steps, shard=args.zero and info.distributed
     )
@@ -305,60 +400,78 @@ def run(args: Namespace, info: DistInfo) -> dict:
         teacher = _build_teacher(args, spec, log).to(info.device)
         log(f"distilling from {args.teacher} (soft labels only, SReT eq. 17)")
     loss_fn = ClassificationLoss(args.smoothing, teacher, args.distill_temperature)
-    mixup = None
-    if args.mixup > 0 or args.cutmix > 0:
-        mixup = Mixup(
-            mixup_alpha=args.mixup,
-            cutmix_alpha=args.cutmix,
-            prob=args.mixup_prob,
-            switch_prob=args.mixup_switch_prob,
-            label_smoothing=args.smoothing,
-            num_classes=spec.num_classes,
-        )
+    mixup = _build_mixup(args, spec)
     # the average lives beside the model, on its device, in fp32 (weights stay fp32 under AMP)
     ema = ModelEmaV3(model, decay=args.model_ema_decay) if args.model_ema_decay else None
-
-    start_epoch, best = 0, 0.0
-    resume = args.resume
-    if resume == "auto":
-        resume = str(out / "checkpoint.pt") if (out / "checkpoint.pt").exists() else None
-    if resume:
-        ckpt = load_checkpoint(resume)
-        model.load_state_dict(ckpt["model"])
-        load_optimizer_state(optimizer, ckpt["optimizer"], resume)
-        scheduler.load_state_dict(ckpt["scheduler"])
-        if ema is not None and "model_ema" in ckpt:
-            ema.module.load_state_dict(ckpt["model_ema"])
-        elif ema is not None:  # EMA switched on at this resume: it starts from the weights
-            ema = ModelEmaV3(model, decay=args.model_ema_decay)
-        if precision.scaler is not None and ckpt.get("scaler"):
-            precision.scaler.load_state_dict(ckpt["scaler"])
-        start_epoch, best = ckpt["epoch"], ckpt.get("best_top1", 0.0)
-        if len(ckpt["rng"]) == info.world_size:
-            set_rng_state(ckpt["rng"][info.rank])
-        else:
-            log(
-                f"warning: checkpoint has {len(ckpt['rng'])} ranks, this run {info.world_size}; "
-                "continuing with fresh random streams (not bit-identical)"
-            )
-            seed_everything(args.seed + 1000 * start_epoch + info.rank)
-        log(f"resumed {resume} at epoch {start_epoch}")
-
-    if info.is_main:
-        _trim_metrics(out / "metrics.jsonl", start_epoch)
-    log(
-        f"model {model_name}: {count_parameters(model) / 1e6:.3f}M parameters; "
-        f"data {args.data}: {len(train_set)} train / {len(eval_set)} eval images; "
-        f"{info.world_size} process(es) on {info.device.type}; {steps} steps/epoch"
+    return RunState(
+        args=args,
+        info=info,
+        log=log,
+        spec=spec,
+        model=model,
+        model_name=model_name,
+        model_kwargs=model_kwargs,
+        loader=loader,
+        evaluation=evaluation,
+        images=images,
+        steps=steps,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        precision=precision,
+        loss_fn=loss_fn,
+        mixup=mixup,
+        ema=ema,
     )
-    net = MixedDepth(model) if args.mixed_depth else model
-    if isinstance(model, DVTCascade):  # DVT eq. 1: the loss is summed over every exit
-        if args.mixed_depth:
-            raise ValueError(
-                "--mixed-depth (SReT's shallow branch) does not apply to DVT cascades, "
-                "which train every exit instead"
-            )
-        net = AllExits(model)
+
+
+def resume(state: RunState) -> None:
+    """Continues ``--resume`` (``auto``: OUTPUT/checkpoint.pt when present): weights,
+    optimizer, schedule, EMA, loss scale, epochs done, best top-1 and this rank's random
+    streams (fresh ones, logged, when the process count changed)."""
+    args, info = state.args, state.info
+    path = args.resume
+    if path == "auto":
+        path = str(state.out / "checkpoint.pt") if (state.out / "checkpoint.pt").exists() else None
+    if not path:
+        return
+    ckpt = load_checkpoint(path)
+    state.model.load_state_dict(ckpt["model"])
+    load_optimizer_state(state.optimizer, ckpt["optimizer"], path)
+    state.scheduler.load_state_dict(ckpt["scheduler"])
+    if state.ema is not None and "model_ema" in ckpt:
+        state.ema.module.load_state_dict(ckpt["model_ema"])
+    elif state.ema is not None:  # EMA switched on at this resume: it starts from the weights
+        state.ema = ModelEmaV3(state.model, decay=args.model_ema_decay)
+    scaler = state.precision.scaler
+    if scaler is not None and ckpt.get("scaler"):
+        scaler.load_state_dict(ckpt["scaler"])
+    state.epoch, state.best = ckpt["epoch"], ckpt.get("best_top1", 0.0)
+    if len(ckpt["rng"]) == info.world_size:
+        set_rng_state(ckpt["rng"][info.rank])
+    else:
+        state.log(
+            f"warning: checkpoint has {len(ckpt['rng'])} ranks, this run {info.world_size}; "
+            "continuing with fresh random streams (not bit-identical)"
+        )
+        seed_everything(args.seed + 1000 * state.epoch + info.rank)
+    state.log(f"resumed {path} at epoch {state.epoch}")
+
+
+def training_view(model: nn.Module, mixed_depth: bool) -> nn.Module:
+    """What the loss sees: the model's own training wrapper when its class declares one
+    (``training_wrapper(mixed_depth=...)``: a DVT cascade trains every exit, DVT eq. 1), else
+    the model, or with ``--mixed-depth`` both of its branches (SReT appendix B)."""
+    declared = getattr(model, "training_wrapper", None)
+    if declared is not None:
+        return declared(mixed_depth=mixed_depth)
+    return MixedDepth(model) if mixed_depth else model
+
+
+def training_net(state: RunState) -> nn.Module:
+    """The model's :func:`training_view`, under DDP in a process group and then
+    ``torch.compile`` with ``--compile``."""
+    args, info = state.args, state.info
+    net = training_view(state.model, args.mixed_depth)
     if info.distributed:
         # Grouped convolutions (SReT's conv pooling) have C x 1 x 3 x 3 kernels whose gradients
         # come with other, equivalent strides along the size-1 axis; DDP warns, harmlessly.
@@ -371,102 +484,144 @@ def run(args: Namespace, info: DistInfo) -> dict:
         # buckets, so that their communication overlaps the backward pass; checkpoints store
         # the unwrapped model (checkpoint.unwrap), not the compiled wrapper
         net = torch.compile(net, backend=compiled.backend, mode=compiled.mode)
+    return net
 
-    writer = None
-    if info.is_main and not args.no_tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(str(out / "tb"), purge_step=start_epoch * steps or None)
+def _train_epoch(state: RunState, epoch: int) -> dict:
+    """One epoch of updates; the first fields of its metrics line."""
+    args, writer = state.args, state.writer
 
     def on_step(step: int, loss: float, lr: float) -> None:
         if writer is not None:
             writer.add_scalar("train/loss", loss, step)
             writer.add_scalar("train/lr", lr, step)
 
+    state.loader.sampler.set_epoch(epoch)
+    started = time.perf_counter()
+    result = train_one_epoch(
+        state.net,
+        state.loader,
+        state.optimizer,
+        state.scheduler,
+        state.loss_fn,
+        state.info,
+        state.precision,
+        mixup=state.mixup,
+        ema=state.ema,
+        first_update=epoch * state.steps,
+        clip_grad=args.clip_grad,
+        accum_steps=args.accum_steps,
+        progress=not args.no_progress,
+        on_step=on_step,
+        epoch=epoch,
+    )
+    return {
+        "epoch": epoch + 1,
+        "train_loss": result.loss,
+        "losses": result.losses,
+        "lr": state.optimizer.param_groups[0]["lr"],
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _evaluate(state: RunState, epoch: int) -> dict:
+    """Top-1, top-5 and loss on the evaluation set; the EMA's top-1 and, for a model with
+    several exits (``forward_exits``: DVT), each exit's."""
+    info, precision = state.info, state.precision
+    ev = evaluate(state.net, state.evaluation, info, precision)
+    found = {"top1": ev.top1, "top5": ev.top5, "eval_loss": ev.loss}
+    if state.ema is not None:
+        found["ema_top1"] = evaluate(state.ema.module, state.evaluation, info, precision).top1
+    if callable(getattr(state.model, "forward_exits", None)):
+        found["exit_top1"] = evaluate_exits(state.model, state.evaluation, info, precision)
+    if state.writer is not None:
+        state.writer.add_scalar("eval/top1", ev.top1, epoch + 1)
+        state.writer.add_scalar("eval/top5", ev.top5, epoch + 1)
+        state.writer.add_scalar("eval/loss", ev.loss, epoch + 1)
+    return found
+
+
+def save(state: RunState, record: dict) -> None:
+    """After an epoch: ``checkpoint.pt`` (everything :func:`resume` needs, every rank's random
+    streams and the full optimizer state gathered from all ranks), ``best.pt`` when top-1
+    improved, the ``metrics.jsonl`` line and the epoch's log line (files on the main
+    process; every rank takes part in the gathering)."""
+    args, info, out = state.args, state.info, state.out
+    rng = _gather_rng(info)
+    optimizer_state = full_optimizer_state(state.optimizer, info)  # every rank takes part
+    state.epoch = record["epoch"]
+    if not info.is_main:
+        return
+    scaler = state.precision.scaler
+    payload = {
+        "model_name": state.model_name,
+        "model_kwargs": state.model_kwargs,
+        "model": unwrap(state.net).state_dict(),
+        "optimizer": optimizer_state,
+        "scheduler": state.scheduler.state_dict(),
+        "scaler": scaler.state_dict() if scaler else None,
+        # timm's load_checkpoint prefers this key (use_ema=True), as timm's train.py
+        **({"model_ema": state.ema.module.state_dict()} if state.ema is not None else {}),
+        "epoch": state.epoch,
+        "best_top1": max(state.best, record.get("top1", 0.0)),
+        "args": {k: v for k, v in vars(args).items()},
+        "rng": rng,
+        "data": {"name": args.data, "mean": state.spec.mean, "std": state.spec.std},
+    }
+    save_checkpoint(out / "checkpoint.pt", payload)
+    if record.get("top1", -1.0) > state.best:
+        state.best = record["top1"]
+        best_keys = ("model_name", "model_kwargs", "model", "epoch", "data")
+        save_checkpoint(out / "best.pt", {k: payload[k] for k in best_keys})
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    acc = f" top1 {record['top1']:.2f} top5 {record['top5']:.2f}" if "top1" in record else ""
+    if "exit_top1" in record:
+        acc += " exits " + "/".join(f"{a:.2f}" for a in record["exit_top1"])
+    state.log(
+        f"epoch {state.epoch}/{args.epochs} loss {record['train_loss']:.4f}{acc} "
+        f"({record['seconds']:.1f}s)"
+    )
+
+
+def fit(state: RunState) -> dict:
+    """Trains from ``state.epoch`` to ``--epochs`` (or ``--stop-after-epoch``), evaluating
+    every ``--eval-every`` epochs and after the last, saving after each; the last metrics."""
+    args = state.args
+    if state.info.is_main and not args.no_tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        purge = state.epoch * state.steps or None
+        state.writer = SummaryWriter(str(state.out / "tb"), purge_step=purge)
     record: dict = {}
-    for epoch in range(start_epoch, args.epochs):
-        loader.sampler.set_epoch(epoch)
-        started = time.perf_counter()
-        result = train_one_epoch(
-            net,
-            loader,
-            optimizer,
-            scheduler,
-            loss_fn,
-            info,
-            precision,
-            mixup=mixup,
-            ema=ema,
-            first_update=epoch * steps,
-            clip_grad=args.clip_grad,
-            accum_steps=args.accum_steps,
-            progress=not args.no_progress,
-            on_step=on_step,
-            epoch=epoch,
-        )
-        record = {
-            "epoch": epoch + 1,
-            "train_loss": result.loss,
-            "losses": result.losses,
-            "lr": optimizer.param_groups[0]["lr"],
-            "seconds": time.perf_counter() - started,
-        }
+    for epoch in range(state.epoch, args.epochs):
+        record = _train_epoch(state, epoch)
         last = epoch + 1 == args.epochs or epoch + 1 == args.stop_after_epoch
         if (epoch + 1) % args.eval_every == 0 or last:
-            ev = evaluate(net, evaluation, info, precision)
-            record.update(top1=ev.top1, top5=ev.top5, eval_loss=ev.loss)
-            if ema is not None:
-                record["ema_top1"] = evaluate(ema.module, evaluation, info, precision).top1
-            if isinstance(model, DVTCascade):
-                record["exit_top1"] = evaluate_exits(model, evaluation, info, precision)
-            if writer is not None:
-                writer.add_scalar("eval/top1", ev.top1, epoch + 1)
-                writer.add_scalar("eval/top5", ev.top5, epoch + 1)
-                writer.add_scalar("eval/loss", ev.loss, epoch + 1)
-        rng = _gather_rng(info)
-        optimizer_state = full_optimizer_state(optimizer, info)  # every rank takes part
-        if info.is_main:
-            payload = {
-                "model_name": model_name,
-                "model_kwargs": model_kwargs,
-                "model": unwrap(net).state_dict(),
-                "optimizer": optimizer_state,
-                "scheduler": scheduler.state_dict(),
-                "scaler": precision.scaler.state_dict() if precision.scaler else None,
-                # timm's load_checkpoint prefers this key (use_ema=True), as timm's train.py
-                **({"model_ema": ema.module.state_dict()} if ema is not None else {}),
-                "epoch": epoch + 1,
-                "best_top1": max(best, record.get("top1", 0.0)),
-                "args": {k: v for k, v in vars(args).items()},
-                "rng": rng,
-                "data": {"name": args.data, "mean": spec.mean, "std": spec.std},
-            }
-            save_checkpoint(out / "checkpoint.pt", payload)
-            if record.get("top1", -1.0) > best:
-                best = record["top1"]
-                save_checkpoint(
-                    out / "best.pt",
-                    {
-                        k: payload[k]
-                        for k in ("model_name", "model_kwargs", "model", "epoch", "data")
-                    },
-                )
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-            acc = (
-                f" top1 {record['top1']:.2f} top5 {record['top5']:.2f}" if "top1" in record else ""
-            )
-            if "exit_top1" in record:
-                acc += " exits " + "/".join(f"{a:.2f}" for a in record["exit_top1"])
-            log(
-                f"epoch {epoch + 1}/{args.epochs} loss {result.loss:.4f}{acc} "
-                f"({record['seconds']:.1f}s)"
-            )
+            record.update(_evaluate(state, epoch))
+        save(state, record)
         if args.stop_after_epoch is not None and epoch + 1 >= args.stop_after_epoch:
             break
-    if writer is not None:
-        writer.close()
+    if state.writer is not None:
+        state.writer.close()
     return record
+
+
+def run(args: Namespace, info: DistInfo) -> dict:
+    """Trains as ``args`` says: :func:`setup`, :func:`resume`, :func:`fit`; returns the last
+    metrics line."""
+    state = setup(args, info)
+    resume(state)
+    if info.is_main:
+        _trim_metrics(state.out / "metrics.jsonl", state.epoch)
+    train_images, eval_images = state.images
+    state.log(
+        f"model {state.model_name}: {count_parameters(state.model) / 1e6:.3f}M parameters; "
+        f"data {args.data}: {train_images} train / {eval_images} eval images; "
+        f"{info.world_size} process(es) on {info.device.type}; {state.steps} steps/epoch"
+    )
+    state.net = training_net(state)
+    return fit(state)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -168,6 +168,19 @@ class DVTCascade(nn.Module):
     def num_exits(self) -> int:
         return len(self.stages)
 
+    def training_wrapper(self, mixed_depth: bool = False) -> nn.Module:
+        """What the training command trains: every exit, the losses summed (DVT eq. 1).
+
+        Raises:
+            ValueError: ``mixed_depth`` (SReT's shallow branch has no place in a cascade).
+        """
+        if mixed_depth:
+            raise ValueError(
+                "--mixed-depth (SReT's shallow branch) does not apply to DVT cascades, "
+                "which train every exit instead"
+            )
+        return AllExits(self)
+
     def no_weight_decay(self) -> set[str]:
         """The backbones' exemptions, prefixed with their stage."""
         return {
