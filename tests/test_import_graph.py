@@ -146,3 +146,20 @@ def test_no_import_cycles(package):
     assert len(graph) > 5  # the scan found the package
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_running_experiments_sits_above_the_models():
+    """recurnmt.runs runs the models and reads what they wrote: the model packages never import
+    it, and it imports no analysis tool (which may read its logs)."""
+    graph = import_graph("recurnmt")
+    below = ("recurnmt.modules", "recurnmt.nmt", "recurnmt.vision", "recurnmt.hf")
+    upward = [
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if (name.startswith(below) and target.startswith("recurnmt.runs"))
+        or (name.startswith("recurnmt.runs") and target.startswith("recurnmt.analysis"))
+    ]
+    assert not upward, upward
+    runs = [t for n, ts in graph.items() if n.startswith("recurnmt.runs") for t in ts]
+    assert any(t.startswith("recurnmt.nmt") for t in runs)  # the check sees its imports
