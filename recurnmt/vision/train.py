@@ -22,6 +22,11 @@ sec. 6; SReT uses weight decay 0 there), mixed precision (``--amp``), exact resu
 
 Outputs in ``--output``: ``checkpoint.pt`` (latest, for resuming), ``best.pt`` (best top-1),
 ``metrics.jsonl`` (one line per epoch) and ``tb/`` (tensorboard).
+
+A run is four phases over one :class:`RunState`: :func:`setup` (model, data, optimisation,
+loss), :func:`resume`, :func:`fit` (per epoch: train, evaluate, :func:`save`). What trains is
+the model's training view (:func:`training_view`): a model class that trains on more than its
+logits says how with a ``training_wrapper(mixed_depth)`` method (a DVT cascade: every exit).
 """
 
 from __future__ import annotations
