@@ -229,6 +229,7 @@ VARIANTS = [
     ("sret_tiny", "--lrc", "none"),
     ("sret_tiny", "--lrc", "identity", "--sharing-scheme", "cycle"),
     ("sret_tiny", "--mixed-depth", "on", "--encoder-attn-groups", "3,1"),
+    ("relaxed_transformer_tiny", "--decoder-layers", "4", "--decoder-unique-layers", "2"),
 ]
 
 

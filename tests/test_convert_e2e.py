@@ -1,6 +1,6 @@
 """``recurnmt-convert`` end to end: a fairseq ``transformer`` trained by ``fairseq-train``,
 converted at full rank, decodes through ``fairseq-generate`` as the teacher does; converted at
-a low rank, it fine-tunes through ``fairseq-train --finetune-from-model``."""
+a low rank, it fine-tunes through ``fairseq-train --finetune-from-model`` and resumes exactly."""
 
 from __future__ import annotations
 
@@ -68,9 +68,13 @@ def test_converted_teacher_decodes_as_the_teacher_and_fine_tunes(data, tmp_path)
     )
     flags = re.search(r"--arch (\S+) (.*) \[the source", printed)
     arch, relaxed_flags = flags.group(1), flags.group(2).split()
-    log = train(
-        data, tmp_path / "tuned", arch, 2, *SIZES, *relaxed_flags, "--finetune-from-model", str(low)
-    )
+    tune = [*SIZES, *relaxed_flags, "--finetune-from-model", str(low)]
+    log = train(data, tmp_path / "tuned", arch, 2, *tune)
     assert f"Loaded checkpoint {low}" in log
     assert sorted(losses(log)) == [1, 2]
     assert "BLEU" in generate(data, tmp_path / "tuned" / "checkpoint_last.pt")
+
+    # the relaxed model resumes from checkpoint_last.pt as if it had never stopped
+    resumed = losses(train(data, tmp_path / "tuned", arch, 4, *tune))
+    straight = losses(train(data, tmp_path / "straight", arch, 4, *tune))
+    assert {u: resumed[u] for u in (3, 4)} == {u: straight[u] for u in (3, 4)}
