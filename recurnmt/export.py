@@ -18,8 +18,8 @@ What the directory does hold is ``recurnmt_hf.py`` (:mod:`recurnmt.hf.remote_cod
 ``auto_map``: a few lines that import the classes from the installed package, so that
 ``from_pretrained(OUT_DIR, trust_remote_code=True)`` loads it without ``import recurnmt.hf``
 and, where recurnmt is missing, says to install it. Every family exports: ``ringformer``,
-``universal_transformer`` (+ ``_act``), ``recurrent_transformer``, ``owf``, ``sret`` and any
-sharing flags.
+``universal_transformer`` (+ ``_act``), ``recurrent_transformer``, ``owf``, ``sret``,
+``relaxed_transformer`` (and ``--level-lora-rank`` on any of them) and any sharing flags.
 
 Beam search agrees with ``fairseq-generate --beam B --lenpen L``: transformers divides a
 finished hypothesis' log-probability by ``(generated tokens incl. </s>) ** length_penalty``,
@@ -98,7 +98,7 @@ def read_checkpoint(path: Path) -> tuple[Any, str]:
         raise ValueError(
             f"{path} holds a {arch!r} model, not a recurnmt translation model (recurnmt "
             f"architectures: ringformer_*, universal_transformer_*, owf_*, sret_*, "
-            "recurrent_transformer_*)"
+            "recurrent_transformer_*, relaxed_transformer_*)"
         )
     return cfg, arch
 

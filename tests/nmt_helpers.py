@@ -17,9 +17,10 @@ def build(arch: str, *extra: str):
 
 
 def train_signals(model) -> None:
-    """Makes every level signal non-zero, as after training (they start at zero)."""
+    """Makes every level signal and relaxed level's LoRA non-zero, as after training (they
+    start at zero)."""
     for name, p in model.named_parameters():
-        if "signal" in name:
+        if "signal" in name or ".lora." in name:
             torch.nn.init.normal_(p, std=0.2)
 
 

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 ENV = {"OMP_NUM_THREADS": "1", "PATH": str(BIN), "PYTHONHASHSEED": "0"}
-ENV.update({k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ})
+# PYTHONPATH: a checkout other than the installed one (a worktree) reaches the tools
+ENV.update({k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "PYTHONPATH") if k in os.environ})
 
 
 def device_flags(device: torch.device | str) -> tuple[str, ...]:
@@ -228,6 +229,7 @@ VARIANTS = [
     ("sret_tiny", "--lrc", "none"),
     ("sret_tiny", "--lrc", "identity", "--sharing-scheme", "cycle"),
     ("sret_tiny", "--mixed-depth", "on", "--encoder-attn-groups", "3,1"),
+    ("relaxed_transformer_tiny", "--decoder-layers", "4", "--decoder-unique-layers", "2"),
 ]
 
 

@@ -116,6 +116,10 @@ def _cka(tmp: Path) -> tuple[list[str], str]:
     return ["--reference", str(tmp / "only.pt"), "--data", str(tmp)], "--reference"
 
 
+def _convert(tmp: Path) -> tuple[list[str], str]:
+    return [str(tmp / "teacher.pt"), str(tmp / "out.pt")], "teacher.pt does not exist"
+
+
 def _hub_prep(tmp: Path) -> tuple[list[str], str]:
     return ["--src", "en", "--tgt", "en", "--out", str(tmp / "out")], "--src/--tgt"
 
@@ -130,7 +134,10 @@ BAD_INPUTS: dict[str, BadInput] = {
     "recurnmt-run-nmt-recipe": _recipe,
     "recurnmt-evaluate-nmt": _evaluation,
     "recurnmt-results-nmt": _results,
+    "recurnmt-convert": _convert,
     # python -m, recurnmt
+    "python -m recurnmt.nmt.convert": _convert,
+    "python -m recurnmt.vision.convert": _convert,
     "python -m recurnmt.analysis.params": _params,
     "python -m recurnmt.analysis.plot_lrc": _missing("train.log"),
     "python -m recurnmt.analysis.cka": _cka,
@@ -187,6 +194,7 @@ BAD_INPUTS: dict[str, BadInput] = {
     ),
     "python scripts/demo_nmt.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
     "python -m scripts.gpu_check": lambda tmp: (["--wheels", str(tmp / "no_wheels")], "no_wheels"),
+    "python scripts/relaxed_nmt.py": lambda tmp: (["--unique", "0"], "--unique 0"),
     "python scripts/setup_env.py": lambda tmp: (
         ["--lock", str(tmp / "no_lock.txt"), "--venv", str(tmp / "venv")],
         "no_lock.txt",

@@ -171,3 +171,18 @@ def test_torchrun_without_world_size_is_refused_before_training(data, tmp_path):
     assert proc.returncode != 0
     assert "torchrun started 2 processes (WORLD_SIZE=2)" in proc.stdout + proc.stderr
     assert not (save / "checkpoint_last.pt").exists()
+
+
+def test_two_processes_resume_from_their_checkpoint(data, tmp_path):
+    """Every rank reads the checkpoint itself (the launcher's --load-checkpoint-on-all-dp-ranks):
+    fairseq's default, rank 0 reading it and sending the state to the others, fails in their
+    weights-only torch.load (the omegaconf configuration in it)."""
+    save = tmp_path / "dist"
+    cmd = [sys.executable, "-m", "recurnmt.runs.launch", "--nproc", "2", "--device", "cpu", "--"]
+    first = run([*cmd, *one_update(data, save)])
+    assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
+    second = run([*cmd, *one_update(data, save), "--max-update", "2"])
+    log = second.stdout + second.stderr
+    assert second.returncode == 0, log[-4000:]
+    assert "Loaded checkpoint" in log and "@ 1 updates" in log
+    assert torch.load(save / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 2

@@ -33,6 +33,7 @@ FAMILIES = {
     "recurrent_transformer_tiny": [],
     "owf_tiny": ["--share-all-embeddings"],
     "sret_tiny": ["--share-encoder-decoder-embeddings", "--output-projection-bias"],
+    "relaxed_transformer_tiny": ["--decoder-layers", "4", "--decoder-unique-layers", "2"],
 }
 MAX_LEN = 10
 

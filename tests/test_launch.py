@@ -149,14 +149,16 @@ def test_build_model_refuses_torchrun_without_world_size(monkeypatch):
 
 def test_cpu_flags_are_added_unless_given():
     plan = LaunchPlan(nproc=2, device="cpu")
+    every_rank_reads = "--load-checkpoint-on-all-dp-ranks"
     assert device_flags(plan, ["DATA"]) == [
         "--cpu",
         "--distributed-backend",
         "gloo",
         "--ddp-backend",
         "legacy_ddp",
+        every_rank_reads,
     ]
-    assert device_flags(plan, ["DATA", "--cpu", "--ddp-backend=no_c10d"]) == [
+    assert device_flags(plan, ["DATA", "--cpu", "--ddp-backend=no_c10d", every_rank_reads]) == [
         "--distributed-backend",
         "gloo",
     ]
@@ -164,6 +166,7 @@ def test_cpu_flags_are_added_unless_given():
     assert device_flags(LaunchPlan(nproc=2, device="cuda"), ["D"]) == [
         "--distributed-backend",
         "nccl",
+        every_rank_reads,
     ]
 
 

@@ -33,6 +33,18 @@ OPTION_CASES = [
     # sliced encoder attention: contiguous slices at loop 0, permuted at loop 1 (Algorithm 1)
     ("sret_tiny", "--encoder-attn-groups", "2,2"),
     ("universal_transformer_act_tiny", "--act-threshold", "0.5"),
+    # relaxed recursion: two blocks over four levels, pre-LN; and on RingFormer and the UT
+    (
+        "relaxed_transformer_tiny",
+        "--decoder-layers",
+        "4",
+        "--decoder-unique-layers",
+        "2",
+        "--encoder-normalize-before",
+        "--decoder-normalize-before",
+    ),
+    ("ringformer_tiny", "--level-lora-rank", "4"),
+    ("universal_transformer_tiny", "--level-lora-rank", "full", "--block-bias", "off"),
 ]
 DECODERS = FAMILY_CASES + OPTION_CASES
 

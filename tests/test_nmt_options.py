@@ -54,6 +54,7 @@ BASE = _signature(build("ringformer_tiny")[0])
         ("--block-bias", "on"),
         ("--level-signal-down-init", "kaiming"),
         ("--level-signal-down-std", "0.01"),
+        ("--level-lora-rank", "4"),
     ],
 )
 def test_flag_changes_the_built_model(flags):
@@ -116,6 +117,17 @@ def test_default_rank_is_width_over_16():
         (("--level-signal-down-std", "-1"), "--level-signal-down-std=-1.0: must be >= 0"),
         (("--encoder-layerdrop", "0.1"), "--encoder-layerdrop=0.1: LayerDrop is not supported"),
         (
+            ("--level-lora-rank", "65"),
+            "--level-lora-rank=65: must lie between 0 (no relaxation) and "
+            "--encoder-embed-dim=64 (the full rank)",
+        ),
+        (("--level-lora-rank", "big"), "--level-lora-rank='big': choose a rank >= 0 or full"),
+        (
+            ("--level-lora-rank", "2", "--attn-signal", "before"),
+            "--level-lora-rank=2: a level LoRA reads the input of the Q/K/V projection, which "
+            "--attn-signal='before' changes",
+        ),
+        (
             ("--adaptive-softmax-cutoff", "10,20"),
             "--adaptive-softmax-cutoff=[10, 20]: adaptive softmax",
         ),
@@ -171,6 +183,12 @@ def test_half_precision_without_cuda_is_refused(flag, needs):
 def test_bad_choices_are_refused_by_the_parser():
     with pytest.raises(SystemExit):
         build("ringformer_tiny", "--sharing-scheme", "spiral")
+
+
+def test_full_lora_rank_is_the_width():
+    model, _, _ = build("relaxed_transformer_tiny", "--level-lora-rank", "full")
+    assert model.decoder.stack.levels[0].lora["cross_kv"].rank == 64
+    assert model.encoder.stack_cfg.lora_rank == 64
 
 
 def test_parameter_count_changes_with_rank():

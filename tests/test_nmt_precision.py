@@ -171,15 +171,19 @@ def _grads(model, device, names: str) -> torch.Tensor:
     return torch.cat([p.grad.float().flatten() for n, p in model.named_parameters() if names in n])
 
 
-@pytest.mark.parametrize(("family", "names"), [("ringformer", "signal"), ("sret", "lrc")])
+@pytest.mark.parametrize(
+    ("family", "names"),
+    [("ringformer", "signal"), ("sret", "lrc"), ("relaxed_transformer", ".lora.")],
+)
 def test_bf16_gradients_of_signals_and_residual_coefficients_follow_float32(family, names, device):
-    """RingFormer's level signals (zero-initialised up factors included) and SReT's residual
-    coefficients get the float32 gradient, to bf16 rounding, in a bf16 model. Their products
+    """RingFormer's level signals and a relaxed model's LoRA (zero-initialised up factors
+    included) and SReT's residual coefficients get the float32 gradient, to bf16 rounding, in
+    a bf16 model. Their products
     are rounded once to bf16 with the branch they scale, like any weight's: no float32 path
     would change what the next layer reads."""
     model = _model(family, device).train()
     for n, p in model.named_parameters():  # the signals as the first updates see them:
-        if n.endswith("signal.up"):  # the low-rank up factors start at zero
+        if n.endswith(("signal.up", "lowrank.up")):  # the low-rank up factors start at zero
             torch.nn.init.zeros_(p)
     fp32 = _grads(model, device, names)
     half = _grads(model.to(torch.bfloat16), device, names)

@@ -78,6 +78,24 @@ def test_table4_rank_variants(flags, paper):
     assert _cut(_p_star("ringformer_wmt_en_de", *TABLE4, *flags)) == paper / 1e6
 
 
+def test_relaxed_p_star_counts_every_levels_lora_and_bias_deltas():
+    """relaxed_transformer_wmt_en_de: 3 blocks looped twice per side, a rank-16 LoRA and bias
+    deltas per level on Q, K, V, the attention output, the FFN's up and down projections and,
+    in the decoder, the cross-attention's Q, K, V and output."""
+    c, ff, r, levels = 512, 2048, 16, 6
+    lora = lambda i, o: r * (i + o)  # noqa: E731  (down r x in, up out x r)
+    encoder = 4 * lora(c, c) + lora(c, ff) + lora(ff, c) + (4 * c + ff + c)
+    decoder = encoder + 4 * lora(c, c) + 4 * c
+    relaxed = _p_star("relaxed_transformer_wmt_en_de")
+    plain = _p_star("relaxed_transformer_wmt_en_de", "--level-lora-rank", "0")
+    assert relaxed - plain == levels * (encoder + decoder)
+    # plain sharing: half the blocks of the vanilla transformer, plus per-level norms
+    vanilla = _p_star("recurrent_transformer_wmt_en_de")
+    norms = levels * 2 * c * (2 + 3)
+    block_norms = 2 * c * (2 + 3) * 3  # the three blocks per side own none any more
+    assert plain == vanilla / 2 + norms - block_norms
+
+
 def test_embeddings_and_head_are_excluded():
     model, _, _ = build("ringformer_tiny")
     report = parameter_report(model)

@@ -121,6 +121,7 @@ def test_shared_blocks_are_one_object_per_unique_block(name):
         "ringformer_vit_mini_patch4",
         "uit_mini_patch4",
         "owf_vit_mini_patch4",
+        "relaxed_vit_mini_patch4",
         "sret_mini",
         "recursive_mixer_mini",
     ],

@@ -209,3 +209,15 @@ def test_dvt_deit_small_is_three_deit_small_plus_the_reuse_modules():
     assert params("dvt_deit_small_patch16_224") == pytest.approx(69.19e6, rel=1e-3)
     no_reuse = params("dvt_deit_small_patch16_224", feature_reuse=False, relation_reuse=False)
     assert no_reuse == sum(stages)
+
+
+def test_relaxed_deit_tiny_counts_its_shared_blocks_and_every_levels_deltas():
+    """DeiT-Ti's 12 layers as 6 blocks looped twice (Relaxed Recursive Transformers eq. 2):
+    half the blocks (their norms move to the 12 levels), and per level a rank-16 LoRA and bias
+    deltas on Q, K, V, the attention output and the FFN's two projections (eq. 3)."""
+    c, ff, r, levels = 192, 768, 16, 12
+    block = 4 * c * c + 4 * c + 2 * c * ff + ff + c  # linears and biases, norms aside
+    lora = r * (3 * 2 * c + 2 * c + 2 * (c + ff)) + (4 * c + ff + c)
+    deit = params("deit_tiny_patch16_224")
+    assert params("deit_tiny_relaxed_patch16_224", lora_rank=0) == deit - 6 * block
+    assert params("deit_tiny_relaxed_patch16_224") == deit - 6 * block + levels * lora

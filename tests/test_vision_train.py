@@ -256,7 +256,13 @@ def test_a_setup_error_is_one_line_at_the_command_line(tmp_path, capsys, monkeyp
 
 
 @pytest.mark.parametrize(
-    "model", ["sret_mini", "dvt_vit_mini_patch2", "ringformer_vit_mini_mrla_patch4"]
+    "model",
+    [
+        "sret_mini",
+        "dvt_vit_mini_patch2",
+        "ringformer_vit_mini_mrla_patch4",
+        "relaxed_vit_mini_patch4",
+    ],
 )
 @pytest.mark.smoke
 def test_resume_continues_the_same_run(tmp_path, model, device):

@@ -4,11 +4,14 @@ Nothing in this package imports fairseq, and nothing here belongs to one front e
 The layers, bottom up (see ARCHITECTURE.md at the repository root):
 
 * one equation a file: attention (:mod:`~recurnmt.modules.attention`), sliced group
-  attention, FFN, level signals, level embeddings, NLL, residual coefficients, halting;
+  attention, FFN, level signals, a relaxed level's LoRA (:mod:`~recurnmt.modules.level_lora`),
+  level embeddings, NLL, residual coefficients, halting;
 * :class:`TransformerBlock` (built sub-modules) and :class:`LevelParts` (what a level owns);
 * :class:`DepthPlan` (level -> block) and :class:`RecurrentStack` (the one level loop),
   extended per call by :class:`LevelHook` objects;
-* :class:`StackConfig` and :func:`build_stack`, which turn a configuration into a stack.
+* :class:`StackConfig` and :func:`build_stack`, which turn a configuration into a stack;
+  :func:`~recurnmt.modules.relaxed_init.relax_stack` starts a relaxed recursive stack from a
+  trained one.
 """
 
 from recurnmt.modules.attention import (
@@ -27,6 +30,7 @@ from recurnmt.modules.feedforward import FeedForward
 from recurnmt.modules.hooks import AddAtEveryLevel, CrossAttentionWeights, LevelHook, LevelOutputs
 from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
+from recurnmt.modules.level_lora import LevelLoRA, LowRankDelta
 from recurnmt.modules.level_parts import LevelParts
 from recurnmt.modules.level_signals import FullRankSignal, LowRankSignal, build_signal
 from recurnmt.modules.sliced_attention import SlicedGroups
@@ -42,9 +46,11 @@ __all__ = [
     "FeedForward",
     "FullRankSignal",
     "LevelHook",
+    "LevelLoRA",
     "LevelOutputs",
     "KVCache",
     "LevelParts",
+    "LowRankDelta",
     "LowRankSignal",
     "Memory",
     "MemoryKV",

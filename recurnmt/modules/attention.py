@@ -11,6 +11,10 @@ module knows nothing of levels or papers:
 * RingFormer's level signals (RingFormer eq. 6) are additive terms on Q, K and V, after the
   projection (``qkv_delta``) or on the input of each projection (``qkv_input_delta``, Table 4
   "before attn");
+* a relaxed level's own low-rank terms on the projections (Relaxed Recursive Transformers
+  eq. 3): on Q, K and V through ``qkv_delta`` (the same equation as RingFormer's), on a
+  cross-attention's query (``q_delta``) and on the output projection (``out_delta``, a
+  function of the attention output, applied where the projection is);
 * an additive term on the logits (``bias``; DVT eq. 9, relationship reuse);
 * probes, which receive the attention logits (DVT's relationship reuse reads them, fairseq's
   alignment output and the analysis recorder turn them into probabilities);
@@ -75,9 +79,15 @@ class AttentionTerms:
     """What a level and its extensions add to one attention call; ``a + b`` combines two.
 
     Attributes:
-        qkv_delta: added after the Q/K/V projections, B x T x 3C (RingFormer eq. 6).
+        qkv_delta: added after the Q/K/V projections, B x T x 3C (RingFormer eq. 6; a relaxed
+            level's LoRA on them, Relaxed Recursive Transformers eq. 3).
         qkv_input_delta: added to the input of each projection, B x T x 3 x C (RingFormer
             Table 4 "before attn"): Q = W_Q (x + g_Q(x)) and so on.
+        q_delta: added after a cross-attention's query projection, B x T x C (a relaxed
+            level's LoRA on W_Q; self-attention takes its Q term in ``qkv_delta``).
+        out_delta: called with the attention output before the output projection (B x T x C,
+            heads merged); what it returns is added to the projection's output (a relaxed
+            level's LoRA on W_O).
         bias: float, broadcastable to B x H x T x S, added to the logits (DVT eq. 9).
         probes: called with the logits (B x H x T x S, ``QK^T / sqrt(D)`` plus ``bias``,
             ``-inf`` where masked); their presence makes the call compute attention
@@ -87,6 +97,8 @@ class AttentionTerms:
 
     qkv_delta: Tensor | None = None
     qkv_input_delta: Tensor | None = None
+    q_delta: Tensor | None = None
+    out_delta: Callable[[Tensor], Tensor] | None = None
     bias: Tensor | None = None
     probes: tuple[Probe, ...] = ()
     slicing: SlicedGroups | None = None
@@ -99,6 +111,8 @@ class AttentionTerms:
         return AttentionTerms(
             qkv_delta=_add(self.qkv_delta, other.qkv_delta),
             qkv_input_delta=_add(self.qkv_input_delta, other.qkv_input_delta),
+            q_delta=_add(self.q_delta, other.q_delta),
+            out_delta=_add_functions(self.out_delta, other.out_delta),
             bias=_add(self.bias, other.bias),
             probes=self.probes + other.probes,
             slicing=self.slicing if self.slicing is not None else other.slicing,
@@ -121,6 +135,14 @@ def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     if a is None:
         return b
     return a if b is None else a + b
+
+
+def _add_functions(
+    f: Callable[[Tensor], Tensor] | None, g: Callable[[Tensor], Tensor] | None
+) -> Callable[[Tensor], Tensor] | None:
+    if f is None or g is None:
+        return f if g is None else g
+    return lambda z: f(z) + g(z)
 
 
 def _split_heads(x: Tensor, num_heads: int) -> Tensor:
@@ -219,6 +241,11 @@ class _Attention(nn.Module):
     def _probed(self, terms: AttentionTerms) -> bool:
         return bool(terms.probes or self.probes)
 
+    def _project_out(self, z: Tensor, terms: AttentionTerms) -> Tensor:
+        # z: B x T x C, heads merged; a relaxed level adds its own term on W_O
+        out = self.out_proj(z)
+        return out if terms.out_delta is None else out + terms.out_delta(z)
+
     def _attend(
         self,
         q: Tensor,
@@ -243,14 +270,14 @@ class _Attention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal
             )
-            return self.out_proj(_merge_heads(out, group))
+            return self._project_out(_merge_heads(out, group), terms)
         if is_causal:
             mask = attention_mask(None, True, q.size(2), k.size(2), q.device)
         logits = attention_logits(q, k, mask, terms.bias)
         for probe in probes:
             probe(logits if group == 1 else _ungroup_rows(logits, group))
         probs = F.dropout(logits.softmax(-1), p) if p > 0 else logits.softmax(-1)
-        return self.out_proj(_merge_heads(probs @ v, group))
+        return self._project_out(_merge_heads(probs @ v, group), terms)
 
 
 class SelfAttention(_Attention):
@@ -325,7 +352,7 @@ class SelfAttention(_Attention):
                 )
             p = self.dropout if self.training else 0.0
             out = terms.slicing(q, k, v, key_padding_mask, p, self.training)
-            return self.out_proj(_merge_heads(out))
+            return self._project_out(_merge_heads(out), terms)
         if cache is not None:
             k, v = cache.append(k, v)
         t, s = q.size(2), k.size(2)
@@ -389,11 +416,16 @@ class CrossAttention(_Attention):
         """Attends ``x`` (B x T x C) to keys/values from :meth:`project_memory`.
 
         Args:
-            terms: only ``bias`` and ``probes`` apply to cross-attention (a probe gives
-                fairseq's alignment output).
+            terms: ``q_delta``, ``out_delta``, ``bias`` and ``probes`` apply to
+                cross-attention (a probe gives fairseq's alignment output); a level's own
+                term on the memory's keys and values is in ``memory``
+                (:func:`add_to_memory`).
         """
         terms = NO_TERMS if terms is None else terms
-        q = _split_heads(self.q_proj(x), self.num_heads)
+        q = self.q_proj(x)
+        if terms.q_delta is not None:
+            q = q + terms.q_delta
+        q = _split_heads(q, self.num_heads)
         if q.size(0) != memory.k.size(0) * memory.group:
             raise ValueError(
                 f"{q.size(0)} query rows for a memory of {memory.k.size(0)} rows x group "
@@ -403,3 +435,20 @@ class CrossAttention(_Attention):
         # B x 1 x 1 x S; a view, as indexing with ``:`` costs a slice each on torch 2.6
         mask = None if pad is None else ~pad.view(pad.size(0), 1, 1, pad.size(1))
         return self._attend(q, memory.k, memory.v, mask, terms, group=memory.group)
+
+
+def add_to_memory(kv: MemoryKV, delta: Tensor) -> MemoryKV:
+    """``kv`` with ``delta`` added after the key and value projections.
+
+    A relaxed level's LoRA on a shared cross-attention's K/V projection (Relaxed Recursive
+    Transformers eq. 3) changes that level's keys and values: the block's projection is
+    computed once and each relaxed level adds its own low-rank term.
+
+    Args:
+        kv: the block's projected memory (k, v: B x H x S x D).
+        delta: B x S x 2C, the K terms then the V terms (as the fused projection's output).
+    """
+    h = kv.k.size(1)
+    dk, dv = (_split_heads(t, h) for t in delta.chunk(2, dim=-1))  # B x H x S x D each
+    # contiguous, as project_memory keeps them (they are read at every step)
+    return kv._replace(k=(kv.k + dk).contiguous(), v=(kv.v + dv).contiguous())

@@ -137,7 +137,10 @@ class TransformerBlock(nn.Module):
                 raise ValueError("a block with cross-attention needs the memory")
 
             def cross_attention(h: Tensor) -> Tensor:
-                terms = combine_terms(*(hook.cross_attention(level) for hook in hooks))
+                terms = combine_terms(
+                    parts.cross_attention_terms(h),
+                    *(hook.cross_attention(level) for hook in hooks),
+                )
                 return self.cross_attn(h, memory, terms=terms)
 
             x = self._sublayer(x, index, norms[index], cross_attention, rate)

@@ -17,6 +17,7 @@ from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.feedforward import FeedForward
 from recurnmt.modules.halting import HaltingUnit
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
+from recurnmt.modules.level_lora import LevelLoRA
 from recurnmt.modules.level_parts import LevelParts
 from recurnmt.modules.level_signals import build_signal
 from recurnmt.modules.nll import NonLinearProjection
@@ -105,6 +106,18 @@ def build_level_parts(cfg: StackConfig, plan: DepthPlan, level: int) -> LevelPar
         # seeded by the level, so that evaluation slices each level along its own partition
         slicing=SlicedGroups(groups, permute, seed=level) if groups > 1 else None,
         drop_path=cfg.drop_path_rate(level),
+        lora=(
+            LevelLoRA(
+                c,
+                cfg.ffn_dim,
+                cfg.lora_rank,
+                cross_attention=cfg.cross_attention,
+                ffn=cfg.ffn_sharing != "none",
+                bias=cfg.bias,
+            )
+            if cfg.lora_rank
+            else None
+        ),
     )
 
 

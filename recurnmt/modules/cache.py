@@ -4,7 +4,9 @@ fairseq keys incremental state by module instance, and one block object runs at 
 a shared stack, so the attention modules cannot own their state. A :class:`StackCache` holds
 it per level instead: level i's self-attention keys and values, and the projected encoder
 memory of every unique block (computed at the first step only, then read back: a fully shared
-decoder projects the memory once per sentence). Levels therefore never mix their states.
+decoder projects the memory once per sentence), and the memory as a relaxed level reads it
+(its own LoRA term on the keys and values, Relaxed Recursive Transformers eq. 3). Levels
+therefore never mix their states.
 """
 
 from __future__ import annotations
@@ -21,15 +23,19 @@ class StackCache:
     Attributes:
         levels: ``levels[i]`` holds level i's keys and values (:class:`KVCache`).
         memory: ``memory[b]`` is unique block b's projected memory.
+        level_memory: ``level_memory[i]`` is the memory as relaxed level i reads it (only
+            levels with their own term on the keys and values).
     """
 
     def __init__(
         self,
         levels: dict[int, KVCache] | None = None,
         memory: dict[int, MemoryKV] | None = None,
+        level_memory: dict[int, MemoryKV] | None = None,
     ) -> None:
         self.levels: dict[int, KVCache] = {} if levels is None else levels
         self.memory: dict[int, MemoryKV] = {} if memory is None else memory
+        self.level_memory: dict[int, MemoryKV] = {} if level_memory is None else level_memory
 
     def level(self, index: int) -> KVCache:
         """Level ``index``'s state (created empty at the first step)."""
@@ -50,7 +56,8 @@ class StackCache:
         """
         levels = {i: kv.reorder(new_order) for i, kv in self.levels.items()}
         memory = {b: _select_memory(kv, new_order) for b, kv in self.memory.items()}
-        return StackCache(levels, memory)
+        relaxed = {i: _select_memory(kv, new_order) for i, kv in self.level_memory.items()}
+        return StackCache(levels, memory, relaxed)
 
 
 def _select_memory(kv: MemoryKV, new_order: Tensor) -> MemoryKV:

@@ -190,6 +190,11 @@ class StackConfig:
             when ``attn_permute[r]`` (SReT appendix C/D "P+I"); contiguous slices otherwise.
             Empty = SReT Algorithm 1: contiguous slices at a block's first loop, permuted
             ones at every later loop.
+        lora_rank: relaxed recursion (Relaxed Recursive Transformers eq. 3): every level owns
+            a LoRA of this rank on every linear of its block (Q/K/V, attention output,
+            cross-attention, FFN up and down; each capped at its full rank, so
+            ``embed_dim`` is the full rank of all of them) and, with ``bias``, a bias delta
+            on each; 0: none (plain sharing). See :mod:`recurnmt.modules.level_lora`.
     """
 
     embed_dim: int = 512
@@ -222,6 +227,7 @@ class StackConfig:
     final_norm: bool | None = None
     norm_eps: float = 1e-5
     attn_permute: tuple[bool, ...] = ()
+    lora_rank: int = 0
 
     def __post_init__(self) -> None:
         _positive("embed_dim", self.embed_dim)
@@ -304,6 +310,21 @@ class StackConfig:
                     "must lie between 1 and {embed_dim}",
                     {"embed_dim": self.embed_dim},
                 )
+        if not isinstance(self.lora_rank, int) or not 0 <= self.lora_rank <= self.embed_dim:
+            raise ConfigError(
+                "lora_rank",
+                self.lora_rank,
+                "must lie between 0 (no relaxation) and {embed_dim} (the full rank)",
+                {"embed_dim": self.embed_dim},
+            )
+        if self.lora_rank and self.signal.learned and self.signal.attn == "before":
+            raise ConfigError(
+                "lora_rank",
+                self.lora_rank,
+                "a level LoRA reads the input of the Q/K/V projection, which {signal.attn} "
+                "changes per projection; place the attention signal 'after'",
+                {"signal.attn": self.signal.attn},
+            )
         if self.signal.kind == "lowrank" and self.signal.rank is None and self.embed_dim < 16:
             raise ConfigError(
                 "signal.rank",

@@ -1,6 +1,9 @@
-"""Position-wise feed-forward block (RingFormer eq. 2 and eq. 7)."""
+"""Position-wise feed-forward block (RingFormer eq. 2 and eq. 7; Relaxed Recursive
+Transformers eq. 3)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -11,11 +14,13 @@ _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
 class FeedForward(nn.Module):
-    """``sigma((x + d_in) W_up + b_up + d_hidden) W_down + b_down``.
+    """``a = sigma(u W_up + b_up + up(u) + d_hidden)``, ``u = x + d_in``;
+    ``out = a W_down + b_down + down(a)``.
 
-    With both deltas absent this is the Transformer FFN (RingFormer eq. 2). RingFormer's FFN
+    With every delta absent this is the Transformer FFN (RingFormer eq. 2). RingFormer's FFN
     level signal enters as ``input_delta`` (eq. 7); ``hidden_delta`` is the Table 4 "inter-FF
-    signal" ablation.
+    signal" ablation. ``up_delta`` and ``down_delta`` are functions of each projection's own
+    input, a relaxed level's LoRA on W_up and W_down (Relaxed Recursive Transformers eq. 3).
     """
 
     def __init__(
@@ -40,12 +45,21 @@ class FeedForward(nn.Module):
                 nn.init.zeros_(lin.bias)
 
     def forward(
-        self, x: Tensor, input_delta: Tensor | None = None, hidden_delta: Tensor | None = None
+        self,
+        x: Tensor,
+        input_delta: Tensor | None = None,
+        hidden_delta: Tensor | None = None,
+        up_delta: Callable[[Tensor], Tensor] | None = None,
+        down_delta: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
         # x: B x T x C -> B x T x FF -> B x T x C
         if input_delta is not None:
             x = x + input_delta
         h = self.up(x)
+        if up_delta is not None:
+            h = h + up_delta(x)
         if hidden_delta is not None:
             h = h + hidden_delta
-        return self.down(self.activation_dropout(self.activation(h)))
+        a = self.activation_dropout(self.activation(h))  # B x T x FF
+        out = self.down(a)
+        return out if down_delta is None else out + down_delta(a)

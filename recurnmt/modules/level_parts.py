@@ -11,7 +11,11 @@ that level's :class:`LevelParts`, each part optional:
   Table 4 "static signal");
 * SReT's non-linear projection layer after the block (SReT eq. 5-6), never shared;
 * the level's sliced group attention setting (SReT sec. 4: loop r of a block uses its own
-  group count) and its stochastic depth rate.
+  group count) and its stochastic depth rate;
+* a relaxed level's own low-rank deltas (LoRA) and bias deltas on every linear of the block
+  (Relaxed Recursive Transformers eq. 3, :mod:`recurnmt.modules.level_lora`): on Q/K/V as
+  the same additive term as RingFormer's signals, on the attention output, the
+  cross-attention's query, keys/values and output, and on the FFN's two projections.
 
 Keeping these out of the block means the block's parameters are registered once, and
 "shared across levels" is true by construction (the same module object runs each level).
@@ -19,9 +23,12 @@ Keeping these out of the block means the block's parameters are registered once,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
-from recurnmt.modules.attention import AttentionTerms
+from recurnmt.modules.attention import AttentionTerms, MemoryKV, add_to_memory, combine_terms
+from recurnmt.modules.level_lora import LevelLoRA
 from recurnmt.modules.sliced_attention import SlicedGroups
 
 
@@ -40,6 +47,8 @@ class LevelParts(nn.Module):
         nll: SReT's non-linear projection after the block (eq. 5).
         slicing: the level's sliced group attention (SReT sec. 4); None for global attention.
         drop_path: the stochastic depth rate of the level's residual branches.
+        lora: the level's own low-rank and bias deltas on the block's linears (Relaxed
+            Recursive Transformers eq. 3); None: the block's weights as they are.
     """
 
     def __init__(
@@ -55,6 +64,7 @@ class LevelParts(nn.Module):
         nll: nn.Module | None = None,
         slicing: SlicedGroups | None = None,
         drop_path: float = 0.0,
+        lora: LevelLoRA | None = None,
     ) -> None:
         super().__init__()
         if attn_place not in ("after", "before"):
@@ -72,6 +82,12 @@ class LevelParts(nn.Module):
         self.nll = nll
         self.slicing = slicing
         self.drop_path = drop_path
+        if lora is not None and attn_signal is not None and attn_place == "before":
+            raise ValueError(
+                "a level LoRA reads the input of the Q/K/V projection, which an attention "
+                "signal placed 'before' changes per projection"
+            )
+        self.lora = lora
 
     def extra_repr(self) -> str:
         return f"index={self.index}, drop_path={self.drop_path}, slicing={self.slicing}"
@@ -86,19 +102,49 @@ class LevelParts(nn.Module):
 
     def attention_terms(self, h: Tensor) -> AttentionTerms | None:
         """This level's terms for the self-attention on h (B x T x C): Q/K/V signals
-        (RingFormer eq. 6) and group slicing (SReT sec. 4)."""
-        if self.attn_signal is None:
-            return AttentionTerms(slicing=self.slicing) if self.slicing is not None else None
-        delta = self.attn_signal(h)  # B x T x 3C
-        if self.attn_place == "after":
-            return AttentionTerms(qkv_delta=delta, slicing=self.slicing)
-        return AttentionTerms(
-            qkv_input_delta=delta.unflatten(-1, (3, h.size(-1))), slicing=self.slicing
-        )
+        (RingFormer eq. 6), the LoRA on Q/K/V and on the output (Relaxed Recursive
+        Transformers eq. 3) and group slicing (SReT sec. 4)."""
+        terms = AttentionTerms(slicing=self.slicing) if self.slicing is not None else None
+        if self.attn_signal is not None:
+            delta = self.attn_signal(h)  # B x T x 3C
+            if self.attn_place == "after":
+                signal = AttentionTerms(qkv_delta=delta)
+            else:
+                signal = AttentionTerms(qkv_input_delta=delta.unflatten(-1, (3, h.size(-1))))
+            terms = combine_terms(terms, signal)
+        if self.lora is not None:
+            lora = AttentionTerms(qkv_delta=self.lora["qkv"](h), out_delta=self.lora["out"])
+            terms = combine_terms(terms, lora)
+        return terms
 
-    def ffn_deltas(self, h: Tensor) -> dict[str, Tensor]:
-        """FFN keyword arguments carrying this level's FFN signal (RingFormer eq. 7)."""
-        if self.ffn_signal is None:
-            return {}
-        key = "input_delta" if self.ffn_place == "input" else "hidden_delta"
-        return {key: self.ffn_signal(h)}
+    def cross_attention_terms(self, h: Tensor) -> AttentionTerms | None:
+        """This level's terms for the cross-attention from h (B x T x C): the LoRA on the
+        query and output projections (Relaxed Recursive Transformers eq. 3); its keys and
+        values come from :meth:`level_memory`."""
+        if self.lora is None or "cross_q" not in self.lora:
+            return None
+        return AttentionTerms(q_delta=self.lora["cross_q"](h), out_delta=self.lora["cross_out"])
+
+    @property
+    def relaxes_memory(self) -> bool:
+        """The level adds its own term to the memory's keys and values."""
+        return self.lora is not None and "cross_kv" in self.lora
+
+    def level_memory(self, kv: MemoryKV, states: Tensor) -> MemoryKV:
+        """The block's projected memory ``kv`` as this level reads it: with the level's LoRA
+        on the K/V projection applied to the memory ``states`` (B x S x C)."""
+        if not self.relaxes_memory:
+            return kv
+        return add_to_memory(kv, self.lora["cross_kv"](states))  # B x S x 2C
+
+    def ffn_deltas(self, h: Tensor) -> dict[str, Tensor | Callable[[Tensor], Tensor]]:
+        """FFN keyword arguments carrying this level's FFN signal (RingFormer eq. 7) and its
+        LoRA on the two projections (Relaxed Recursive Transformers eq. 3)."""
+        deltas: dict[str, Tensor | Callable[[Tensor], Tensor]] = {}
+        if self.ffn_signal is not None:
+            key = "input_delta" if self.ffn_place == "input" else "hidden_delta"
+            deltas[key] = self.ffn_signal(h)
+        if self.lora is not None and "ffn_up" in self.lora:
+            deltas["up_delta"] = self.lora["ffn_up"]
+            deltas["down_delta"] = self.lora["ffn_down"]
+        return deltas

@@ -18,6 +18,8 @@ One Wide FFN       N       attention per block, one FFN shared by all blocks
 Takase & Kiyono    M < N   none; the plan orders the blocks
 SReT (internal)    M, R    ``sequence`` plan over M * R levels, an NLL after every
                            level, LRC on every residual, sliced groups per loop
+Relaxed recursion  M < N   any plan; a LoRA and bias deltas per level on every linear
+                           of the block (Relaxed Recursive Transformers eq. 3)
 =================  ======  ==========================================================
 
 Extensions of one call (positions at every level, MRLA, DVT's reuse, alignment weights,
@@ -25,7 +27,8 @@ recording level outputs) are :class:`~recurnmt.modules.hooks.LevelHook` objects 
 :meth:`RecurrentStack.forward`; they never widen its signature.
 
 For decoders, the encoder memory is projected to keys and values once per unique block
-(once per sentence for a fully shared decoder) and reused by every level that runs the block;
+(once per sentence for a fully shared decoder) and reused by every level that runs the block
+(a relaxed level adds its own low-rank term to them, Relaxed Recursive Transformers eq. 3);
 in incremental decoding those projections live in the
 :class:`~recurnmt.modules.cache.StackCache` next to each level's self-attention keys and
 values, so levels never mix their states.
@@ -260,19 +263,35 @@ class RecurrentStack(nn.Module):
         self.run_levels = levels
 
     def memory_kv(self, memory: Memory, cache: StackCache | None = None) -> dict[int, MemoryKV]:
-        """Keys/values of the memory for every unique block, computed once.
+        """Keys/values of the memory as every level reads them, ``{level: MemoryKV}``.
 
-        In incremental decoding they are computed at the first step and read back from
+        The memory is projected once per unique block and shared by the levels that run the
+        block; a relaxed level adds its own low-rank term to its block's keys and values
+        (Relaxed Recursive Transformers eq. 3, :meth:`LevelParts.level_memory`). In
+        incremental decoding they are computed at the first step and read back from
         ``cache`` afterwards.
         """
-        kv = {}
+        by_block = {}
         for b in sorted(set(self.plan.block_of_level)):
             if cache is not None and b in cache.memory:
-                kv[b] = cache.memory[b]
+                by_block[b] = cache.memory[b]
                 continue
-            kv[b] = self.blocks[b].project_memory(memory.states, memory.padding_mask, memory.group)
+            by_block[b] = self.blocks[b].project_memory(
+                memory.states, memory.padding_mask, memory.group
+            )
             if cache is not None:
-                cache.memory[b] = kv[b]
+                cache.memory[b] = by_block[b]
+        kv = {}
+        for i, b in enumerate(self.plan.block_of_level):
+            parts = self.levels[i]
+            if not parts.relaxes_memory:
+                kv[i] = by_block[b]
+            elif cache is not None and i in cache.level_memory:
+                kv[i] = cache.level_memory[i]
+            else:
+                kv[i] = parts.level_memory(by_block[b], memory.states)
+                if cache is not None:
+                    cache.level_memory[i] = kv[i]
         return kv
 
     def forward(
@@ -352,7 +371,7 @@ class RecurrentStack(nn.Module):
                 x,
                 parts,
                 padding_mask=padding_mask,
-                memory=kv.get(b),
+                memory=kv.get(i),
                 cache=None if cache is None else cache.level(i),
                 hooks=hooks,
             )
@@ -387,16 +406,24 @@ class RecurrentStack(nn.Module):
         reentrant checkpoint differentiates only into its tensor arguments, so the memory's
         keys and values are passed as arguments.
         """
-        blocks = sorted(kv)
+        # each distinct tensor once (levels of one block share their block's keys/values)
+        index: dict[int, int] = {}
+        memory: list[Tensor] = []
+        for i in levels:
+            if i in kv:
+                for t in (kv[i].k, kv[i].v):
+                    if id(t) not in index:
+                        index[id(t)] = len(memory)
+                        memory.append(t)
 
-        def run(x: Tensor, *memory: Tensor) -> Tensor:
+        def run(x: Tensor, *inputs: Tensor) -> Tensor:
             kv_in = {
-                b: kv[b]._replace(k=memory[2 * j], v=memory[2 * j + 1])
-                for j, b in enumerate(blocks)
+                i: kv[i]._replace(k=inputs[index[id(kv[i].k)]], v=inputs[index[id(kv[i].v)]])
+                for i in levels
+                if i in kv
             }
             return self._run_levels(x, levels, padding_mask, kv_in, hooks)
 
-        memory = [t for b in blocks for t in (kv[b].k, kv[b].v)]
         return checkpoint(run, x, *memory, use_reentrant=True, preserve_rng_state=True)
 
     def _run_levels(
@@ -415,7 +442,7 @@ class RecurrentStack(nn.Module):
                 x = hook.before_level(i, x)
             b = self.plan.block_of_level[i]
             x = self._run_block(
-                self.blocks[b], x, parts, padding_mask=padding_mask, memory=kv.get(b), hooks=hooks
+                self.blocks[b], x, parts, padding_mask=padding_mask, memory=kv.get(i), hooks=hooks
             )
             for hook in hooks:
                 x = hook.after_level(i, x)

@@ -61,6 +61,7 @@ BASE: Defaults = {
     "act_bias_init": 1.0,
     "lrc": "none",
     "nll_ratio": 0.0,
+    "level_lora_rank": "0",  # relaxed recursion: no per-level LoRA
     "encoder_attn_groups": (),
     "mixed_depth": "off",
     "encoder_levels": None,  # elastic depth: run at another depth (None: as built)
@@ -146,6 +147,19 @@ FAMILIES: dict[str, Defaults] = {
         "lrc": "both",
         "share_decoder_input_output_embed": True,
     },
+    # Relaxed Recursive Transformers (Bae et al. 2025): M unique blocks looped over the levels
+    # in a cycle (eq. 2: level l runs block l mod M; half the levels, two loops, as their
+    # "recursive Gemma 1B" from Gemma 2B), and every level a rank-16 LoRA plus bias deltas on
+    # every linear of its block (eq. 3, recurnmt.modules.level_lora); per-level layer norms,
+    # so that a converted model starts exactly as its source at full rank (recurnmt-convert,
+    # docs/relaxed.md); otherwise fairseq's transformer (ReLU, biases)
+    "relaxed_transformer": {
+        "encoder_unique_layers": 3,
+        "decoder_unique_layers": 3,
+        "sharing_scheme": "cycle",
+        "layer_norms": "per-level",
+        "level_lora_rank": "16",
+    },
 }
 
 # a family's settings at one size, where they differ from the family's own
@@ -156,6 +170,8 @@ FAMILY_SIZE: dict[tuple[str, str], Defaults] = {
         "encoder_layers": 4,
         "decoder_layers": 4,
     },
+    # three levels: one block looped three times
+    ("relaxed_transformer", "tiny"): {"encoder_unique_layers": 1, "decoder_unique_layers": 1},
 }
 
 # every architecture name -> (family, size)

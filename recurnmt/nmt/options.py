@@ -104,6 +104,13 @@ def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
         "activation (inter), or none",
     )
     group.add_argument(
+        "--level-lora-rank",
+        metavar="R",
+        help="relaxed recursion (Relaxed Recursive Transformers eq. 3): every level owns a "
+        "LoRA of rank R (and bias deltas) on every linear of its shared block; 0: plain "
+        "sharing, full: the full rank (the embed dim)",
+    )
+    group.add_argument(
         "--block-bias",
         choices=("on", "off"),
         help="biases in the attention (Q, K, V, output) and FFN projections of both stacks: "
@@ -259,6 +266,7 @@ ARG_OF_FIELD: dict[str, str] = {
     "act": "act",
     "act_threshold": "act_threshold",
     "act_bias_init": "act_bias_init",
+    "lora_rank": "level_lora_rank",
 }
 
 
@@ -345,7 +353,23 @@ def _side_config(args: Any, side: str) -> StackConfig:
             # sliced encoder attention as SReT Algorithm 1: contiguous slices at a block's
             # first loop, permuted (and inverted) at later loops
             attn_permute=(),
+            lora_rank=lora_rank(arg("lora_rank"), arg("embed_dim")),
         )
+
+
+def lora_rank(value: Any, embed_dim: int) -> int:
+    """``--level-lora-rank``: a rank >= 0, or ``full`` (the width, the full rank of every
+    linear of the block).
+
+    Raises:
+        ConfigError: anything else, naming the field (renamed to its flag by the caller).
+    """
+    if str(value).strip() == "full":
+        return embed_dim
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError("lora_rank", value, "choose a rank >= 0 or full") from None
 
 
 def _on_off(field: str, value: Any) -> bool:

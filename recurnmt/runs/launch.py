@@ -11,7 +11,13 @@ flags that work:
   the worker turns torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` into the same flags with
   ``env://``, so it works on CPUs as well as GPUs;
 * on CPU it adds ``--cpu --distributed-backend gloo --ddp-backend legacy_ddp``; on GPUs
-  fairseq's defaults (nccl, pytorch_ddp).
+  fairseq's defaults (nccl, pytorch_ddp);
+* with several processes, ``--load-checkpoint-on-all-dp-ranks``: otherwise rank 0 reads a
+  checkpoint (``--restore-file``, ``--finetune-from-model``, resuming from
+  ``checkpoint_last.pt``) and sends the whole state to the others through ``torch.save``, and
+  their ``torch.load`` (weights-only since torch 2.6) refuses the omegaconf configuration in it
+  (``Unsupported global: omegaconf.dictconfig.DictConfig``): every rank reads the file instead,
+  which needs the checkpoint visible to every process (one node, or shared storage).
 
 Command line (``recurnmt-train-nmt``, also ``python -m recurnmt.runs.launch``)::
 
@@ -150,6 +156,9 @@ def device_flags(plan: LaunchPlan, argv: Sequence[str]) -> list[str]:
         raise ConfigError("--cpu contradicts --device cuda")
     elif plan.world_size > 1 and not _has_flag(argv, "--distributed-backend"):
         flags += ["--distributed-backend", "nccl"]
+    if plan.world_size > 1 and not _has_flag(argv, "--load-checkpoint-on-all-dp-ranks"):
+        # rank 0's broadcast of a loaded checkpoint fails under weights-only torch.load
+        flags.append("--load-checkpoint-on-all-dp-ranks")
     return flags
 
 

@@ -12,6 +12,8 @@ UiT                        one block; sinusoidal position + level (coordinate) e
                            at every step (UT sec. 2.1; RingFormer sec. 4.1)
 OWF-ViT                    N attention blocks, one FFN shared by all (Pires et al. 2023;
                            RingFormer sec. 4.1 "share only the feedforward layer")
+relaxed recursive ViT      M blocks looped in a cycle, a LoRA and bias deltas per level on
+                           every linear (Relaxed Recursive Transformers eq. 2-3)
 + MRLA                     any of the above with multi-head recurrent layer attention after
                            every level, per level and never shared (Fang et al. 2023; ``mrla=``)
 =========================  ==================================================================
@@ -226,6 +228,7 @@ def vit_stack_config(
     norm_eps: float = 1e-6,
     lrc: str = "none",
     nll_ratio: float = 0.0,
+    lora_rank: int = 0,
 ) -> StackConfig:
     """The pre-LN GELU stack of a ViT (ViT eq. 2-3): ``depth`` levels over ``unique_layers``
     blocks. The names match the translation options: ``depth`` is ``--encoder-layers`` (the
@@ -248,6 +251,8 @@ def vit_stack_config(
             NLLs' included, or ``none``.
         nll_ratio: SReT's non-linear projection layer after every level, weights of its own,
             with this hidden ratio (eq. 5-6; 0: none).
+        lora_rank: relaxed recursion, every level's own LoRA rank on every linear of its
+            block, with bias deltas (Relaxed Recursive Transformers eq. 3; 0: none).
     """
     return StackConfig(
         embed_dim=embed_dim,
@@ -268,6 +273,7 @@ def vit_stack_config(
         norm_eps=norm_eps,
         lrc=lrc,
         nll_ratio=nll_ratio,
+        lora_rank=lora_rank,
     )
 
 
@@ -598,6 +604,22 @@ def ringformer_vit_base_mrla_patch16_224(**kwargs) -> VisionTransformer:
     )
 
 
+# ---------------------------------------------------------------- relaxed recursion
+
+# Relaxed Recursive Transformers (Bae et al. 2025): half the blocks looped twice in a cycle
+# (eq. 2, level l runs block l mod M, as their recursive Gemma 1B from Gemma 2B), a LoRA and
+# bias deltas per level on every linear (eq. 3), per-level norms; start one from a trained
+# DeiT with ``python -m recurnmt.vision.convert`` (docs/relaxed.md)
+_RELAXED = dict(sharing="cycle", norms_per_level=True, lora_rank=16)
+
+
+@register_model
+def deit_tiny_relaxed_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-Ti as a relaxed recursive Transformer: 6 blocks looped twice over 12 levels,
+    rank-16 LoRA and bias deltas per level, drop path 0.1 as DeiT."""
+    return _create_vit({**_DEIT_TINY, **_RELAXED, "unique_layers": 6}, kwargs)
+
+
 # ---------------------------------------------------------------- mini models for CPUs
 
 _MINI = dict(embed_dim=64, ffn_dim=128, num_heads=4, img_size=32, patch_size=4)
@@ -654,4 +676,12 @@ def ringformer_vit_mini_mrla_patch4(**kwargs) -> VisionTransformer:
             **_MRLA,
         },
         kwargs,
+    )
+
+
+@register_model(img_size=32)
+def relaxed_vit_mini_patch4(**kwargs) -> VisionTransformer:
+    """A CPU-sized relaxed recursive ViT: 3 blocks looped twice over 6 levels, LoRA rank 8."""
+    return _create_vit(
+        {**_MINI, **_RELAXED, "depth": 6, "unique_layers": 3, "lora_rank": 8}, kwargs
     )

@@ -1,0 +1,238 @@
+"""``python -m recurnmt.vision.convert SRC OUT``: a trained ViT/DeiT as a relaxed recursive one
+(Relaxed Recursive Transformers, Bae et al. 2025).
+
+The source is a checkpoint of ``recurnmt.vision.train`` holding a ViT-family model without
+sharing (or with sharing: its blocks are untied first), or the weights of a timm
+``VisionTransformer`` (ViT/DeiT: a state dict in a ``.pth``/``.pt`` file, bare or under
+``model``/``state_dict``, or a ``.safetensors`` file; widths, depth, patch and image size and
+classes are read from the tensors, the heads are width / 64 as in every timm ViT and DeiT
+unless ``--num-heads``). The output is a checkpoint of the registered relaxed model
+(``--model``, ``deit_tiny_relaxed_patch16_224`` by default) at the source's sizes, whose M
+shared blocks start by ``--init`` and whose levels each get a LoRA and bias deltas from the
+truncated SVD of (source layer - shared block) (:mod:`recurnmt.modules.relaxed_init`); patch
+and position embeddings, the class token, norms and the head are the source's. At
+``--level-lora-rank full`` it computes the source's logits. ``python -m recurnmt.vision.evaluate
+OUT`` evaluates it and ``python -m recurnmt.vision.train --finetune OUT`` fine-tunes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from recurnmt.cli import entry_point
+from recurnmt.modules import ConfigError
+from recurnmt.modules.config import SHARING_SCHEMES
+from recurnmt.modules.relaxed_init import INITS, relax_stack
+from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from recurnmt.vision.models.vit import VisionTransformer
+from recurnmt.vision.registry import create_model
+
+PROG = "python -m recurnmt.vision.convert"
+TIMM_HEAD_DIM = 64  # every timm ViT / DeiT: heads = width / 64
+# timm's VisionTransformer names -> recurnmt's (per block: blocks.{i}.X -> stack.blocks.{i}.Y)
+_TIMM_BLOCK = {
+    "norm1": "norms.0",
+    "norm2": "norms.1",
+    "attn.qkv": "self_attn.qkv_proj",
+    "attn.proj": "self_attn.out_proj",
+    "mlp.fc1": "ffn.up",
+    "mlp.fc2": "ffn.down",
+}
+_TIMM_TOP = {
+    "cls_token": "cls_token",
+    "pos_embed": "pos_embed.weight",
+    "patch_embed.proj.weight": "patch_embed.proj.weight",
+    "patch_embed.proj.bias": "patch_embed.proj.bias",
+    "norm.weight": "stack.final_norm.weight",
+    "norm.bias": "stack.final_norm.bias",
+    "head.weight": "head.weight",
+    "head.bias": "head.bias",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("source", type=Path, help="recurnmt.vision checkpoint or timm weights")
+    parser.add_argument("out", type=Path, help="the converted checkpoint to write")
+    parser.add_argument("--model", default="deit_tiny_relaxed_patch16_224", help="relaxed model")
+    parser.add_argument("--unique-layers", type=int, metavar="M", help="default: the model's")
+    parser.add_argument("--sharing-scheme", choices=SHARING_SCHEMES, default="cycle")
+    parser.add_argument("--init", choices=INITS, default="stepwise")
+    parser.add_argument(
+        "--level-lora-rank", metavar="R", help="a rank, or full; default: the model's"
+    )
+    parser.add_argument("--num-heads", type=int, help="heads of timm weights (width / 64)")
+    parser.add_argument("--force", action="store_true", help="replace an existing OUT")
+    return parser
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        return load_checkpoint(path)
+    except Exception as err:  # torch and safetensors raise many kinds on a bad file
+        raise ValueError(f"{path} is not a checkpoint ({type(err).__name__})") from None
+
+
+def timm_vit(weights: dict[str, Tensor], num_heads: int | None = None) -> VisionTransformer:
+    """recurnmt's ViT holding the weights of a timm ``VisionTransformer`` (class token, learned
+    positions, pre-LN blocks, token pooling: ViT and DeiT).
+
+    Raises:
+        ValueError: a weight recurnmt's ViT has no place for (register or distillation
+            tokens, layer scale, qk-norm, ...), or not a ViT's weights.
+    """
+    if "blocks.0.attn.qkv.weight" not in weights or "cls_token" not in weights:
+        raise ValueError("the weights are no timm VisionTransformer's (no blocks.0.attn.qkv)")
+    patch = weights["patch_embed.proj.weight"]  # D x C x P x P
+    dim, depth = patch.size(0), 1 + max(int(k.split(".")[1]) for k in weights if k[:7] == "blocks.")
+    grid = round((weights["pos_embed"].size(1) - 1) ** 0.5)
+    sizes = dict(
+        embed_dim=dim,
+        depth=depth,
+        num_heads=num_heads or max(1, dim // TIMM_HEAD_DIM),
+        ffn_dim=weights["blocks.0.mlp.fc1.weight"].size(0),
+        patch_size=patch.size(-1),
+        img_size=grid * patch.size(-1),
+        in_chans=patch.size(1),
+        num_classes=weights["head.weight"].size(0) if "head.weight" in weights else 0,
+    )
+    mapped = {}
+    for key, value in weights.items():
+        if key in _TIMM_TOP:
+            mapped[_TIMM_TOP[key]] = value
+            continue
+        parts = key.split(".")
+        name = ".".join(parts[2:-1]) if parts[0] == "blocks" else None
+        if name not in _TIMM_BLOCK:
+            raise ValueError(f"the weights hold {key}, which recurnmt's ViT has no place for")
+        mapped[f"stack.blocks.{parts[1]}.{_TIMM_BLOCK[name]}.{parts[-1]}"] = value
+    model = create_model("deit_tiny_patch16_224", **sizes)
+    model.load_state_dict(mapped, strict=True)
+    return model
+
+
+def vit_settings(model: VisionTransformer) -> dict[str, Any]:
+    """The keyword arguments that rebuild ``model``'s sizes and image front end."""
+    stack, block = model.stack, model.stack.blocks[0]
+    norm = model.stack.final_norm or block.norms[0]
+    return dict(
+        embed_dim=model.embed_dim,
+        depth=stack.num_levels,
+        num_heads=block.self_attn.num_heads,
+        ffn_dim=block.ffn.up.out_features,
+        img_size=tuple(model.img_size),
+        patch_size=tuple(model.patch_embed.patch_size),
+        in_chans=model.in_chans,
+        num_classes=model.num_classes,
+        class_token=model.cls_token is not None,
+        global_pool=model.global_pool,
+        pos_embed=model.pos_embed.kind,
+        norm_eps=norm.eps,
+    )
+
+
+def _source(path: Path, num_heads: int | None) -> tuple[VisionTransformer, dict[str, Any]]:
+    """The source model and the checkpoint's data settings (if any)."""
+    ckpt = _read(path)
+    if "model_name" in ckpt:
+        model = model_from_checkpoint(ckpt)
+        if not isinstance(model, VisionTransformer):
+            raise ValueError(f"{path} holds a {ckpt['model_name']}, not a ViT-family model")
+        if model.layer_attn is not None or model.positions_every_level:
+            raise ValueError(f"{path} holds a {ckpt['model_name']} with MRLA or UT positions")
+        return model, ckpt.get("data", {})
+    weights = next(
+        (ckpt[k] for k in ("model", "state_dict") if isinstance(ckpt.get(k), dict)), ckpt
+    )
+    return timm_vit(weights, num_heads), {}
+
+
+def convert(
+    source: Path,
+    out: Path,
+    *,
+    model: str = "deit_tiny_relaxed_patch16_224",
+    unique_layers: int | None = None,
+    sharing_scheme: str = "cycle",
+    init: str = "stepwise",
+    level_lora_rank: str | int | None = None,
+    num_heads: int | None = None,
+    force: bool = False,
+) -> tuple[VisionTransformer, dict[str, Any]]:
+    """Writes the relaxed model of ``source`` to ``out``; returns it and its keyword arguments.
+
+    Raises:
+        FileNotFoundError: no ``source``.
+        FileExistsError: ``out`` exists and ``force`` is off.
+        KeyError: an unknown ``model``.
+        ValueError: a source or setting that cannot be converted (named).
+    """
+    if out.exists() and not force:
+        raise FileExistsError(f"{out} exists; pass --force to replace it")
+    teacher, data = _source(source, num_heads)
+    kwargs = {**vit_settings(teacher), "sharing": sharing_scheme}
+    if unique_layers is not None:
+        kwargs["unique_layers"] = unique_layers
+    if level_lora_rank is not None:
+        full = str(level_lora_rank).strip() == "full"
+        try:
+            kwargs["lora_rank"] = teacher.embed_dim if full else int(level_lora_rank)
+        except ValueError:
+            raise ValueError(
+                f"--level-lora-rank={level_lora_rank!r}: choose a rank >= 0 or full"
+            ) from None
+    flags = {"num_unique": "--unique-layers", "lora_rank": "--level-lora-rank"}
+    try:
+        relaxed = create_model(model, **kwargs)
+    except ConfigError as err:
+        raise err.renamed(flags) from None
+    if not isinstance(relaxed, VisionTransformer):
+        raise ValueError(f"--model={model!r} is not a ViT-family model")
+    own = {k: v for k, v in teacher.state_dict().items() if not k.startswith("stack.")}
+    relaxed.load_state_dict(own, strict=False)
+    relax_stack(teacher.stack, relaxed.stack, init)
+    payload = {"model_name": model, "model_kwargs": kwargs, "model": relaxed.state_dict()}
+    save_checkpoint(out, {**payload, "epoch": 0, **({"data": data} if data else {})})
+    return relaxed.eval(), kwargs
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = build_parser().parse_args(argv)
+    model, kwargs = convert(
+        args.source,
+        args.out,
+        model=args.model,
+        unique_layers=args.unique_layers,
+        sharing_scheme=args.sharing_scheme,
+        init=args.init,
+        level_lora_rank=args.level_lora_rank,
+        num_heads=args.num_heads,
+        force=args.force,
+    )
+    from recurnmt.parameters import count_parameters
+
+    plan, lora = model.stack.plan, model.stack.levels[0].lora
+    rank = lora["qkv"].rank if lora is not None else 0
+    print(
+        f"wrote {args.out}: {args.model}, {plan.num_unique} blocks over {plan.num_levels} "
+        f"levels ({args.init} init, LoRA rank {rank}), {count_parameters(model):,} "
+        f"parameters; fine-tune with python -m recurnmt.vision.train --finetune {args.out}"
+    )
+    return args.out
+
+
+cli = entry_point(main, PROG)
+
+if __name__ == "__main__":
+    sys.exit(cli())
