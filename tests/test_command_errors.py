@@ -195,6 +195,7 @@ BAD_INPUTS: dict[str, BadInput] = {
     "python scripts/demo_nmt.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
     "python -m scripts.gpu_check": lambda tmp: (["--wheels", str(tmp / "no_wheels")], "no_wheels"),
     "python scripts/relaxed_nmt.py": lambda tmp: (["--unique", "0"], "--unique 0"),
+    "python scripts/ut_table4.py": lambda tmp: (["--jobs", "0"], "--jobs"),
     "python scripts/setup_env.py": lambda tmp: (
         ["--lock", str(tmp / "no_lock.txt"), "--venv", str(tmp / "venv")],
         "no_lock.txt",
