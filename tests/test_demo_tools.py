@@ -54,7 +54,9 @@ def test_compare_gives_every_model_the_same_size_and_recipe():
     compare = _script("compare_nmt")
     args = compare.build_parser().parse_args([])
     size = compare.size_flags(args)
-    assert size.count("--encoder-layers") == 1 and "--encoder-normalize-before" not in size
+    assert size.count("--encoder-layers") == 1 and "--decoder-normalize-before" in size
+    post_ln = compare.size_flags(compare.build_parser().parse_args(["--no-pre-ln"]))
+    assert "--encoder-normalize-before" not in post_ln  # Table 4's own placement
     assert size[size.index("--encoder-embed-dim") + 1] == "128"
     recipe = compare.recipe_flags(args)
     assert recipe[recipe.index("--lr") + 1] == "0.001"

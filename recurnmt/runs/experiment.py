@@ -131,14 +131,18 @@ def add_size_arguments(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     levels_help: str,
     pre_ln_help: str | None = None,
+    pre_ln: bool = False,
 ) -> None:
-    """``--embed-dim --ffn-dim --heads --levels --pre-ln`` (:func:`size_flags`), at
-    RingFormer's Table 4 size: H=128, FF=512, 8 heads, 6 levels, post-LN."""
+    """``--embed-dim --ffn-dim --heads --levels --pre-ln/--no-pre-ln`` (:func:`size_flags`),
+    at RingFormer's Table 4 size: H=128, FF=512, 8 heads, 6 levels; post-LN unless ``pre_ln``
+    (the default of ``--pre-ln``)."""
     parser.add_argument("--embed-dim", type=int, default=128)
     parser.add_argument("--ffn-dim", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--levels", type=int, default=6, help=levels_help)
-    parser.add_argument("--pre-ln", action="store_true", help=pre_ln_help)
+    parser.add_argument(
+        "--pre-ln", action=argparse.BooleanOptionalAction, default=pre_ln, help=pre_ln_help
+    )
 
 
 def add_recipe_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
