@@ -113,3 +113,85 @@ def test_unknown_down_init_is_refused():
         StackConfig(signal=SignalConfig(kind="lowrank", down_init="zero"))
     with pytest.raises(ConfigError, match="signal.down_std"):
         StackConfig(signal=SignalConfig(kind="lowrank", down_std=-1.0))
+
+
+def _trained_signal_stack(attn: str, ffn: str, cross: bool = False):
+    cfg = StackConfig(
+        embed_dim=32,
+        ffn_dim=64,
+        num_heads=4,
+        num_levels=3,
+        num_unique=1,
+        dropout=0.0,
+        causal=cross,
+        cross_attention=cross,
+        signal=SignalConfig(kind="lowrank", rank=4, attn=attn, ffn=ffn),
+    )
+    stack = build_stack(cfg)
+    g = torch.Generator().manual_seed(0)
+    for level in stack.levels:
+        for sig in (level.attn_signal, level.ffn_signal):
+            with torch.no_grad():  # as if trained: both factors non-zero
+                sig.up.copy_(torch.randn(sig.up.shape, generator=g) * 0.3)
+                sig.down.copy_(torch.randn(sig.down.shape, generator=g) * 0.3)
+    return stack
+
+
+@pytest.mark.parametrize(
+    "attn,ffn", [("after", "input"), ("before", "inter")], ids=["eq. 6-7", "Table 4"]
+)
+def test_evaluation_folds_the_signals_into_the_weights(attn, ffn, monkeypatch):
+    """In evaluation each level's signals are folded into the weights of the projections they
+    feed (W + A B^T after a projection, W (I + A B^T) on its input): the same map as the
+    rank-space products training runs, computed without them."""
+    stack = _trained_signal_stack(attn, ffn)
+    x = torch.randn(2, 5, 32)
+    stack.train()  # dropout 0: training mode computes the same function, in rank space
+    expected = stack(x).output
+    monkeypatch.setattr(LowRankSignal, "forward", lambda *a: pytest.fail("not folded"))
+    stack.eval()
+    torch.testing.assert_close(stack(x).output, expected, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(stack(x).output, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_folded_weight_is_kept_while_no_weight_changes():
+    sig = LowRankSignal(8, 8, rank=2, groups=3)
+    torch.nn.init.normal_(sig.up)
+    weight = torch.randn(24, 8)
+    sig.eval()
+    with torch.no_grad():
+        first = sig.fold(weight, into_input=False)
+        assert sig.fold(weight, into_input=False) is first  # kept: one product per level
+        assert sig.fold(weight, into_input=True) is not first  # another map
+        again = sig.fold(weight, into_input=False)
+        sig.up.add_(1.0)  # an in-place change (an optimizer step, load_state_dict)
+        changed = sig.fold(weight, into_input=False)
+        weight.mul_(2.0)
+        doubled = sig.fold(weight, into_input=False)
+    assert changed is not again and doubled is not changed
+    ups = sig.up.view(3, 8, 2) @ sig.down.view(3, 2, 8)
+    torch.testing.assert_close(doubled, weight + ups.reshape(24, 8))
+    # with gradients the fold is a differentiable function of the factors, never kept
+    folded = sig.fold(weight, into_input=False)
+    assert folded.requires_grad and sig.fold(weight, into_input=False) is not folded
+    folded.sum().backward()
+    assert sig.up.grad is not None and sig.down.grad is not None
+    sig.train()
+    assert sig._folded is None  # training drops the kept weight
+
+
+def test_step_by_step_decoding_with_folded_signals_equals_the_full_pass():
+    from recurnmt.modules.cache import StackCache
+    from recurnmt.modules.stack import Memory
+
+    stack = _trained_signal_stack("after", "input", cross=True).eval()
+    x, memory = torch.randn(2, 4, 32), torch.randn(2, 6, 32)
+    with torch.no_grad():
+        full = stack(x, memory=Memory(memory, None, 1)).output
+        cache = StackCache()
+        steps = [
+            stack(x[:, t : t + 1], memory=Memory(memory, None, 1), cache=cache).output
+            for t in range(x.size(1))
+        ]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)

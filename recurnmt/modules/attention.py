@@ -83,6 +83,9 @@ class AttentionTerms:
             level's LoRA on them, Relaxed Recursive Transformers eq. 3).
         qkv_input_delta: added to the input of each projection, B x T x 3 x C (RingFormer
             Table 4 "before attn"): Q = W_Q (x + g_Q(x)) and so on.
+        qkv_weight: called with the fused Q/K/V projection's weight (3C x C); what it returns
+            is used in its place: a level's signals folded into the weight in evaluation
+            (:meth:`~recurnmt.modules.level_signals.LowRankSignal.fold`).
         q_delta: added after a cross-attention's query projection, B x T x C (a relaxed
             level's LoRA on W_Q; self-attention takes its Q term in ``qkv_delta``).
         out_delta: called with the attention output before the output projection (B x T x C,
@@ -97,6 +100,7 @@ class AttentionTerms:
 
     qkv_delta: Tensor | None = None
     qkv_input_delta: Tensor | None = None
+    qkv_weight: Callable[[Tensor], Tensor] | None = None
     q_delta: Tensor | None = None
     out_delta: Callable[[Tensor], Tensor] | None = None
     bias: Tensor | None = None
@@ -108,9 +112,12 @@ class AttentionTerms:
             return self
         if self.slicing is not None and other.slicing is not None:
             raise ValueError("two sliced group settings for one attention call")
+        if self.qkv_weight is not None and other.qkv_weight is not None:
+            raise ValueError("two replacements of the Q/K/V weight for one attention call")
         return AttentionTerms(
             qkv_delta=_add(self.qkv_delta, other.qkv_delta),
             qkv_input_delta=_add(self.qkv_input_delta, other.qkv_input_delta),
+            qkv_weight=self.qkv_weight if self.qkv_weight is not None else other.qkv_weight,
             q_delta=_add(self.q_delta, other.q_delta),
             out_delta=_add_functions(self.out_delta, other.out_delta),
             bias=_add(self.bias, other.bias),
@@ -315,7 +322,10 @@ class SelfAttention(_Attention):
 
     def project(self, x: Tensor, terms: AttentionTerms = NO_TERMS) -> Tensor:
         """Q, K, V of ``x`` (B x T x C) as B x T x 3C, with the terms' level signals."""
-        qkv = self.qkv_proj(x)
+        if terms.qkv_weight is None:
+            qkv = self.qkv_proj(x)
+        else:
+            qkv = F.linear(x, terms.qkv_weight(self.qkv_proj.weight), self.qkv_proj.bias)
         if terms.qkv_delta is not None:
             qkv = qkv + terms.qkv_delta
         if terms.qkv_input_delta is not None:

@@ -21,6 +21,7 @@ class FeedForward(nn.Module):
     level signal enters as ``input_delta`` (eq. 7); ``hidden_delta`` is the Table 4 "inter-FF
     signal" ablation. ``up_delta`` and ``down_delta`` are functions of each projection's own
     input, a relaxed level's LoRA on W_up and W_down (Relaxed Recursive Transformers eq. 3).
+    ``up_weight`` replaces W_up by what it returns for it (a level signal folded in).
     """
 
     def __init__(
@@ -51,11 +52,15 @@ class FeedForward(nn.Module):
         hidden_delta: Tensor | None = None,
         up_delta: Callable[[Tensor], Tensor] | None = None,
         down_delta: Callable[[Tensor], Tensor] | None = None,
+        up_weight: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
         # x: B x T x C -> B x T x FF -> B x T x C
         if input_delta is not None:
             x = x + input_delta
-        h = self.up(x)
+        if up_weight is None:
+            h = self.up(x)
+        else:  # a level's signal folded into W_up (LowRankSignal.fold)
+            h = F.linear(x, up_weight(self.up.weight), self.up.bias)
         if up_delta is not None:
             h = h + up_delta(x)
         if hidden_delta is not None:

@@ -51,16 +51,19 @@ class HaltingUnit(nn.Module):
     def forward(self, state: Tensor) -> Tensor:
         """p_t (B x T) in float32 for a state of any dtype (see the module docstring)."""
         weight, bias = self.proj.weight.float(), self.proj.bias.float()
-        with torch.autocast(state.device.type, enabled=False):  # autocast would pick bf16
-            logit = nn.functional.linear(state.float(), weight, bias)
-        return torch.sigmoid(logit).squeeze(-1)
+        if torch.is_autocast_enabled(state.device.type):  # autocast would pick bf16
+            with torch.autocast(state.device.type, enabled=False):
+                return torch.sigmoid(nn.functional.linear(state.float(), weight, bias)).squeeze(-1)
+        return torch.sigmoid(nn.functional.linear(state.float(), weight, bias)).squeeze(-1)
 
 
 class HaltingAccumulator:
     """Per-position ACT bookkeeping over the levels of one forward pass.
 
     All bookkeeping is float32 (see the module docstring); :attr:`output` has the dtype of
-    ``like``.
+    ``like``. The running mask is kept as 0/1 floats and every update is one fused
+    operation where one exists: a decoding step runs this at every level, and on a GPU such
+    a step is bound by the host's dispatch of its small operations.
 
     Args:
         like: the state tensor (B x T x C), for shapes, device and dtype.
@@ -75,32 +78,34 @@ class HaltingAccumulator:
         self.halting_prob = torch.zeros(shape, **fp32)
         self.remainders = torch.zeros(shape, **fp32)
         self.n_updates = torch.zeros(shape, **fp32)
-        self.running = torch.ones(shape, dtype=torch.bool, device=like.device)
+        self.running = torch.ones(shape, **fp32)  # 1.0 while the position runs
         self._output = torch.zeros(like.shape, **fp32)
 
     def weights(self, p: Tensor, last: bool) -> Tensor:
         """Updates the bookkeeping with this level's p (B x T); returns the mixing weights
-        (float32)."""
+        (float32): p for a position that runs on, its remainder R = 1 - sum_{t<N} p_t at the
+        level N where it halts (Graves eq. 5-6), 0 after."""
         p = p.float()
-        # an explicit mask: halting_prob + remainder may round to just below 1
-        running = self.running.to(p)
-        total = self.halting_prob + p * running
+        running = self.running
         if last:
-            new_halted = running
-            running = torch.zeros_like(running)
+            halted = running  # every position still running halts at the last level
         else:
-            new_halted = (total > self.threshold).to(p) * running
-            running = (total <= self.threshold).to(p) * running
-        self.halting_prob = self.halting_prob + p * running
-        self.remainders = self.remainders + new_halted * (1.0 - self.halting_prob)
-        self.halting_prob = self.halting_prob + new_halted * self.remainders
-        self.n_updates = self.n_updates + running + new_halted
-        self.running = running.bool()
-        return p * running + new_halted * self.remainders
+            # an explicit mask: halting_prob + remainder may round to just below 1
+            halted = (torch.addcmul(self.halting_prob, p, running) > self.threshold) * running
+        still = running - halted
+        # a halted position's halting probability is read no more (every later use is
+        # multiplied by its running mask, 0 from here on), so it is not completed to 1
+        self.halting_prob = torch.addcmul(self.halting_prob, p, still)
+        # R = 1 - halting_prob where the position halts now: halted - halted * halting_prob
+        remainder = torch.addcmul(halted, halted, self.halting_prob, value=-1.0)
+        self.remainders = self.remainders + remainder
+        self.n_updates = self.n_updates + running
+        self.running = still
+        return torch.addcmul(remainder, p, still)
 
     def accumulate(self, state: Tensor, weights: Tensor) -> None:
-        w = weights.float().unsqueeze(-1)
-        self._output = state.float() * w + self._output * (1.0 - w)
+        """y <- w * s + (1 - w) * y (the module docstring), in float32."""
+        self._output = torch.lerp(self._output, state.float(), weights.unsqueeze(-1))
 
     @property
     def output(self) -> Tensor:

@@ -23,12 +23,14 @@ Keeping these out of the block means the block's parameters are registered once,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from torch import Tensor, nn
 
 from recurnmt.modules.attention import AttentionTerms, MemoryKV, add_to_memory, combine_terms
 from recurnmt.modules.level_lora import LevelLoRA
+from recurnmt.modules.level_signals import LowRankSignal
 from recurnmt.modules.sliced_attention import SlicedGroups
 
 
@@ -100,12 +102,20 @@ class LevelParts(nn.Module):
         """The level's output: the NLL applied to the block output, if any (SReT eq. 6)."""
         return x if self.nll is None else self.nll(x)
 
+    def _folds(self, signal: nn.Module | None) -> bool:
+        """In evaluation a low-rank signal is folded into the weight of its projection
+        (:meth:`LowRankSignal.fold`), unless the level's LoRA also reads that projection."""
+        return isinstance(signal, LowRankSignal) and not self.training and self.lora is None
+
     def attention_terms(self, h: Tensor) -> AttentionTerms | None:
         """This level's terms for the self-attention on h (B x T x C): Q/K/V signals
         (RingFormer eq. 6), the LoRA on Q/K/V and on the output (Relaxed Recursive
         Transformers eq. 3) and group slicing (SReT sec. 4)."""
         terms = AttentionTerms(slicing=self.slicing) if self.slicing is not None else None
-        if self.attn_signal is not None:
+        if self._folds(self.attn_signal):
+            fold = functools.partial(self.attn_signal.fold, into_input=self.attn_place == "before")
+            terms = combine_terms(terms, AttentionTerms(qkv_weight=fold))
+        elif self.attn_signal is not None:
             delta = self.attn_signal(h)  # B x T x 3C
             if self.attn_place == "after":
                 signal = AttentionTerms(qkv_delta=delta)
@@ -141,7 +151,10 @@ class LevelParts(nn.Module):
         """FFN keyword arguments carrying this level's FFN signal (RingFormer eq. 7) and its
         LoRA on the two projections (Relaxed Recursive Transformers eq. 3)."""
         deltas: dict[str, Tensor | Callable[[Tensor], Tensor]] = {}
-        if self.ffn_signal is not None:
+        if self._folds(self.ffn_signal):
+            into_input = self.ffn_place == "input"
+            deltas["up_weight"] = functools.partial(self.ffn_signal.fold, into_input=into_input)
+        elif self.ffn_signal is not None:
             key = "input_delta" if self.ffn_place == "input" else "hidden_delta"
             deltas[key] = self.ffn_signal(h)
         if self.lora is not None and "ffn_up" in self.lora:
