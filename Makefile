@@ -52,9 +52,10 @@ benchmark: $(STAMP)
 
 # gpu-check: on a CUDA machine, within BUDGET seconds (default 480, installation included):
 # .venv-gpu on the CUDA torch already installed (python3's, or PYTHON=... given here), the rest
-# from the index or from WHEELS=dir alone; then the real fairseq-train/-generate, the NMT
-# benchmark, pytest -m cuda and the vision benchmark, reported in docs/gpu_check.md
-# (GPU_REPORT=...) after every step, every command's output in its .log.
+# from the index or from WHEELS=dir alone; then generation of every family (decode), the
+# real fairseq-train/-generate, the NMT benchmark, pytest -m cuda and the vision benchmark,
+# reported in docs/gpu_check.md (GPU_REPORT=...) after every step, every command's output in
+# its .log.
 GPU_PYTHON := $(if $(filter command line environment,$(origin PYTHON)),$(PYTHON),python3)
 GPU_REPORT ?= docs/gpu_check.md
 

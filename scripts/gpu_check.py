@@ -17,6 +17,10 @@ H100/H200, installation included). On a CUDA machine it
    early step that runs long shortens the later ones; a step left less than 20 s is not
    started, and the report says so):
 
+   - ``decode``: beam-search generation of every family against fairseq's transformer at
+     base size (``scripts/profile_decoding.py --no-profile``: all models in one process, their
+     timed rounds alternating; about 40 s on an H100), first because it is quick and what the
+     speed targets are most about;
    - ``fairseq``: the real ``fairseq-train`` and ``fairseq-generate`` of fairseq's
      ``transformer`` and ``ringformer`` at base size on the embedded corpus
      (``scripts/fairseq_speed.py``; steady state: the second epoch is timed);
@@ -78,7 +82,7 @@ PROG = "python -m scripts.gpu_check"
 DTYPES = ("fp32", "bf16", "fp16")
 NMT_BASELINE = "transformer"
 VISION_BASELINE = "timm vit"
-PARTS = ("fairseq", "nmt", "tests", "vision")
+PARTS = ("decode", "fairseq", "nmt", "tests", "vision")
 # scripts/benchmark_*.py flags per size: "base" is issue 13's base size with the rounds of
 # docs/benchmarks.md; "check" the same models with the step counts of the default budget (scaled with
 # --budget: see scaled()); "smoke" a tiny CPU run
@@ -103,6 +107,12 @@ VISION_SIZES = {
 }
 # scripts/fairseq_speed.py: the real command lines, base size, two epochs (the second timed)
 # on 16,000 training pairs, half the test set translated (scaled with --budget)
+DECODE_SIZES = {
+    "check": "--embed-dim 512 --ffn-dim 2048 --heads 8 --levels 6 --sentences 64 --beam 4 "
+    "--decode-len 32 --rounds 10",
+    "smoke": "--embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 --sentences 2 --beam 2 "
+    "--decode-len 3 --rounds 2",
+}
 FAIRSEQ_SIZES = {
     "check": "--archs transformer ringformer --embed-dim 512 --ffn-dim 2048 --heads 8 "
     "--levels 6 --max-tokens 8192 --epochs 2 --max-train 16000 --workers 8",
@@ -270,6 +280,37 @@ def fairseq_lines(check: dict) -> list[str]:
     return lines
 
 
+def decode_lines(check: dict) -> list[str]:
+    lines = []
+    for dtype, doc in check.get("decode", {}).items():
+        lines += ["", f"## Generation (beam search), {dtype}", ""]
+        if "error" in doc:
+            lines += failed_lines(doc)
+            continue
+        s = doc["settings"]
+        lines += [
+            f"fairseq's `SequenceGenerator` on {s['sentences']} test sentences in one batch, "
+            f"beam {s['beam']}, exactly {s['decode_len']} tokens (`scripts/profile_decoding.py"
+            f"`; H={s['embed_dim']}, FF={s['ffn_dim']}, {s['heads']} heads, {s['levels']} "
+            f"levels). Every model is loaded at once and their {s['rounds']} timed rounds "
+            "alternate; the fastest round counts. Speed ratio: fairseq's transformer's time "
+            "per step over the family's (target in fp16: at least 1.0).",
+            "",
+            "| arch | ms per step | median | speed ratio | target |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        base = doc["results"][0]
+        for row in doc["results"]:
+            ratio = base["wall_ms_per_step"] / row["wall_ms_per_step"]
+            goal = Target(1.0, at_least=True) if row is not base and dtype == "fp16" else None
+            lines.append(
+                f"| `{row['arch']}` | {row['wall_ms_per_step']:.3f} | "
+                f"{row['median_ms_per_step']:.3f} | {ratio:.2f} | "
+                f"{goal.cell(ratio) if goal else '-'} |"
+            )
+    return lines
+
+
 def render_report(check: dict) -> str:
     """The markdown report of one run, as far as it got (``check``: see :class:`Report`)."""
     env = check["environment"]
@@ -298,6 +339,7 @@ def render_report(check: dict) -> str:
     if tests:
         lines.append(f"| tests (`pytest -m cuda`) | {tests['summary']} |")
         lines += [f"| failed | `{name}` |" for name in tests.get("failed", [])]
+    lines += decode_lines(check)
     lines += fairseq_lines(check)
     sections = [
         ("Translation", "nmt", "arch", NMT_COLUMNS, NMT_BASELINE),
@@ -478,7 +520,7 @@ MIN_STEP_SECONDS = 20.0
 class Step:
     """One measurement of the check: ``part`` in ``dtype``, and its share of the budget."""
 
-    part: str  # fairseq, nmt, tests, vision
+    part: str  # decode, fairseq, nmt, tests, vision
     dtype: str | None
     weight: float
 
@@ -488,9 +530,12 @@ class Step:
 
 
 def plan_steps(opts: argparse.Namespace) -> list[Step]:
-    """The steps in their order (issue 25): the real command lines, the NMT benchmark,
-    ``pytest -m cuda``, the vision benchmark; a dtype after the first weighs less."""
+    """The steps in their order (issue 25): generation of every family, the real command
+    lines, the NMT benchmark, ``pytest -m cuda``, the vision benchmark; a dtype after the
+    first weighs less."""
     steps = []
+    if "decode" in opts.parts:
+        steps += [Step("decode", d, 1.5 if i == 0 else 1.0) for i, d in enumerate(opts.dtypes)]
     if "fairseq" in opts.parts:
         # fairseq's half precision on a GPU is fp16 (its --bf16 means a TPU); a CPU: fp32
         steps.append(Step("fairseq", "fp32" if opts.cpu_smoke else "fp16", 3.0))
@@ -556,6 +601,20 @@ def run_fairseq(python: Path, opts: argparse.Namespace, step: Step, limit: float
     return run_json_command(script, opts.raw / f"fairseq_{step.dtype}.json", opts.log, limit)
 
 
+def run_decode(python: Path, opts: argparse.Namespace, step: Step, limit: float) -> dict:
+    """``scripts/profile_decoding.py --no-profile``: generation of every family, timed."""
+    if opts.cpu_smoke:
+        flags = DECODE_SIZES["smoke"].split() + ["--device", "cpu"]
+    else:
+        flags = scaled(DECODE_SIZES["check"], opts.scale, ("--rounds",))
+        flags += ["--device", "cuda"]
+    flags += ["--dtype", step.dtype, "--no-profile"]
+    flags += ["--archs", *opts.archs] if opts.archs else []
+    flags += ["--data", str(opts.data)] if opts.data else []
+    cmd = [str(python), str(ROOT / "scripts" / "profile_decoding.py"), *flags]
+    return run_json_command(cmd, opts.raw / f"decode_{step.dtype}.json", opts.log, limit)
+
+
 def run_benchmark(python: Path, opts: argparse.Namespace, step: Step, limit: float) -> dict:
     """``scripts/benchmark_{nmt,vision}.py`` at the check's size, scaled to the budget."""
     nmt = step.part == "nmt"
@@ -607,7 +666,12 @@ def run_tests(python: Path, opts: argparse.Namespace, step: Step, limit: float) 
 
 
 TEST_OUTCOMES = ("passed", "failed", "error", "skipped")
-RUNNERS = {"fairseq": run_fairseq, "nmt": run_benchmark, "vision": run_benchmark}
+RUNNERS = {
+    "decode": run_decode,
+    "fairseq": run_fairseq,
+    "nmt": run_benchmark,
+    "vision": run_benchmark,
+}
 
 
 class Report:
@@ -630,6 +694,7 @@ class Report:
             "environment": {},
             "setup": None,
             "tests": None,
+            "decode": {},
             "fairseq": {},
             "nmt": {},
             "vision": {},

@@ -212,14 +212,21 @@ def smoke_command(out: Path, data: Path, *parts: str) -> list[str]:
 @pytest.mark.e2e
 def test_cpu_smoke_writes_the_report_the_raw_figures_and_the_log(data, tmp_path):
     out = tmp_path / "report" / "gpu_check.md"
-    cmd = smoke_command(out, data, "fairseq", "nmt")  # images: test_the_report_of_a_real_...
+    cmd = smoke_command(out, data, "decode", "fairseq", "nmt")  # images: test_the_report_...
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:]
     report = out.read_text()
-    assert "**Complete** after" in report and "Steps done: fairseq fp32, nmt bf16." in report
+    assert "**Complete** after" in report
+    assert "Steps done: decode bf16, fairseq fp32, nmt bf16." in report
+    # generation first: every model in one process, their rounds alternating
+    assert "## Generation (beam search), bf16" in report
+    decode = json.loads((out.parent / "gpu_check" / "decode_bf16.json").read_text())
+    assert [r["arch"] for r in decode["results"]] == ["transformer", "ringformer"]
+    assert all(r["wall_ms_per_step"] > 0 and r["steps"] == 4 for r in decode["results"])
     assert "| `ringformer` |" in report and "## Images" not in report
     assert "## fairseq-train and fairseq-generate, fp32" in report
-    fairseq_rows = [line for line in report.splitlines() if line.startswith("| `")]
+    fairseq_part = report[report.index("## fairseq-train") :]
+    fairseq_rows = [line for line in fairseq_part.splitlines() if line.startswith("| `")]
     assert fairseq_rows[0].startswith("| `transformer` |") and len(fairseq_rows) >= 4
     check = json.loads(out.with_suffix(".json").read_text())
     assert check["smoke"] and list(check["nmt"]) == ["bf16"] and check["vision"] == {}
@@ -284,6 +291,25 @@ def test_steps_share_the_budget_and_those_left_too_little_are_not_run(tmp_path, 
         "vision bf16": "not run: 18 s of the budget were left",
     }
     assert json.loads((tmp_path / "r.json").read_text())["skipped"] == report.check["skipped"]
+
+
+def test_generation_is_measured_first_with_its_target_in_fp16(tmp_path):
+    opts = gpu_check.parse_args(["--out", str(tmp_path / "r.md"), "--dtypes", "fp16", "bf16"])
+    steps = [s.name for s in gpu_check.plan_steps(opts)]
+    assert steps[:3] == ["decode fp16", "decode bf16", "fairseq fp16"]
+    rows = [
+        {"arch": "transformer", "wall_ms_per_step": 8.0, "median_ms_per_step": 9.0},
+        {"arch": "ringformer", "wall_ms_per_step": 7.5, "median_ms_per_step": 8.0},
+        {"arch": "sret", "wall_ms_per_step": 10.0, "median_ms_per_step": 11.0},
+    ]
+    settings = dict(sentences=64, beam=4, decode_len=32, embed_dim=512, ffn_dim=2048)
+    settings.update(heads=8, levels=6, rounds=10)
+    doc = {"settings": settings, "results": rows}
+    lines = gpu_check.decode_lines({"decode": {"fp16": doc, "bf16": doc}})
+    assert "| `ringformer` | 7.500 | 8.000 | 1.07 | >= 1.00 met |" in lines
+    assert "| `sret` | 10.000 | 11.000 | 0.80 | >= 1.00 **missed** |" in lines
+    assert "| `transformer` | 8.000 | 9.000 | 1.00 | - |" in lines
+    assert "| `sret` | 10.000 | 11.000 | 0.80 | - |" in lines  # bf16: no target
 
 
 def test_step_sizes_follow_the_budget():
