@@ -40,10 +40,10 @@ def test_ut_runs_deeper_than_it_was_built_with_sinusoidal_level_embeddings(scale
 
 def test_sret_loops_each_block_fewer_times():
     stack = build_stack(SRET)
-    assert stack.depth_levels(2) == [0, 2]  # the shallow branch (SReT appendix B)
-    assert stack.depth_levels(4) == [0, 1, 2, 3]
+    assert stack.plan.depth_levels(2) == [0, 2]  # the shallow branch (SReT appendix B)
+    assert stack.plan.depth_levels(4) == [0, 1, 2, 3]
     with pytest.raises(ConfigError, match=r"levels=3: .*choose one of \[2, 4\]"):
-        stack.depth_levels(3)
+        stack.plan.depth_levels(3)
 
 
 @pytest.mark.parametrize(

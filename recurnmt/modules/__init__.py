@@ -33,8 +33,9 @@ from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 from recurnmt.modules.level_lora import LevelLoRA, LowRankDelta
 from recurnmt.modules.level_parts import LevelParts
 from recurnmt.modules.level_signals import FullRankSignal, LowRankSignal, build_signal
+from recurnmt.modules.memory import Memory
 from recurnmt.modules.sliced_attention import SlicedGroups
-from recurnmt.modules.stack import Memory, RecurrentStack, StackOutput
+from recurnmt.modules.stack import RecurrentStack, StackOutput
 
 __all__ = [
     "AddAtEveryLevel",

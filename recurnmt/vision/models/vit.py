@@ -143,7 +143,7 @@ class VisionTransformer(nn.Module):
     def set_depth(self, depth: int | None) -> None:
         """Runs ``depth`` levels of the trained stack (elastic depth; None: as built).
 
-        See :meth:`~recurnmt.modules.RecurrentStack.depth_levels` for the depths a stack has.
+        See :meth:`~recurnmt.modules.DepthPlan.depth_levels` for the depths a stack has.
 
         Raises:
             ConfigError: naming ``levels``, a depth the stack or its MRLA does not define.
