@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recurnmt.modules import ConfigError, SignalConfig, StackConfig, build_stack
+from recurnmt.modules import ConfigError, SignalConfig, StackConfig, build_stack, shallow_branch
 from recurnmt.nmt.build import build_model
 from tests.nmt_helpers import DICT, batch, full_and_stepwise, train_signals
 
@@ -90,7 +90,8 @@ def test_vision_models_run_at_another_depth():
     x = torch.randn(2, 3, 32, 32)
     sret = create_model("sret_mini", **small).eval()  # 3 blocks x 2 loops
     full = sret(x)
-    shallow = sret(x, shallow=True)
+    with shallow_branch(sret):
+        shallow = sret(x)
     sret.set_depth(3)
     torch.testing.assert_close(sret(x), shallow)
     sret.set_depth(None)
@@ -102,7 +103,9 @@ def test_vision_models_run_at_another_depth():
     assert mrla(x).shape == (2, 5)
     mixer = create_model("recursive_mixer_mini", **small).eval()
     mixer.set_depth(3)
-    torch.testing.assert_close(mixer(x), mixer(x, shallow=True))
+    with shallow_branch(mixer):
+        shallow = mixer(x)
+    torch.testing.assert_close(mixer(x), shallow)
     uit_mrla = create_model("uit_mini_patch4", mrla="light", global_pool="avg", class_token=False)
     with pytest.raises(ConfigError, match=r"levels=8: MRLA exists for the 6 levels"):
         uit_mrla.set_depth(8)

@@ -34,6 +34,7 @@ from recurnmt.modules.level_lora import LevelLoRA, LowRankDelta
 from recurnmt.modules.level_parts import LevelParts
 from recurnmt.modules.level_signals import FullRankSignal, LowRankSignal, build_signal
 from recurnmt.modules.memory import Memory
+from recurnmt.modules.mixed_depth import shallow_branch
 from recurnmt.modules.sliced_attention import SlicedGroups
 from recurnmt.modules.stack import RecurrentStack, StackOutput
 
@@ -69,5 +70,6 @@ __all__ = [
     "build_plan",
     "build_stack",
     "build_signal",
+    "shallow_branch",
     "sinusoidal_level_embedding",
 ]

@@ -10,7 +10,8 @@ optionally a halting unit (ACT) and a final norm. Level i runs ``blocks[plan[i]]
 Extensions of one call (UT positions, MRLA, DVT's reuse, alignment weights, recording level
 outputs) are :class:`~recurnmt.modules.hooks.LevelHook` objects passed to
 :meth:`RecurrentStack.forward`; they never widen its signature. Modes are set once, not per
-call: the depth it runs (``set_depth``; the arithmetic is the plan's), its memory policy
+call: the depth it runs (``set_depth``; the arithmetic is the plan's), SReT's shallow branch
+(``set_shallow``, :func:`~recurnmt.modules.mixed_depth.shallow_branch`), its memory policy
 (``set_grad_checkpointing``, :mod:`recurnmt.modules.checkpointing`) and ``set_compile``. A
 decoder's memory is projected once per unique block (:mod:`recurnmt.modules.memory`).
 """
@@ -43,12 +44,8 @@ from recurnmt.modules.untie import untie
 
 @dataclass
 class StackOutput:
-    """What one pass of a stack returns.
-
-    Attributes:
-        output: B x T x C, after the final norm.
-        ponder: ACT's N + R per position (B x T); None without halting.
-    """
+    """What one pass of a stack returns: its ``output`` (B x T x C, after the final norm) and
+    ACT's ``ponder`` cost N + R per position (B x T; None without halting)."""
 
     output: Tensor
     ponder: Tensor | None = None
@@ -94,6 +91,7 @@ class RecurrentStack(nn.Module):
         self.offload_activations = False
         self.checkpoint_segment = 0  # levels per outer checkpoint segment (0: none)
         self.run_levels: list[int] | None = None  # elastic depth (set_depth)
+        self.shallow_levels: list[int] | None = None  # SReT's shallow branch (set_shallow)
         self.compile_settings: CompileSettings | None = None  # torch.compile (set_compile)
 
     def set_grad_checkpointing(
@@ -128,9 +126,16 @@ class RecurrentStack(nn.Module):
             self.plan = DepthPlan((0,) * depth)
         self.run_levels = levels
 
+    def set_shallow(self, enable: bool = True) -> None:
+        """Runs SReT's shallow branch from now on (each block once, SReT appendix B; False:
+        the full depth again); :func:`~recurnmt.modules.mixed_depth.shallow_branch`."""
+        self.shallow_levels = self.plan.first_loop_levels() if enable else None
+
     @property
     def active_levels(self) -> Sequence[int]:
-        """The levels a pass runs now, in order (elastic depth or all)."""
+        """The levels a pass runs now, in order (shallow branch, elastic depth or all)."""
+        if self.shallow_levels is not None:
+            return self.shallow_levels
         return range(self.num_levels) if self.run_levels is None else self.run_levels
 
     @property
@@ -232,13 +237,11 @@ class RecurrentStack(nn.Module):
         return x
 
     def _segment_length(self, x: Tensor, levels: int, hooks: Sequence[LevelHook]) -> int:
-        """Levels per outer checkpoint segment of this pass (0: per-level checkpoints only;
-        ACT carries state from level to level)."""
+        """Levels per checkpoint segment of this pass (0: none; ACT carries state)."""
         if self.halting is not None:
             return 0
         return segment_length(self.checkpoint_segment, levels, x, self.training, hooks)
 
     def untied(self) -> RecurrentStack:
-        """A copy in which every level has its own block, holding the same weights (see
-        :func:`~recurnmt.modules.untie.untie`)."""
+        """Every level its own copy of its block (:func:`~recurnmt.modules.untie.untie`)."""
         return untie(self)

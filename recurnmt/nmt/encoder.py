@@ -49,13 +49,9 @@ class RecurrentEncoder(FairseqEncoder):
         src_lengths: Tensor | None = None,
         return_all_hiddens: bool = False,
         token_embeddings: Tensor | None = None,
-        shallow: bool = False,
     ) -> EncoderOut:
-        """Encodes B x T source tokens.
-
-        Args:
-            shallow: run SReT's shallow branch (every block once) instead of all levels.
-        """
+        """Encodes B x T source tokens (at the stack's depth, or its shallow branch:
+        :func:`~recurnmt.modules.shallow_branch`)."""
         if token_embeddings is not None:
             raise NotImplementedError("precomputed token embeddings are not supported")
         padding_mask = src_tokens.eq(self.padding_idx)  # B x T
@@ -72,7 +68,6 @@ class RecurrentEncoder(FairseqEncoder):
         out = self.stack(
             x,
             padding_mask=padding_mask if has_pads else None,
-            levels=self.stack.plan.first_loop_levels() if shallow else None,
             hooks=hooks,
         )
         if src_lengths is None:

@@ -273,13 +273,10 @@ class SReT(nn.Module):
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
-    def forward_features(self, x: Tensor, shallow: bool = False) -> Tensor:
-        """Image B x in x H x W -> last-stage tokens B x T x C3.
-
-        Args:
-            shallow: every block runs once (no second loop): the shallow branch of mixed-depth
-                training (SReT appendix B).
-        """
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Image B x in x H x W -> last-stage tokens B x T x C3 (every block looped, or once
+        in the shallow branch of mixed-depth training, SReT appendix B:
+        :func:`~recurnmt.modules.shallow_branch`)."""
         x = self.stem(x)  # B x C1 x h x w
         for s, stage in enumerate(self.stages):
             if s > 0:
@@ -288,9 +285,8 @@ class SReT(nn.Module):
             x = x.flatten(2).transpose(1, 2)  # B x T x C
             if s == 0:
                 x = self.pos_drop(self.pos_embed(x, (h, w)))
-            levels = stage.plan.first_loop_levels() if shallow else None
             hooks = [self.layer_attn[s].start((h, w), 0)] if self.layer_attn is not None else []
-            x = stage(x, levels=levels, hooks=hooks).output
+            x = stage(x, hooks=hooks).output
             if s + 1 < len(self.stages):
                 x = x.transpose(1, 2).reshape(x.size(0), -1, h, w)  # B x C x h x w
         return x
@@ -300,8 +296,8 @@ class SReT(nn.Module):
         x = self.head_drop(self.norm(x.mean(dim=1)))  # B x C
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Tensor, shallow: bool = False) -> Tensor:
-        return self.forward_head(self.forward_features(x, shallow))
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
 
 
 def _create(defaults: dict, kwargs: dict) -> SReT:

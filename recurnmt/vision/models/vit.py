@@ -18,8 +18,9 @@ relaxed recursive ViT      M blocks looped in a cycle, a LoRA and bias deltas pe
                            every level, per level and never shared (Fang et al. 2023; ``mrla=``)
 =========================  ==================================================================
 
-Every model also runs its shallow branch, each unique block once (``model(x, shallow=True)``),
-for SReT's mixed-depth training (SReT appendix B).
+Every model also runs its shallow branch, each unique block once, for SReT's mixed-depth
+training (SReT appendix B): a mode of its stack (``with shallow_branch(model): model(x)``,
+:func:`~recurnmt.modules.shallow_branch`).
 
 Regularisation and norms follow timm/DeiT: layer norms with eps 1e-6 (``norm_eps``), and
 stochastic depth (``drop_path_rate``, Huang et al. 2016) whose per-sample branch-dropping rate
@@ -176,14 +177,10 @@ class VisionTransformer(nn.Module):
             x = self.pos_embed(x, grid)
         return self.pos_drop(x), grid
 
-    def forward_features(
-        self, x: Tensor, shallow: bool = False, hooks: Sequence[LevelHook] = ()
-    ) -> Tensor:
+    def forward_features(self, x: Tensor, hooks: Sequence[LevelHook] = ()) -> Tensor:
         """Image B x C x H x W -> normalised tokens B x T x D (ViT eq. 2-4 before the head).
 
         Args:
-            shallow: run every unique block once instead of the full depth (the shallow
-                branch of SReT's mixed-depth training, appendix B).
             hooks: further level hooks for the stack, after the model's own (UT positions,
                 MRLA): DVT's reuse, recording level outputs.
         """
@@ -193,8 +190,7 @@ class VisionTransformer(nn.Module):
             own.append(AddAtEveryLevel(self.pos_embed.table(grid, x)))
         if self.layer_attn is not None:
             own.append(self.layer_attn.start(grid, self.num_prefix_tokens))
-        levels = self.stack.plan.first_loop_levels() if shallow else None
-        return self.stack(x, levels=levels, hooks=[*own, *hooks]).output
+        return self.stack(x, hooks=[*own, *hooks]).output
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens B x T x D -> logits B x num_classes (or the pooled B x D)."""
@@ -205,8 +201,8 @@ class VisionTransformer(nn.Module):
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Tensor, shallow: bool = False) -> Tensor:
-        return self.forward_head(self.forward_features(x, shallow))
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
 
 
 def vit_stack_config(
