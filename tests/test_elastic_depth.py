@@ -9,7 +9,7 @@ from recurnmt.modules import ConfigError, SignalConfig, StackConfig, build_stack
 from recurnmt.nmt.build import build_model
 from tests.nmt_helpers import DICT, batch, full_and_stepwise, train_signals
 
-BASE = StackConfig(embed_dim=16, ffn_dim=32, num_heads=2, num_levels=4, dropout=0.0)
+BASE = StackConfig.from_options(embed_dim=16, ffn_dim=32, num_heads=2, num_levels=4, dropout=0.0)
 UT = BASE.replace(num_unique=1, signal=SignalConfig(kind="static"))
 RING = BASE.replace(num_unique=1, norms_per_level=True, signal=SignalConfig(kind="lowrank", rank=2))
 SRET = BASE.replace(num_unique=2, sharing="sequence", nll_ratio=1.0, lrc="both")

@@ -11,7 +11,7 @@ import torch
 from recurnmt.modules import StackConfig, build_stack, shallow_branch
 
 REPO = Path(__file__).resolve().parents[1]
-SRET = StackConfig(
+SRET = StackConfig.from_options(
     embed_dim=16, ffn_dim=32, num_heads=2, num_levels=4, num_unique=2, sharing="sequence"
 )
 

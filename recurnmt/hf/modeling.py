@@ -110,16 +110,16 @@ class StackSide(nn.Module):
             config,
             embed_tokens,
             max_positions,
-            add_positions=not self.stack_cfg.positions_every_level,
+            add_positions=not self.stack_cfg.coordinates.positions_every_level,
         )
         self.stack = build_stack(self.stack_cfg)
         self.stack.set_depth(getattr(config, f"{side}_levels"))
 
     def level_hooks(self, positions: Tensor | None) -> list[AddAtEveryLevel]:
         """The Universal Transformer's positions at every level, as fairseq adds them."""
-        if not self.stack_cfg.positions_every_level:
+        if not self.stack_cfg.coordinates.positions_every_level:
             return []
-        return [AddAtEveryLevel(self.stack_cfg.coordinate_scale * positions)]
+        return [AddAtEveryLevel(self.stack_cfg.coordinates.scale * positions)]
 
 
 class RecurnmtEncoder(StackSide):
@@ -199,7 +199,7 @@ class RecurnmtPreTrainedModel(PreTrainedModel):
             if any(parts is module for parts in side.stack.levels):
                 i, dim = module.index, module.level_embedding.numel()
                 table = sinusoidal_level_embedding(i + 1, dim)  # row i depends on i only
-                scale = side.stack_cfg.coordinate_scale
+                scale = side.stack_cfg.coordinates.scale
                 module.level_embedding.copy_(scale * table[i].to(module.level_embedding))
 
     @classmethod

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from recurnmt.modules.attention import MemoryKV
-from recurnmt.modules.config import ConfigError
+from recurnmt.modules.errors import ConfigError
 from recurnmt.modules.hooks import LevelHook
 
 

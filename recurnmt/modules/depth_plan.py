@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recurnmt.modules.config import SHARING_SCHEMES, ConfigError
+from recurnmt.modules.config import SHARING_SCHEMES
+from recurnmt.modules.errors import ConfigError
 
 
 @dataclass(frozen=True)

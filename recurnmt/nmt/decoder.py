@@ -52,11 +52,11 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             embed_tokens,
             args.max_target_positions,
             "decoder",
-            add_positions=not stack_cfg.positions_every_level,
+            add_positions=not stack_cfg.coordinates.positions_every_level,
         )
         self.padding_idx = self.embed.padding_idx
         self.stack_cfg = stack_cfg  # what the stack was built from (analysis, tests)
-        self.positions_every_level = stack_cfg.positions_every_level
+        self.positions_every_level = stack_cfg.coordinates.positions_every_level
         self.stack = build_stack(stack_cfg)
         self.share_input_output_embed = args.share_decoder_input_output_embed
         if self.share_input_output_embed:
@@ -133,7 +133,7 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         x, _, positions = self.embed(prev_output_tokens, incremental_state)  # B x T x C
         hooks = []
         if self.positions_every_level:  # UT: positions join the level embedding at every level
-            hooks.append(AddAtEveryLevel(self.stack_cfg.coordinate_scale * positions))
+            hooks.append(AddAtEveryLevel(self.stack_cfg.coordinates.scale * positions))
         # like fairseq's transformer: alignment weights of the last level in evaluation
         alignment = None
         if not self.training:

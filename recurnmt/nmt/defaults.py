@@ -11,7 +11,8 @@ A setting takes the first value given by, in order:
 2. :data:`FAMILY_SIZE`, a family's exceptions at one size (SReT's depth at ``tiny``);
 3. :data:`FAMILIES`, what makes the family (RingFormer's shared block and level signals);
 4. :data:`SIZES`;
-5. :data:`BASE`, every recurnmt option: a vanilla Transformer built from our blocks;
+5. :data:`BASE`, every recurnmt option: a vanilla Transformer built from our blocks (derived
+   from the options' declarations, :mod:`recurnmt.nmt.options`);
 6. fairseq's transformer ``base_architecture``, for fairseq's own options.
 
 :func:`fill_defaults` fills only what is unset, so a second run changes nothing: fairseq runs
@@ -31,46 +32,14 @@ from typing import Any
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from recurnmt.modules import ConfigError
+from recurnmt.nmt.options import recurnmt_defaults
 from recurnmt.nmt.registry import RECURRENT_CRITERION
 
 Defaults = dict[str, Any]
 
-# every recurnmt option (see recurnmt.nmt.options.add_recurrent_args)
-BASE: Defaults = {
-    "encoder_unique_layers": None,  # None: one block per level
-    "decoder_unique_layers": None,
-    "sharing_scheme": "cycle",
-    "layer_norms": "per-block",
-    "level_signal": "none",
-    "level_signal_rank": None,  # None: width // 16
-    # the low-rank signals' down factors start N(0, 1e-6^2), as RingFormer's code
-    "level_signal_down_init": "normal",
-    "level_signal_down_std": 1e-6,
-    "attn_signal": "after",
-    "ffn_signal": "input",
-    "block_bias": "on",  # biases in the attention and FFN projections, as fairseq's
-    "encoder_ffn_sharing": "block",
-    "decoder_ffn_sharing": "block",
-    "positions": "input",
-    "coordinate_scale": 1.0,
-    "checkpoint_segment": "0",
-    "compile": None,  # torch.compile backend of the stacks (None: eager)
-    "compile_mode": None,
-    "act": "off",
-    "act_threshold": 0.99,
-    "act_bias_init": 1.0,
-    "lrc": "none",
-    "nll_ratio": 0.0,
-    "level_lora_rank": "0",  # relaxed recursion: no per-level LoRA
-    "encoder_attn_groups": (),
-    "mixed_depth": "off",
-    "encoder_levels": None,  # elastic depth: run at another depth (None: as built)
-    "decoder_levels": None,
-    # embedding layout (recurnmt.nmt.embedding_layout): fairseq's unless asked
-    "share_encoder_decoder_embeddings": False,
-    "output_projection_bias": False,
-    "scale_embedding": "on",  # fairseq's sqrt(H) on embeddings initialised N(0, 1/H)
-}
+# every recurnmt option: a stack option's field default, as its flag spells it, and the model
+# flags' (recurnmt.nmt.options); a vanilla Transformer built from our blocks
+BASE: Defaults = recurnmt_defaults()
 
 # what a model saved before these options existed was built with (issue 29)
 LEGACY: Defaults = {

@@ -32,11 +32,11 @@ class RecurrentEncoder(FairseqEncoder):
             embed_tokens,
             args.max_source_positions,
             "encoder",
-            add_positions=not stack_cfg.positions_every_level,
+            add_positions=not stack_cfg.coordinates.positions_every_level,
         )
         self.padding_idx = self.embed.padding_idx
         self.stack_cfg = stack_cfg  # what the stack was built from (analysis, tests)
-        self.positions_every_level = stack_cfg.positions_every_level
+        self.positions_every_level = stack_cfg.coordinates.positions_every_level
         self.stack = build_stack(stack_cfg)
 
     @property
@@ -61,7 +61,7 @@ class RecurrentEncoder(FairseqEncoder):
             x = x * (~padding_mask).unsqueeze(-1).type_as(x)
         hooks = []
         if self.positions_every_level:  # UT: positions join the level embedding at every level
-            hooks.append(AddAtEveryLevel(self.stack_cfg.coordinate_scale * positions))
+            hooks.append(AddAtEveryLevel(self.stack_cfg.coordinates.scale * positions))
         states = LevelOutputs()
         if return_all_hiddens:
             hooks.append(states)

@@ -183,7 +183,7 @@ class SReT(nn.Module):
         self.stages = nn.ModuleList()
         configs: list[StackConfig] = []
         for s, (dim, unique, head) in enumerate(zip(dims, unique_layers, heads, strict=True)):
-            cfg = StackConfig(
+            cfg = StackConfig.from_options(
                 embed_dim=dim,
                 ffn_dim=int(dim * mlp_ratio),
                 num_heads=head,
@@ -211,11 +211,11 @@ class SReT(nn.Module):
             nn.ModuleList(
                 LayerAttention(
                     cfg.embed_dim,
-                    cfg.num_levels,
+                    cfg.depth.num_levels,
                     variant=mrla,
                     head_dim=mrla_head_dim,
                     stages=1,
-                    drop_path=list(cfg.level_drop_path),
+                    drop_path=list(cfg.regularization.level_drop_path),
                     norm_eps=1e-6,
                 )
                 for cfg in configs

@@ -250,7 +250,7 @@ def vit_stack_config(
         lora_rank: relaxed recursion, every level's own LoRA rank on every linear of its
             block, with bias deltas (Relaxed Recursive Transformers eq. 3; 0: none).
     """
-    return StackConfig(
+    return StackConfig.from_options(
         embed_dim=embed_dim,
         ffn_dim=ffn_dim if ffn_dim is not None else int(embed_dim * mlp_ratio),
         num_heads=num_heads,
@@ -313,7 +313,7 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
         layer_attention=_layer_attention(
             cfg, skip_last_level=image.get("global_pool", "token") == "token", **mrla
         ),
-        positions_every_level=cfg.positions_every_level,
+        positions_every_level=cfg.coordinates.positions_every_level,
         **image,
     )
 
@@ -338,14 +338,15 @@ def _layer_attention(
         if mrla_head_dim is not None or mrla_stages is not None:
             raise ValueError("mrla_head_dim / mrla_stages need mrla='light' or mrla='base'")
         return None
+    num_levels = cfg.depth.num_levels
     return LayerAttention(
         cfg.embed_dim,
-        cfg.num_levels,
+        num_levels,
         variant=mrla,
         head_dim=16 if mrla_head_dim is None else mrla_head_dim,
         stages=3 if mrla_stages is None else mrla_stages,
-        drop_path=[cfg.drop_path_rate(i) for i in range(cfg.num_levels)],
-        norm_eps=cfg.norm_eps,
+        drop_path=[cfg.drop_path_rate(i) for i in range(num_levels)],
+        norm_eps=cfg.norms.eps,
         skip_last_level=skip_last_level,
     )
 
