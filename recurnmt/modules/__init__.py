@@ -9,9 +9,9 @@ The layers, bottom up (see ARCHITECTURE.md at the repository root):
 * :class:`TransformerBlock` (built sub-modules) and :class:`LevelParts` (what a level owns);
 * :class:`DepthPlan` (level -> block) and :class:`RecurrentStack` (the one level loop),
   extended per call by :class:`LevelHook` objects;
-* :class:`StackConfig` (part configs whose fields are the options,
-  :mod:`~recurnmt.modules.options`) and :func:`build_stack`, which turn a configuration into a
-  stack;
+* :class:`StackConfig` (part configs whose fields are the options, :mod:`~recurnmt.modules.options`)
+  and :func:`build_stack`, which turn a configuration into a stack; :data:`FAMILIES`, what
+  makes each architecture family, in option values;
   :func:`~recurnmt.modules.relaxed_init.relax_stack` starts a relaxed recursive stack from a
   trained one.
 """
@@ -41,8 +41,15 @@ from recurnmt.modules.config import (
     StackConfig,
 )
 from recurnmt.modules.depth_plan import DepthPlan
+from recurnmt.modules.families import FAMILIES, Family
 from recurnmt.modules.feedforward import FeedForward
-from recurnmt.modules.hooks import AddAtEveryLevel, CrossAttentionWeights, LevelHook, LevelOutputs
+from recurnmt.modules.hooks import (
+    AddAtEveryLevel,
+    CrossAttentionWeights,
+    LevelHook,
+    LevelOutputs,
+    positions_hooks,
+)
 from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 from recurnmt.modules.level_lora import LevelLoRA, LowRankDelta
@@ -54,6 +61,7 @@ from recurnmt.modules.sliced_attention import SlicedGroups
 from recurnmt.modules.stack import RecurrentStack, StackOutput
 
 __all__ = [
+    "FAMILIES",
     "AddAtEveryLevel",
     "AttentionTerms",
     "BlockConfig",
@@ -63,6 +71,7 @@ __all__ = [
     "CrossAttentionWeights",
     "DepthConfig",
     "DepthPlan",
+    "Family",
     "FeedForward",
     "FullRankSignal",
     "HaltingConfig",
@@ -94,6 +103,7 @@ __all__ = [
     "build_plan",
     "build_stack",
     "build_signal",
+    "positions_hooks",
     "shallow_branch",
     "sinusoidal_level_embedding",
 ]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -597,7 +596,7 @@ class StackConfig:
             TypeError: a name that is neither.
             ConfigError: an impossible result, naming the option.
         """
-        index = stack_options()
+        index = option_fields(type(self))
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         by_part: dict[str, dict[str, Any]] = {}
         for name, value in changes.items():
@@ -614,13 +613,13 @@ class StackConfig:
                 raise TypeError(f"{name!r} is no stack option")
         for name, fields_ in by_part.items():
             values[name] = dataclasses.replace(values[name], **fields_)
-        return StackConfig(**values)
+        return type(self)(**values)
 
     def options(self) -> dict[str, Any]:
         """``{option name: value}`` of every option."""
         return {
             name: getattr(self if w.part is None else getattr(self, w.part), w.field)
-            for name, w in stack_options().items()
+            for name, w in option_fields(type(self)).items()
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -657,7 +656,6 @@ class StackConfig:
         return self.signal.rank if self.signal.rank is not None else self.embed_dim // 16
 
 
-@functools.cache
 def stack_options() -> dict[str, OptionField]:
     """``{option name: where it lives}`` of every :class:`StackConfig` option, in declaration
     order (the width first)."""

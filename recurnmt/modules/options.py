@@ -19,6 +19,7 @@ Nothing here imports a front end: a flag is only a name and a help text.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -145,8 +146,10 @@ class OptionField:
     option: Option
 
 
+@functools.cache
 def option_fields(config: type) -> dict[str, OptionField]:
-    """``{option name: OptionField}`` of a stack config class, in declaration order.
+    """``{option name: OptionField}`` of a stack config class, in declaration order (its own
+    fields that are options, then its parts' fields).
 
     Raises:
         ValueError: two options share a name.
@@ -164,11 +167,3 @@ def option_fields(config: type) -> dict[str, OptionField]:
                 raise ValueError(f"two stack options are called {name!r}")
             found[name] = OptionField(part_name, f.name, meta)
     return found
-
-
-def option_default(where: OptionField, config: type) -> Any:
-    """The default value of an option."""
-    if where.part is None:
-        return {f.name: f for f in dataclasses.fields(config)}[where.field].default
-    owner = {f.name: f for f in dataclasses.fields(config)}[where.part].default_factory
-    return {f.name: f for f in dataclasses.fields(owner)}[where.field].default

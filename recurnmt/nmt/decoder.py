@@ -24,13 +24,13 @@ from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
 from recurnmt.modules import (
-    AddAtEveryLevel,
     CrossAttentionWeights,
     LevelOutputs,
     Memory,
     StackCache,
     StackConfig,
     build_stack,
+    positions_hooks,
 )
 from recurnmt.nmt.embedding import TokenEmbedding
 from recurnmt.nmt.encoder import SENTENCE
@@ -131,9 +131,7 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
                     memory_padding_mask = memory_padding_mask[::group]
 
         x, _, positions = self.embed(prev_output_tokens, incremental_state)  # B x T x C
-        hooks = []
-        if self.positions_every_level:  # UT: positions join the level embedding at every level
-            hooks.append(AddAtEveryLevel(self.stack_cfg.coordinates.scale * positions))
+        hooks = positions_hooks(self.stack_cfg.coordinates, positions)  # UT: at every level
         # like fairseq's transformer: alignment weights of the last level in evaluation
         alignment = None
         if not self.training:

@@ -8,7 +8,7 @@ import torch
 from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
-from recurnmt.modules import AddAtEveryLevel, LevelOutputs, StackConfig, build_stack
+from recurnmt.modules import LevelOutputs, StackConfig, build_stack, positions_hooks
 from recurnmt.nmt.embedding import TokenEmbedding
 
 EncoderOut = dict[str, list[Tensor]]
@@ -59,9 +59,7 @@ class RecurrentEncoder(FairseqEncoder):
         x, embedded, positions = self.embed(src_tokens)  # B x T x C
         if has_pads:
             x = x * (~padding_mask).unsqueeze(-1).type_as(x)
-        hooks = []
-        if self.positions_every_level:  # UT: positions join the level embedding at every level
-            hooks.append(AddAtEveryLevel(self.stack_cfg.coordinates.scale * positions))
+        hooks = positions_hooks(self.stack_cfg.coordinates, positions)  # UT: at every level
         states = LevelOutputs()
         if return_all_hiddens:
             hooks.append(states)

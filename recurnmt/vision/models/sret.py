@@ -14,9 +14,9 @@ coefficients (LRC, SReT eq. 9-10). Loop r of a block uses sliced group self-atte
 ``groups[stage][r]`` groups (SReT sec. 4, appendix C/D; the paper's final design
 [8,2][4,1][1,1]). There is no class token (SReT appendix E, "Other Small Modifications").
 
-All of this is one :class:`~recurnmt.modules.RecurrentStack` per stage, configured with
-``sharing="sequence"``, ``lrc``, ``nll_ratio`` and ``attn_groups``; this file adds only the
-image parts. Shape legend: B batch, C width, h x w token grid, T = h * w tokens.
+All of this is one :class:`~recurnmt.modules.RecurrentStack` per stage, configured as the
+``sret`` family of :data:`recurnmt.modules.FAMILIES` (``sharing="sequence"``) with the stage's
+``lrc``, ``nll_ratio`` and ``attn_groups``; this file adds only the image parts. Shape legend: B batch, C width, h x w token grid, T = h * w tokens.
 
 Details the paper's text leaves open, settled from its released code where needed:
 
@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from recurnmt.modules import ConfigError, StackConfig, build_stack
+from recurnmt.modules import FAMILIES, ConfigError, StackConfig, build_stack
 from recurnmt.vision.layers import PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.conv import ConvPooling, ConvStem
 from recurnmt.vision.layers.layer_attention import LayerAttention
@@ -183,13 +183,12 @@ class SReT(nn.Module):
         self.stages = nn.ModuleList()
         configs: list[StackConfig] = []
         for s, (dim, unique, head) in enumerate(zip(dims, unique_layers, heads, strict=True)):
-            cfg = StackConfig.from_options(
+            stage = dict(
                 embed_dim=dim,
                 ffn_dim=int(dim * mlp_ratio),
                 num_heads=head,
                 num_levels=unique * loops,
                 num_unique=unique,
-                sharing="sequence",
                 normalize_before=True,
                 activation="gelu",
                 lrc=lrc,
@@ -203,6 +202,8 @@ class SReT(nn.Module):
                 final_norm=False,  # SReT normalises once, after global pooling
                 norm_eps=1e-6,
             )
+            # the family gives the loop order (each block looped in a row); the stage the rest
+            cfg = StackConfig.from_options(**(FAMILIES["sret"].changes() | stage))
             self.stages.append(build_stack(cfg))
             configs.append(cfg)
         # MRLA after every level, reset at each stage; the average-pooling head reads every

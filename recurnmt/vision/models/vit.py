@@ -20,7 +20,9 @@ relaxed recursive ViT      M blocks looped in a cycle, a LoRA and bias deltas pe
 
 Every model also runs its shallow branch, each unique block once, for SReT's mixed-depth
 training (SReT appendix B): a mode of its stack (``with shallow_branch(model): model(x)``,
-:func:`~recurnmt.modules.shallow_branch`).
+:func:`~recurnmt.modules.shallow_branch`). The families (RingFormer, UiT, OWF, relaxed
+recursion, SReT's recursion) are :data:`recurnmt.modules.FAMILIES`, the same entries the
+translation architectures use (:func:`vit_family`); a ViT keeps only its own deviations.
 
 Regularisation and norms follow timm/DeiT: layer norms with eps 1e-6 (``norm_eps``), and
 stochastic depth (``drop_path_rate``, Huang et al. 2016) whose per-sample branch-dropping rate
@@ -36,18 +38,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from recurnmt.modules import (
-    AddAtEveryLevel,
+    FAMILIES,
     ConfigError,
+    CoordinateConfig,
     LevelHook,
     RecurrentStack,
     SignalConfig,
     StackConfig,
     build_stack,
+    positions_hooks,
 )
 from recurnmt.vision.layers import PatchEmbed, PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.layer_attention import LayerAttention
@@ -72,8 +77,9 @@ class VisionTransformer(nn.Module):
         drop_rate: dropout after the position embedding and before the head.
         layer_attention: MRLA run after every level of the stack on the patch tokens
             (:class:`~recurnmt.vision.layers.layer_attention.LayerAttention`); None for none.
-        positions_every_level: add the position embedding before every level instead of once
-            (Universal Transformer coordinate embedding).
+        coordinates: the stack's coordinate settings: with ``positions_every_level`` the
+            position embedding is added before every level, scaled as the level embedding,
+            instead of once (Universal Transformer coordinate embedding); None: once.
     """
 
     def __init__(
@@ -90,7 +96,7 @@ class VisionTransformer(nn.Module):
         pos_embed: str = "learned",
         drop_rate: float = 0.0,
         layer_attention: LayerAttention | None = None,
-        positions_every_level: bool = False,
+        coordinates: CoordinateConfig | None = None,
     ) -> None:
         super().__init__()
         if global_pool not in ("token", "avg"):
@@ -110,7 +116,7 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(drop_rate)
         self.stack = stack
         self.layer_attn = layer_attention
-        self.positions_every_level = positions_every_level
+        self.coordinates = coordinates or CoordinateConfig()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_own_weights()
@@ -125,6 +131,11 @@ class VisionTransformer(nn.Module):
         if isinstance(self.head, nn.Linear):
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
+
+    @property
+    def positions_every_level(self) -> bool:
+        """The stack adds the positions at every level (UT), not the embedding once."""
+        return self.coordinates.positions_every_level
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names exempt from weight decay (besides all biases and norms)."""
@@ -187,7 +198,7 @@ class VisionTransformer(nn.Module):
         x, grid = self.embed(x)
         own: list[LevelHook] = []
         if self.positions_every_level:
-            own.append(AddAtEveryLevel(self.pos_embed.table(grid, x)))
+            own += positions_hooks(self.coordinates, self.pos_embed.table(grid, x))
         if self.layer_attn is not None:
             own.append(self.layer_attn.start(grid, self.num_prefix_tokens))
         return self.stack(x, hooks=[*own, *hooks]).output
@@ -203,6 +214,21 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+# a family's options (recurnmt.modules.families) under the names of vit_stack_config
+_VIT_NAMES = {"num_unique": "unique_layers", "num_levels": "depth"}
+
+
+def vit_family(name: str) -> dict[str, Any]:
+    """The family ``name`` of :data:`recurnmt.modules.FAMILIES` as :func:`vit_stack_config`
+    settings (its ``signal.*`` options as one ``signal``)."""
+    changes = FAMILIES[name].changes()
+    args = {_VIT_NAMES.get(k, k): v for k, v in changes.items() if not k.startswith("signal.")}
+    signal = {k.removeprefix("signal."): v for k, v in changes.items() if k.startswith("signal.")}
+    if signal:
+        args["signal"] = SignalConfig(**signal)
+    return args
 
 
 def vit_stack_config(
@@ -225,6 +251,7 @@ def vit_stack_config(
     lrc: str = "none",
     nll_ratio: float = 0.0,
     lora_rank: int = 0,
+    **options: Any,
 ) -> StackConfig:
     """The pre-LN GELU stack of a ViT (ViT eq. 2-3): ``depth`` levels over ``unique_layers``
     blocks. The names match the translation options: ``depth`` is ``--encoder-layers`` (the
@@ -249,6 +276,8 @@ def vit_stack_config(
             with this hidden ratio (eq. 5-6; 0: none).
         lora_rank: relaxed recursion, every level's own LoRA rank on every linear of its
             block, with bias deltas (Relaxed Recursive Transformers eq. 3; 0: none).
+        options: any other stack option by its name (``bias``, ``activation``,
+            ``coordinate_scale``, ...; :mod:`recurnmt.modules.config`).
     """
     return StackConfig.from_options(
         embed_dim=embed_dim,
@@ -264,7 +293,7 @@ def vit_stack_config(
         positions_every_level=positions_every_level,
         dropout=drop_rate,
         attention_dropout=attn_drop_rate,
-        activation="gelu",
+        **{"activation": "gelu", **options},
         drop_path=drop_path_rate,
         norm_eps=norm_eps,
         lrc=lrc,
@@ -305,7 +334,7 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
     drop_rate = args.get("drop_rate", 0.0)
     mrla = {k: args.pop(k) for k in _MRLA_KEYS if k in args}
     cfg = vit_stack_config(**args)
-    return VisionTransformer(
+    model = VisionTransformer(
         build_stack(cfg),
         cfg.embed_dim,
         pos_embed=pos_embed,
@@ -313,9 +342,11 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
         layer_attention=_layer_attention(
             cfg, skip_last_level=image.get("global_pool", "token") == "token", **mrla
         ),
-        positions_every_level=cfg.coordinates.positions_every_level,
+        coordinates=cfg.coordinates,
         **image,
     )
+    model.stack_cfg = cfg  # what the stack was built from (analysis, tests)
+    return model
 
 
 _MRLA_KEYS = ("mrla", "mrla_head_dim", "mrla_stages")
@@ -451,15 +482,16 @@ def deit_tiny_sret_d108_patch16_224(**kwargs) -> VisionTransformer:
     18 gives the size nearest a third (12 give 13.76M). ``unique_layers`` and ``nll_ratio``
     set others (27 blocks x 4 loops at ratio 0.5 are 16.44M).
     """
-    defaults = {**_DEIT_TINY, "unique_layers": 18, "depth": 108, "nll_ratio": 1.0, "lrc": "both"}
+    # SReT's recursion (the family: blocks looped in a row, NLL ratio 1, LRC on both branches)
+    defaults = {**_DEIT_TINY, **vit_family("sret"), "unique_layers": 18, "depth": 108}
     return _create_vit(defaults, kwargs)
 
 
 # ---------------------------------------------------------------- RingFormer-ViT
 
-_RINGFORMER = dict(
-    unique_layers=1, norms_per_level=True, signal=SignalConfig(kind="lowrank"), pos_embed="sincos"
-)
+# the RingFormer family; the projections keep their biases, as the authors' image code
+# (vringformer.py), unlike their translation code (the family's)
+_RINGFORMER = {**vit_family("ringformer"), "bias": True, "pos_embed": "sincos"}
 
 
 @register_model
@@ -488,12 +520,7 @@ def ringformer_vit_small_patch16_224(**kwargs) -> VisionTransformer:
 
 # ---------------------------------------------------------------- UiT
 
-_UIT = dict(
-    unique_layers=1,
-    signal=SignalConfig(kind="static"),
-    positions_every_level=True,
-    pos_embed="sincos",
-)
+_UIT = {**vit_family("universal_transformer"), "pos_embed": "sincos"}
 
 
 @register_model
@@ -519,7 +546,7 @@ def uit_small_patch16_224(**kwargs) -> VisionTransformer:
 
 # ---------------------------------------------------------------- One Wide FFN
 
-_OWF = dict(ffn_sharing="shared", pos_embed="sincos")
+_OWF = {**vit_family("owf"), "pos_embed": "sincos"}
 
 
 @register_model
@@ -607,7 +634,7 @@ def ringformer_vit_base_mrla_patch16_224(**kwargs) -> VisionTransformer:
 # (eq. 2, level l runs block l mod M, as their recursive Gemma 1B from Gemma 2B), a LoRA and
 # bias deltas per level on every linear (eq. 3), per-level norms; start one from a trained
 # DeiT with ``python -m recurnmt.vision.convert`` (docs/relaxed.md)
-_RELAXED = dict(sharing="cycle", norms_per_level=True, lora_rank=16)
+_RELAXED = vit_family("relaxed_transformer")
 
 
 @register_model
