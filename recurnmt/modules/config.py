@@ -579,9 +579,12 @@ class StackConfig:
     def __post_init__(self) -> None:
         _positive("embed_dim", self.embed_dim)
         for f in dataclasses.fields(self):
+            if f.name in option_fields(type(self)):
+                continue  # an option of the stack itself (the width)
             value = getattr(self, f.name)
-            if isinstance(value, Part):
-                value.validate(self)
+            if not isinstance(value, f.default_factory):
+                raise TypeError(f"{f.name} must be a {f.default_factory.__name__}")
+            value.validate(self)
 
     @classmethod
     def from_options(cls, **options: Any) -> StackConfig:
