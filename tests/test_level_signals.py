@@ -116,7 +116,7 @@ def test_unknown_down_init_is_refused():
 
 
 def _trained_signal_stack(attn: str, ffn: str, cross: bool = False):
-    cfg = StackConfig(
+    cfg = StackConfig.from_options(
         embed_dim=32,
         ffn_dim=64,
         num_heads=4,
