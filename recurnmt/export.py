@@ -82,6 +82,7 @@ def read_checkpoint(path: Path) -> tuple[Any, str]:
     from fairseq import checkpoint_utils
 
     import recurnmt.nmt  # noqa: F401  (registers the architectures; weights-only loading)
+    from recurnmt.modules import FAMILIES
     from recurnmt.nmt.defaults import ARCHS
 
     if not path.is_file():
@@ -95,10 +96,10 @@ def read_checkpoint(path: Path) -> tuple[Any, str]:
         raise ValueError(f"{path} is not a fairseq checkpoint (no saved configuration)")
     arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", None)
     if arch not in ARCHS:
+        families = ", ".join(f"{name}_*" for name in FAMILIES)
         raise ValueError(
             f"{path} holds a {arch!r} model, not a recurnmt translation model (recurnmt "
-            f"architectures: ringformer_*, universal_transformer_*, owf_*, sret_*, "
-            "recurrent_transformer_*, relaxed_transformer_*)"
+            f"architectures: {families})"
         )
     return cfg, arch
 

@@ -19,7 +19,7 @@ from recurnmt.modules import (
 from recurnmt.modules.halting import HaltingAccumulator
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 
-BASE = StackConfig(embed_dim=16, ffn_dim=32, num_heads=2, num_levels=4, dropout=0.0)
+BASE = StackConfig.from_options(embed_dim=16, ffn_dim=32, num_heads=2, num_levels=4, dropout=0.0)
 
 
 def test_one_wide_ffn_is_one_object_with_unshared_attention():

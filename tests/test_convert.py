@@ -175,3 +175,15 @@ def test_bad_settings_fail_naming_the_flag(tmp_path, capsys, monkeypatch, flags,
     err = _one_line_error(capsys, [str(tmp_path / "src.pt"), str(tmp_path / "o.pt"), *flags])
     assert err == f"recurnmt-convert: error: {message}"
     assert not (tmp_path / "o.pt").exists()
+
+
+def test_a_checkpoint_reads_after_a_safe_globals_context_took_namespace_back(tmp_path):
+    """torch's ``safe_globals`` context (timm's load_checkpoint) removes argparse.Namespace
+    from the allow-list on exit; reading a fairseq checkpoint allows it again."""
+    import argparse
+
+    save_source(tmp_path / "src.pt", "transformer")
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        pass
+    _, args, kind = conv.read_checkpoint(tmp_path / "src.pt")
+    assert (args.arch, kind) == ("transformer", "fairseq")

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from recurnmt.analysis.dispatch import count_dispatch
+from recurnmt.modules import shallow_branch
 from recurnmt.modules.attention import AttentionTerms, SelfAttention
 from recurnmt.parameters import count_parameters
 from recurnmt.vision import create_model
@@ -259,8 +260,8 @@ def test_impossible_settings_name_the_setting():
     model = cascade().eval()
     with pytest.raises(ValueError, match="thresholds: 3 given.*needs 2"):
         model.early_exit(torch.randn(1, 3, 32, 32), [0.5, 0.5, 0.5])
-    with pytest.raises(ValueError, match="shallow=True"):
-        model(torch.randn(1, 3, 32, 32), shallow=True)
+    with pytest.raises(ValueError, match="shallow branch"), shallow_branch(model):
+        model(torch.randn(1, 3, 32, 32))
 
 
 def test_thresholds_respect_the_budget_and_beat_the_first_exit():

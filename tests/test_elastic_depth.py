@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recurnmt.modules import ConfigError, SignalConfig, StackConfig, build_stack
+from recurnmt.modules import ConfigError, SignalConfig, StackConfig, build_stack, shallow_branch
 from recurnmt.nmt.build import build_model
 from tests.nmt_helpers import DICT, batch, full_and_stepwise, train_signals
 
-BASE = StackConfig(embed_dim=16, ffn_dim=32, num_heads=2, num_levels=4, dropout=0.0)
+BASE = StackConfig.from_options(embed_dim=16, ffn_dim=32, num_heads=2, num_levels=4, dropout=0.0)
 UT = BASE.replace(num_unique=1, signal=SignalConfig(kind="static"))
 RING = BASE.replace(num_unique=1, norms_per_level=True, signal=SignalConfig(kind="lowrank", rank=2))
 SRET = BASE.replace(num_unique=2, sharing="sequence", nll_ratio=1.0, lrc="both")
@@ -40,10 +40,10 @@ def test_ut_runs_deeper_than_it_was_built_with_sinusoidal_level_embeddings(scale
 
 def test_sret_loops_each_block_fewer_times():
     stack = build_stack(SRET)
-    assert stack.depth_levels(2) == [0, 2]  # the shallow branch (SReT appendix B)
-    assert stack.depth_levels(4) == [0, 1, 2, 3]
+    assert stack.plan.depth_levels(2) == [0, 2]  # the shallow branch (SReT appendix B)
+    assert stack.plan.depth_levels(4) == [0, 1, 2, 3]
     with pytest.raises(ConfigError, match=r"levels=3: .*choose one of \[2, 4\]"):
-        stack.depth_levels(3)
+        stack.plan.depth_levels(3)
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,8 @@ def test_vision_models_run_at_another_depth():
     x = torch.randn(2, 3, 32, 32)
     sret = create_model("sret_mini", **small).eval()  # 3 blocks x 2 loops
     full = sret(x)
-    shallow = sret(x, shallow=True)
+    with shallow_branch(sret):
+        shallow = sret(x)
     sret.set_depth(3)
     torch.testing.assert_close(sret(x), shallow)
     sret.set_depth(None)
@@ -102,7 +103,9 @@ def test_vision_models_run_at_another_depth():
     assert mrla(x).shape == (2, 5)
     mixer = create_model("recursive_mixer_mini", **small).eval()
     mixer.set_depth(3)
-    torch.testing.assert_close(mixer(x), mixer(x, shallow=True))
+    with shallow_branch(mixer):
+        shallow = mixer(x)
+    torch.testing.assert_close(mixer(x), shallow)
     uit_mrla = create_model("uit_mini_patch4", mrla="light", global_pool="avg", class_token=False)
     with pytest.raises(ConfigError, match=r"levels=8: MRLA exists for the 6 levels"):
         uit_mrla.set_depth(8)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from recurnmt.modules import shallow_branch
 from recurnmt.vision import create_model
 from recurnmt.vision.layers.layer_attention import (
     LayerAttention,
@@ -322,7 +323,8 @@ def test_recursive_mrla_runs_the_shallow_branch_and_other_grids():
     model = create_model("deit_tiny_recursive_mrla_patch16_224", **SMALL).eval()
     assert model.layer_attn.stage_lengths == (8, 8, 8)
     x = torch.randn(1, 3, 32, 32)
-    assert model(x, shallow=True).shape == (1, 5)
+    with shallow_branch(model):
+        assert model(x).shape == (1, 5)
     assert torch.isfinite(model(torch.randn(1, 3, 64, 48))).all()
 
 
@@ -345,7 +347,8 @@ def test_sret_mrla_has_one_stage_per_pyramid_stage_and_zero_values_give_sret():
     assert not missing and all(k.startswith("layer_attn.") for k in unexpected)
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(model(x), base(x))
-    assert model(x, shallow=True).shape == (2, 5)  # mixed depth: the first loop only
+    with shallow_branch(model):
+        assert model(x).shape == (2, 5)  # mixed depth: the first loop only
 
 
 def test_sret_mrla_head_dim_must_divide_every_width():

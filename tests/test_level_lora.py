@@ -14,7 +14,7 @@ DECODER = dict(embed_dim=16, ffn_dim=24, num_heads=4, cross_attention=True, caus
 
 
 def _cfg(**kw) -> StackConfig:
-    return StackConfig(**{**DECODER, "num_levels": 4, "dropout": 0.0, **kw})
+    return StackConfig.from_options(**{**DECODER, "num_levels": 4, "dropout": 0.0, **kw})
 
 
 def _randomise(module: torch.nn.Module, std: float = 0.3) -> None:

@@ -86,7 +86,7 @@ def test_kaiming_down_factor_is_loras_code():
 
 def test_down_init_reaches_every_signal_of_a_stack():
     def downs(**signal):
-        cfg = StackConfig(
+        cfg = StackConfig.from_options(
             embed_dim=64,
             ffn_dim=128,
             num_heads=4,
@@ -116,7 +116,7 @@ def test_unknown_down_init_is_refused():
 
 
 def _trained_signal_stack(attn: str, ffn: str, cross: bool = False):
-    cfg = StackConfig(
+    cfg = StackConfig.from_options(
         embed_dim=32,
         ffn_dim=64,
         num_heads=4,

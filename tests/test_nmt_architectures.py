@@ -155,8 +155,8 @@ def test_new_checkpoints_and_command_lines_get_the_authors_defaults():
     """A command line that gives other recurnmt options (fairseq leaves the rest out of its
     arguments) and a configuration saved now both build RingFormer without biases."""
     model, args, task = build("ringformer_tiny", "--level-signal-rank", "4")
-    assert not model.encoder.stack_cfg.bias and args.block_bias == "off"
+    assert not model.encoder.stack_cfg.block.bias and args.block_bias == "off"
     rebuilt = task.build_model(_saved_config(args), from_checkpoint=True)
-    assert not rebuilt.decoder.stack_cfg.bias
+    assert not rebuilt.decoder.stack_cfg.block.bias
     rebuilt.load_state_dict(model.state_dict(), strict=True)
     assert _filled("ringformer", "tiny", level_signal_rank=4).block_bias == "off"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recurnmt.modules import ConfigError
+from recurnmt.modules import ConfigError, shallow_branch
 from recurnmt.nmt.criterion import RecurrentLabelSmoothedCrossEntropy, lrc_coefficients
 from recurnmt.parameters import parameter_report
 from tests.nmt_helpers import DICT, batch, build
@@ -123,7 +123,8 @@ def test_mixed_depth_adds_the_shallow_branch_loss():
     assert "shallow_loss" in log
     model.eval()
     deep, _, _ = _criterion(task)(model, sample)
-    shallow_out = model(**sample["net_input"], shallow=True)
+    with shallow_branch(model):
+        shallow_out = model(**sample["net_input"])
     shallow, _ = _criterion(task).compute_loss(model, shallow_out, sample)
     torch.testing.assert_close(loss, deep + shallow)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
 import torch
 
 from recurnmt.modules import ConfigError, StackConfig
+from recurnmt.modules.config import stack_options
 from recurnmt.nmt import options
 from recurnmt.parameters import parameter_report
 from tests.nmt_helpers import build
@@ -156,13 +156,13 @@ def test_every_stack_config_field_is_set_from_the_arguments(monkeypatch):
     args = build("ringformer_tiny")[1]
     given = []
 
-    def record(**kwargs):
-        given.append(set(kwargs))
-        return StackConfig(**kwargs)
+    def record(values):
+        given.append(set(values))
+        return StackConfig.from_options(**values)
 
-    monkeypatch.setattr(options, "StackConfig", record)
+    monkeypatch.setattr(options, "stack_config", record)
     options.stack_configs(args)
-    fields = {f.name for f in dataclasses.fields(StackConfig)}
+    fields = set(stack_options())
     assert given == [fields, fields]
 
 
@@ -188,7 +188,7 @@ def test_bad_choices_are_refused_by_the_parser():
 def test_full_lora_rank_is_the_width():
     model, _, _ = build("relaxed_transformer_tiny", "--level-lora-rank", "full")
     assert model.decoder.stack.levels[0].lora["cross_kv"].rank == 64
-    assert model.encoder.stack_cfg.lora_rank == 64
+    assert model.encoder.stack_cfg.lora.rank == 64
 
 
 def test_parameter_count_changes_with_rank():

@@ -57,15 +57,15 @@ def family_of_model(model) -> str:
         return "transformer"
     stack = model.encoder.stack
     cfg, unique, levels = model.encoder.stack_cfg, stack.plan.num_unique, stack.plan.num_levels
-    if cfg.act:
+    if cfg.halting.act:
         return "universal_transformer_act"
-    if unique == 1 and cfg.signal.kind == "lowrank" and cfg.norms_per_level:
+    if unique == 1 and cfg.signal.kind == "lowrank" and cfg.norms.per_level:
         return "ringformer"
-    if unique == 1 and cfg.signal.kind == "static" and cfg.positions_every_level:
+    if unique == 1 and cfg.signal.kind == "static" and cfg.coordinates.positions_every_level:
         return "universal_transformer"
-    if cfg.ffn_sharing == "shared" and model.decoder.stack_cfg.ffn_sharing == "none":
+    if cfg.block.ffn_sharing == "shared" and model.decoder.stack_cfg.block.ffn_sharing == "none":
         return "owf"
-    if unique < levels and cfg.lrc == "both" and cfg.nll_ratio > 0:
+    if unique < levels and cfg.residual.lrc == "both" and cfg.residual.nll_ratio > 0:
         return "sret"
     if unique == levels:
         return "recurrent_transformer"

@@ -18,7 +18,7 @@ from recurnmt.modules.nll import NonLinearProjection
 from recurnmt.modules.residual import ResidualCoefficients
 from recurnmt.modules.sliced_attention import group_permutation, sliced_group_attention
 
-SRET = StackConfig(
+SRET = StackConfig.from_options(
     embed_dim=32,
     ffn_dim=64,
     num_heads=4,

@@ -20,7 +20,7 @@ from recurnmt.modules import (
     build_stack,
 )
 
-RING = StackConfig(
+RING = StackConfig.from_options(
     embed_dim=32,
     ffn_dim=64,
     num_heads=4,

@@ -12,7 +12,7 @@ from timm.data import resolve_data_config
 from timm.optim import create_optimizer_v2
 from torch import nn
 
-from recurnmt.modules import AddAtEveryLevel, RecurrentStack
+from recurnmt.modules import AddAtEveryLevel, RecurrentStack, shallow_branch
 from recurnmt.vision import create_model, list_models, register_with_timm
 from recurnmt.vision.models import DVTCascade, MRLAResNet, RecursiveMixer, SReT
 from recurnmt.vision.models.vit import VisionTransformer
@@ -224,12 +224,15 @@ def test_set_img_size_interpolates_the_learned_position_table():
 def test_shallow_branch_runs_each_block_once():
     model = build_small("sret_mini").eval()
     x = torch.randn(2, 3, 32, 32)
-    assert model(x, shallow=True).shape == (2, NUM_CLASSES)
-    assert not torch.allclose(model(x, shallow=True), model(x))
+    with shallow_branch(model):
+        shallow = model(x)
+    assert shallow.shape == (2, NUM_CLASSES)
+    assert not torch.allclose(shallow, model(x))
     vit = build_small("recursive_vit_mini_patch4").eval()
     assert vit.stack.plan.first_loop_levels() == [0, 2, 4]
     mixer = build_small("recursive_mixer_mini").eval()
-    assert mixer(x, shallow=True).shape == (2, NUM_CLASSES)
+    with shallow_branch(mixer):
+        assert mixer(x).shape == (2, NUM_CLASSES)
 
 
 def test_sliced_attention_evaluation_is_deterministic():

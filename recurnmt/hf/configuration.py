@@ -8,28 +8,25 @@ output projection): scaling, positions, the embedding layout and fairseq's speci
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from transformers import PretrainedConfig
 
-from recurnmt.modules import SignalConfig, StackConfig
+from recurnmt.modules import StackConfig
 
 MODEL_TYPE = "recurnmt"
 
 
 def stack_config_to_dict(cfg: StackConfig) -> dict[str, Any]:
-    """A JSON-able dictionary of ``cfg`` (tuples become lists)."""
-    return dataclasses.asdict(cfg)
+    """A JSON-able dictionary of ``cfg``: its options by name, ``signal.*`` under
+    ``signal`` (tuples become lists). The layout of every export since the first: the options
+    kept their names when the configuration was grouped into parts."""
+    return cfg.to_dict()
 
 
 def stack_config_from_dict(values: dict[str, Any]) -> StackConfig:
-    """The :class:`StackConfig` of :func:`stack_config_to_dict`'s output."""
-    values = dict(values)
-    values["signal"] = SignalConfig(**values["signal"])
-    for name in ("attn_groups", "level_drop_path", "attn_permute"):
-        values[name] = tuple(values.get(name) or ())
-    return StackConfig(**values)
+    """The :class:`StackConfig` of :func:`stack_config_to_dict`'s output (any export's)."""
+    return StackConfig.from_dict(values)
 
 
 class RecurnmtConfig(PretrainedConfig):

@@ -30,13 +30,14 @@ from recurnmt.hf.configuration import RecurnmtConfig
 from recurnmt.hf.generation import EndAtMaxLength
 from recurnmt.hf.positions import make_positions, sinusoidal_positions
 from recurnmt.modules import (
-    AddAtEveryLevel,
+    LevelHook,
     LevelParts,
     Memory,
     StackConfig,
     build_stack,
-    sinusoidal_level_embedding,
+    positions_hooks,
 )
+from recurnmt.modules.builders import build_level_embedding
 
 
 class TokenFrontEnd(nn.Module):
@@ -110,16 +111,14 @@ class StackSide(nn.Module):
             config,
             embed_tokens,
             max_positions,
-            add_positions=not self.stack_cfg.positions_every_level,
+            add_positions=not self.stack_cfg.coordinates.positions_every_level,
         )
         self.stack = build_stack(self.stack_cfg)
         self.stack.set_depth(getattr(config, f"{side}_levels"))
 
-    def level_hooks(self, positions: Tensor | None) -> list[AddAtEveryLevel]:
+    def level_hooks(self, positions: Tensor | None) -> list[LevelHook]:
         """The Universal Transformer's positions at every level, as fairseq adds them."""
-        if not self.stack_cfg.positions_every_level:
-            return []
-        return [AddAtEveryLevel(self.stack_cfg.coordinate_scale * positions)]
+        return positions_hooks(self.stack_cfg.coordinates, positions)
 
 
 class RecurnmtEncoder(StackSide):
@@ -197,10 +196,8 @@ class RecurnmtPreTrainedModel(PreTrainedModel):
             return
         for side in (self.encoder, self.decoder):
             if any(parts is module for parts in side.stack.levels):
-                i, dim = module.index, module.level_embedding.numel()
-                table = sinusoidal_level_embedding(i + 1, dim)  # row i depends on i only
-                scale = side.stack_cfg.coordinate_scale
-                module.level_embedding.copy_(scale * table[i].to(module.level_embedding))
+                embedding = build_level_embedding(side.stack_cfg, module.index)
+                module.level_embedding.copy_(embedding.to(module.level_embedding))
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

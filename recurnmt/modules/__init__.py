@@ -9,7 +9,9 @@ The layers, bottom up (see ARCHITECTURE.md at the repository root):
 * :class:`TransformerBlock` (built sub-modules) and :class:`LevelParts` (what a level owns);
 * :class:`DepthPlan` (level -> block) and :class:`RecurrentStack` (the one level loop),
   extended per call by :class:`LevelHook` objects;
-* :class:`StackConfig` and :func:`build_stack`, which turn a configuration into a stack;
+* :class:`StackConfig` (part configs whose fields are the options, :mod:`~recurnmt.modules.options`)
+  and :func:`build_stack`, which turn a configuration into a stack; :data:`FAMILIES`, what
+  makes each architecture family, in option values;
   :func:`~recurnmt.modules.relaxed_init.relax_stack` starts a relaxed recursive stack from a
   trained one.
 """
@@ -24,40 +26,73 @@ from recurnmt.modules.attention import (
 from recurnmt.modules.block import TransformerBlock
 from recurnmt.modules.builders import build_block, build_level_parts, build_plan, build_stack
 from recurnmt.modules.cache import StackCache
-from recurnmt.modules.config import ConfigError, SignalConfig, StackConfig
+from recurnmt.modules.config import (
+    BlockConfig,
+    ConfigError,
+    CoordinateConfig,
+    DepthConfig,
+    HaltingConfig,
+    LoRAConfig,
+    NormConfig,
+    RegularizationConfig,
+    ResidualConfig,
+    SignalConfig,
+    SlicingConfig,
+    StackConfig,
+)
 from recurnmt.modules.depth_plan import DepthPlan
+from recurnmt.modules.families import FAMILIES, Family
 from recurnmt.modules.feedforward import FeedForward
-from recurnmt.modules.hooks import AddAtEveryLevel, CrossAttentionWeights, LevelHook, LevelOutputs
+from recurnmt.modules.hooks import (
+    AddAtEveryLevel,
+    CrossAttentionWeights,
+    LevelHook,
+    LevelOutputs,
+    positions_hooks,
+)
 from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 from recurnmt.modules.level_lora import LevelLoRA, LowRankDelta
 from recurnmt.modules.level_parts import LevelParts
 from recurnmt.modules.level_signals import FullRankSignal, LowRankSignal, build_signal
+from recurnmt.modules.memory import Memory
+from recurnmt.modules.mixed_depth import shallow_branch
 from recurnmt.modules.sliced_attention import SlicedGroups
-from recurnmt.modules.stack import Memory, RecurrentStack, StackOutput
+from recurnmt.modules.stack import RecurrentStack, StackOutput
 
 __all__ = [
+    "FAMILIES",
     "AddAtEveryLevel",
     "AttentionTerms",
+    "BlockConfig",
     "ConfigError",
+    "CoordinateConfig",
     "CrossAttention",
     "CrossAttentionWeights",
+    "DepthConfig",
     "DepthPlan",
+    "Family",
     "FeedForward",
     "FullRankSignal",
+    "HaltingConfig",
     "LevelHook",
     "LevelLoRA",
     "LevelOutputs",
     "KVCache",
     "LevelParts",
+    "LoRAConfig",
     "LowRankDelta",
     "LowRankSignal",
     "Memory",
     "MemoryKV",
+    "NormConfig",
     "RecurrentStack",
+    "RegularizationConfig",
+    "ResidualConfig",
     "SelfAttention",
     "SignalConfig",
     "SlicedGroups",
+    "SlicingConfig",
     "StackCache",
     "StackConfig",
     "StackOutput",
@@ -68,5 +103,7 @@ __all__ = [
     "build_plan",
     "build_stack",
     "build_signal",
+    "positions_hooks",
+    "shallow_branch",
     "sinusoidal_level_embedding",
 ]

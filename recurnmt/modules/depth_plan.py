@@ -12,13 +12,17 @@ Transformers", sec. 2: with M unique layers over N levels,
 * ``cycle_rev``: like ``cycle``, except the last M levels visit the layers in reverse order.
 
 M = 1 is the fully recurrent case (Universal Transformer, RingFormer), M = N the vanilla stack.
+
+The plan also holds the arithmetic of running a trained stack at another depth (elastic depth,
+:meth:`DepthPlan.depth_levels`) and of SReT's shallow branch (:meth:`DepthPlan.first_loop_levels`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recurnmt.modules.config import SHARING_SCHEMES, ConfigError
+from recurnmt.modules.config import SHARING_SCHEMES
+from recurnmt.modules.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -87,3 +91,59 @@ class DepthPlan:
     def levels_of_block(self, block: int) -> list[int]:
         """The levels that execute ``block``."""
         return [i for i, b in enumerate(self.block_of_level) if b == block]
+
+    def depth_levels(self, depth: int, extendable: bool = False) -> list[int]:
+        """The levels to run for ``depth`` levels of a trained stack (elastic depth).
+
+        * A fully shared stack (one block) runs its first ``depth`` levels. Beyond the levels
+          it was built with, a level's parts must be definable from the formulas alone
+          (``extendable``): parts without parameters (the Universal Transformer's sinusoidal
+          level embedding, UT sec. 2.1, is defined for every step) can be made for new levels;
+          learned per-level parts (RingFormer's level signals and norms, SReT's NLLs) cannot.
+        * A stack whose M blocks each run R times in a row (SReT's internal loop) runs every
+          block R' <= R times: ``depth = M * R'`` (R' = 1 is SReT's shallow branch).
+        * Other stacks (vanilla, One Wide FFN, cycle sharing) have no other depth.
+
+        Args:
+            depth: the levels to run.
+            extendable: the stack can make parameter-free parts for levels beyond its own.
+
+        Raises:
+            ConfigError: naming ``levels`` and why that depth is not defined.
+        """
+        n, m = self.num_levels, self.num_unique
+        if not isinstance(depth, int) or depth <= 0:
+            raise ConfigError("levels", depth, "must be a positive integer")
+        if depth == n:
+            return list(range(n))
+        if m == 1:
+            if depth < n or extendable:
+                return list(range(depth))
+            raise ConfigError(
+                "levels",
+                depth,
+                f"this stack's per-level parts are learned (level signals or norms) and exist "
+                f"for its {n} levels only; choose levels <= {n}",
+            )
+        if m == n:
+            raise ConfigError(
+                "levels", depth, f"a stack of {n} unshared blocks runs at its own depth only"
+            )
+        loops = self.num_loops
+        by_block = [self.levels_of_block(b) for b in range(m)]
+        in_a_row = all(lv == list(range(lv[0], lv[0] + loops)) for lv in by_block)
+        if not (in_a_row and all(len(lv) == loops for lv in by_block)):
+            raise ConfigError(
+                "levels",
+                depth,
+                f"a stack of {m} unique blocks over {n} levels in this order runs at its own "
+                "depth only (elastic depth needs one shared block, or blocks looped in a row)",
+            )
+        if depth % m or depth // m > loops:
+            raise ConfigError(
+                "levels",
+                depth,
+                f"{m} blocks each looped R times in a row run {m} * R levels, R <= {loops}: "
+                f"choose one of {[m * r for r in range(1, loops + 1)]}",
+            )
+        return sorted(lv for levels in by_block for lv in levels[: depth // m])

@@ -26,6 +26,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from recurnmt.modules.attention import AttentionTerms
+from recurnmt.modules.config import CoordinateConfig
 
 
 class LevelHook:
@@ -80,6 +81,22 @@ class AddAtEveryLevel(LevelHook):
 
     def before_level(self, level: int, x: Tensor) -> Tensor:
         return x + self.term
+
+
+def positions_hooks(coordinates: CoordinateConfig, positions: Tensor | None) -> list[LevelHook]:
+    """The Universal Transformer's rule for positions (UT sec. 2.1), for every front end: with
+    ``coordinates.positions_every_level`` the positions join the level embedding at every
+    level, scaled as it is (``coordinates.scale``); otherwise the front end added them to its
+    input once, and there is no hook.
+
+    Args:
+        coordinates: the stack's coordinate settings.
+        positions: the front end's position embeddings, broadcastable to B x T x C.
+    """
+    if not coordinates.positions_every_level or positions is None:
+        return []
+    scale = coordinates.scale
+    return [AddAtEveryLevel(positions if scale == 1 else scale * positions)]
 
 
 class LevelOutputs(LevelHook):

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from torch import Tensor, nn
 
 from recurnmt.modules.attention import AttentionTerms, MemoryKV, add_to_memory, combine_terms
+from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 from recurnmt.modules.level_lora import LevelLoRA
 from recurnmt.modules.level_signals import LowRankSignal
 from recurnmt.modules.sliced_attention import SlicedGroups
@@ -90,6 +91,24 @@ class LevelParts(nn.Module):
                 "signal placed 'before' changes per projection"
             )
         self.lora = lora
+
+    @property
+    def parameter_free(self) -> bool:
+        """The level holds no learned parameter, so its parts are defined at any level."""
+        return not any(p.requires_grad for p in self.parameters())
+
+    def continued(self, index: int) -> LevelParts:
+        """A parameter-free level ``index`` after this one, the last built (elastic depth
+        beyond the built levels): the same sinusoidal level embedding at ``index`` (UT
+        sec. 2.1 defines it at every step), scaled as this level's."""
+        embedding = None
+        if self.level_embedding is not None:
+            c, n = self.level_embedding.numel(), self.index + 1
+            table = sinusoidal_level_embedding(index + 1, c).to(self.level_embedding)
+            ref = table[n - 1]
+            scale = (self.level_embedding @ ref) / (ref @ ref)
+            embedding = scale * table[index]
+        return LevelParts(index, level_embedding=embedding)
 
     def extra_repr(self) -> str:
         return f"index={self.index}, drop_path={self.drop_path}, slicing={self.slicing}"

@@ -4,6 +4,11 @@ Since torch 2.6, ``torch.load`` defaults to ``weights_only=True``, and fairseq's
 (which pickle an ``argparse.Namespace`` and a few small objects) fail to load. Disabling the
 safe loader globally (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``) would let a malicious checkpoint
 run code; instead we allow-list exactly the harmless classes fairseq stores.
+
+The allow-list is process-wide, and ``torch.serialization.safe_globals`` removes what it
+lists on exit even where it was allowed before: timm's ``load_checkpoint`` lists
+``argparse.Namespace`` so, and after it fairseq checkpoints would fail to load. Loaders call
+:func:`allow_fairseq_globals` (idempotent) right before ``torch.load``.
 """
 
 from __future__ import annotations
@@ -15,4 +20,10 @@ import torch
 
 SAFE_GLOBALS: list = [argparse.Namespace, collections.OrderedDict]
 
-torch.serialization.add_safe_globals(SAFE_GLOBALS)
+
+def allow_fairseq_globals() -> None:
+    """Allow-lists :data:`SAFE_GLOBALS` for weights-only loading (again, if taken back)."""
+    torch.serialization.add_safe_globals(SAFE_GLOBALS)
+
+
+allow_fairseq_globals()

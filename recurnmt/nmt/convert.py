@@ -113,11 +113,13 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], Namespace, str]:
     from fairseq.models import ARCH_MODEL_REGISTRY
     from fairseq.models.transformer import TransformerModel
 
-    import recurnmt.nmt  # noqa: F401  (architectures; checkpoints load weights-only)
+    import recurnmt.nmt  # noqa: F401  (architectures)
+    from recurnmt.nmt.checkpoint_safety import allow_fairseq_globals
     from recurnmt.nmt.defaults import ARCHS
 
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    allow_fairseq_globals()  # checkpoints load weights-only
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many kinds on a file that is no checkpoint

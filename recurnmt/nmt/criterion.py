@@ -26,6 +26,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.dataclass import ChoiceEnum
 from torch import Tensor
 
+from recurnmt.modules import shallow_branch
 from recurnmt.nmt.model import RECURRENT_CRITERION
 from recurnmt.nmt.registry import register_criterion_once
 
@@ -127,7 +128,8 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
                 sample["net_input"]["src_tokens"].ne(self.padding_idx).sum()
             )
         if model.training and getattr(model, "mixed_depth", False):
-            shallow_output = model(**sample["net_input"], shallow=True)
+            with shallow_branch(model):  # every block once, the same weights
+                shallow_output = model(**sample["net_input"])
             shallow_loss, _ = self.compute_loss(model, shallow_output, sample, reduce=reduce)
             loss = loss + shallow_loss
             logging_output["shallow_loss"] = shallow_loss.data

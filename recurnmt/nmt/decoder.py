@@ -24,13 +24,13 @@ from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
 from recurnmt.modules import (
-    AddAtEveryLevel,
     CrossAttentionWeights,
     LevelOutputs,
     Memory,
     StackCache,
     StackConfig,
     build_stack,
+    positions_hooks,
 )
 from recurnmt.nmt.embedding import TokenEmbedding
 from recurnmt.nmt.encoder import SENTENCE
@@ -52,11 +52,11 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             embed_tokens,
             args.max_target_positions,
             "decoder",
-            add_positions=not stack_cfg.positions_every_level,
+            add_positions=not stack_cfg.coordinates.positions_every_level,
         )
         self.padding_idx = self.embed.padding_idx
         self.stack_cfg = stack_cfg  # what the stack was built from (analysis, tests)
-        self.positions_every_level = stack_cfg.positions_every_level
+        self.positions_every_level = stack_cfg.coordinates.positions_every_level
         self.stack = build_stack(stack_cfg)
         self.share_input_output_embed = args.share_decoder_input_output_embed
         if self.share_input_output_embed:
@@ -87,10 +87,9 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         alignment_heads: int | None = None,
         src_lengths: Any = None,
         return_all_hiddens: bool = False,
-        shallow: bool = False,
     ) -> tuple[Tensor, dict[str, Any]]:
         x, extra = self.extract_features(
-            prev_output_tokens, encoder_out, incremental_state, return_all_hiddens, shallow
+            prev_output_tokens, encoder_out, incremental_state, return_all_hiddens
         )
         if not features_only:
             x = self.output_layer(x)
@@ -102,13 +101,10 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         encoder_out: dict[str, list[Tensor]] | None = None,
         incremental_state: IncrementalState | None = None,
         return_all_hiddens: bool = False,
-        shallow: bool = False,
         **unused: Any,
     ) -> tuple[Tensor, dict[str, Any]]:
-        """Decoder features B x T x C (B x 1 x C in incremental mode).
-
-        ``shallow`` runs SReT's shallow branch (every block once, appendix B).
-        """
+        """Decoder features B x T x C (B x 1 x C in incremental mode), at the stack's depth or
+        its shallow branch (:func:`~recurnmt.modules.shallow_branch`)."""
         if encoder_out is None or not encoder_out["encoder_out"]:
             raise ValueError("the recurrent decoder needs the encoder output")
         cache = None
@@ -135,15 +131,11 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
                     memory_padding_mask = memory_padding_mask[::group]
 
         x, _, positions = self.embed(prev_output_tokens, incremental_state)  # B x T x C
-        hooks = []
-        if self.positions_every_level:  # UT: positions join the level embedding at every level
-            hooks.append(AddAtEveryLevel(self.stack_cfg.coordinate_scale * positions))
+        hooks = positions_hooks(self.stack_cfg.coordinates, positions)  # UT: at every level
         # like fairseq's transformer: alignment weights of the last level in evaluation
-        levels = self.stack.plan.first_loop_levels() if shallow else None
         alignment = None
         if not self.training:
-            order = levels or self.stack.run_levels or range(self.stack.num_levels)
-            alignment = CrossAttentionWeights(order[-1])
+            alignment = CrossAttentionWeights(self.stack.active_levels[-1])
             hooks.append(alignment)
         states = LevelOutputs()
         if return_all_hiddens:
@@ -153,7 +145,6 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             padding_mask=self_padding_mask,
             memory=Memory(memory, memory_padding_mask, group),
             cache=cache,
-            levels=levels,
             hooks=hooks,
         )
         if incremental_state is not None:

@@ -9,9 +9,11 @@ A setting takes the first value given by, in order:
 
 1. the command line (or the arguments saved in a checkpoint);
 2. :data:`FAMILY_SIZE`, a family's exceptions at one size (SReT's depth at ``tiny``);
-3. :data:`FAMILIES`, what makes the family (RingFormer's shared block and level signals);
+3. :data:`FAMILIES`, what makes the family (RingFormer's shared block and level signals):
+   :data:`recurnmt.modules.families.FAMILIES` as flag defaults, and :data:`FAMILY_MODEL`;
 4. :data:`SIZES`;
-5. :data:`BASE`, every recurnmt option: a vanilla Transformer built from our blocks;
+5. :data:`BASE`, every recurnmt option: a vanilla Transformer built from our blocks (derived
+   from the options' declarations, :mod:`recurnmt.nmt.options`);
 6. fairseq's transformer ``base_architecture``, for fairseq's own options.
 
 :func:`fill_defaults` fills only what is unset, so a second run changes nothing: fairseq runs
@@ -31,46 +33,15 @@ from typing import Any
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from recurnmt.modules import ConfigError
+from recurnmt.modules.families import FAMILIES as STACK_FAMILIES
+from recurnmt.nmt.options import flag_values, recurnmt_defaults
 from recurnmt.nmt.registry import RECURRENT_CRITERION
 
 Defaults = dict[str, Any]
 
-# every recurnmt option (see recurnmt.nmt.options.add_recurrent_args)
-BASE: Defaults = {
-    "encoder_unique_layers": None,  # None: one block per level
-    "decoder_unique_layers": None,
-    "sharing_scheme": "cycle",
-    "layer_norms": "per-block",
-    "level_signal": "none",
-    "level_signal_rank": None,  # None: width // 16
-    # the low-rank signals' down factors start N(0, 1e-6^2), as RingFormer's code
-    "level_signal_down_init": "normal",
-    "level_signal_down_std": 1e-6,
-    "attn_signal": "after",
-    "ffn_signal": "input",
-    "block_bias": "on",  # biases in the attention and FFN projections, as fairseq's
-    "encoder_ffn_sharing": "block",
-    "decoder_ffn_sharing": "block",
-    "positions": "input",
-    "coordinate_scale": 1.0,
-    "checkpoint_segment": "0",
-    "compile": None,  # torch.compile backend of the stacks (None: eager)
-    "compile_mode": None,
-    "act": "off",
-    "act_threshold": 0.99,
-    "act_bias_init": 1.0,
-    "lrc": "none",
-    "nll_ratio": 0.0,
-    "level_lora_rank": "0",  # relaxed recursion: no per-level LoRA
-    "encoder_attn_groups": (),
-    "mixed_depth": "off",
-    "encoder_levels": None,  # elastic depth: run at another depth (None: as built)
-    "decoder_levels": None,
-    # embedding layout (recurnmt.nmt.embedding_layout): fairseq's unless asked
-    "share_encoder_decoder_embeddings": False,
-    "output_projection_bias": False,
-    "scale_embedding": "on",  # fairseq's sqrt(H) on embeddings initialised N(0, 1/H)
-}
+# every recurnmt option: a stack option's field default, as its flag spells it, and the model
+# flags' (recurnmt.nmt.options); a vanilla Transformer built from our blocks
+BASE: Defaults = recurnmt_defaults()
 
 # what a model saved before these options existed was built with (issue 29)
 LEGACY: Defaults = {
@@ -93,74 +64,34 @@ SIZES: dict[str, Defaults] = {
 }
 DEFAULT_SIZE = "wmt_en_de"  # the size of a bare family name
 
-_UNIVERSAL_TRANSFORMER: Defaults = {
-    "encoder_unique_layers": 1,
-    "decoder_unique_layers": 1,
-    "layer_norms": "per-block",
-    "level_signal": "static",
-    "positions": "every-level",
-    "activation_fn": "gelu",
+# what a family needs of the translation model beyond its stacks
+FAMILY_MODEL: dict[str, Defaults] = {
+    # SReT for translation (Table 9 setting) ties the decoder's input and output embeddings
+    "sret": {"share_decoder_input_output_embed": True},
 }
 
-FAMILIES: dict[str, Defaults] = {
-    # RingFormer (sec. 3): one shared block per side, per-level norms, low-rank level signals
-    # on Q/K/V (after projection) and on the FFN input, rank H/16, GELU; no biases in the
-    # attention and FFN projections, as the authors' code ("bias": 0 in its config.json),
-    # which gives Table 1's P* exactly (8,943,616 and 35,713,024)
-    "ringformer": {
-        "encoder_unique_layers": 1,
-        "decoder_unique_layers": 1,
-        "layer_norms": "per-level",
-        "level_signal": "lowrank",
-        "attn_signal": "after",
-        "ffn_signal": "input",
-        "activation_fn": "gelu",
-        "block_bias": "off",
-    },
-    # a plain Transformer built from recurnmt's blocks (one block per level)
-    "recurrent_transformer": {},
-    # Universal Transformer (Dehghani et al. 2019) as compared in RingFormer Table 1: one
-    # shared block per side, sinusoidal level + position embeddings at every level, GELU
-    "universal_transformer": _UNIVERSAL_TRANSFORMER,
-    # ... with Adaptive Computation Time halting (UT sec. 2.2); the levels are the maximum
-    # number of steps; the recurrent criterion adds the ponder cost
-    "universal_transformer_act": _UNIVERSAL_TRANSFORMER
-    | {"act": "on", "criterion": RECURRENT_CRITERION},
-    # One Wide FFN (Pires et al. 2023, as in RingFormer Table 1): attention per layer, one FFN
-    # shared by all encoder layers, no decoder FFN, GELU
-    "owf": {
-        "encoder_ffn_sharing": "shared",
-        "decoder_ffn_sharing": "none",
-        "level_signal": "none",
-        "activation_fn": "gelu",
-    },
-    # SReT for translation (sec. 3, Table 9 setting): each of the six blocks per side looped
-    # twice in a row (internal loop, eq. 6: 12 levels), a non-shared NLL after every loop
-    # (eq. 5, ratio 1), learnable residual coefficients on every residual (eq. 9-10)
-    "sret": {
-        "encoder_unique_layers": 6,
-        "decoder_unique_layers": 6,
-        "encoder_layers": 12,
-        "decoder_layers": 12,
-        "sharing_scheme": "sequence",
-        "nll_ratio": 1.0,
-        "lrc": "both",
-        "share_decoder_input_output_embed": True,
-    },
-    # Relaxed Recursive Transformers (Bae et al. 2025): M unique blocks looped over the levels
-    # in a cycle (eq. 2: level l runs block l mod M; half the levels, two loops, as their
-    # "recursive Gemma 1B" from Gemma 2B), and every level a rank-16 LoRA plus bias deltas on
-    # every linear of its block (eq. 3, recurnmt.modules.level_lora); per-level layer norms,
-    # so that a converted model starts exactly as its source at full rank (recurnmt-convert,
-    # docs/relaxed.md); otherwise fairseq's transformer (ReLU, biases)
-    "relaxed_transformer": {
-        "encoder_unique_layers": 3,
-        "decoder_unique_layers": 3,
-        "sharing_scheme": "cycle",
-        "layer_norms": "per-level",
-        "level_lora_rank": "16",
-    },
-}
+
+def family_defaults(name: str) -> Defaults:
+    """The flag defaults of the family ``name`` (:data:`recurnmt.modules.families.FAMILIES`,
+    both sides), and its :data:`FAMILY_MODEL` settings; a family that halts (ACT) trains with
+    the recurrent criterion, which adds the ponder cost.
+
+    Raises:
+        ValueError: the family sets an option per side that one flag sets for both.
+    """
+    family = STACK_FAMILIES[name]
+    out: Defaults = {}
+    for side in ("encoder", "decoder"):
+        for arg, value in flag_values(family.changes(side == "decoder"), side).items():
+            if out.get(arg, value) != value:
+                raise ValueError(f"family {name}: --{arg} differs between the sides")
+            out[arg] = value
+    if family.options.get("act"):
+        out["criterion"] = RECURRENT_CRITERION
+    return out | FAMILY_MODEL.get(name, {})
+
+
+FAMILIES: dict[str, Defaults] = {name: family_defaults(name) for name in STACK_FAMILIES}
 
 # a family's settings at one size, where they differ from the family's own
 FAMILY_SIZE: dict[tuple[str, str], Defaults] = {

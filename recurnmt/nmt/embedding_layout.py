@@ -30,41 +30,51 @@ N(0, 1/H), which gives the stack the same input at step 0 but trains the table a
 
 from __future__ import annotations
 
-import argparse
 import math
 from typing import Any
 
 from torch import nn
 
 from recurnmt.modules.config import ConfigError
+from recurnmt.nmt.flags import Flag
 
 SHARE_FLAG = "--share-encoder-decoder-embeddings"
 BIAS_FLAG = "--output-projection-bias"
 SCALE_FLAG = "--scale-embedding"
 
 
-def add_embedding_layout_args(parser: argparse.ArgumentParser) -> None:
-    """Adds the A.1 layout flags (both off by default: fairseq's layouts are unchanged)."""
-    parser.add_argument(
+LAYOUT_FLAGS = (
+    Flag(
         SHARE_FLAG,
-        action="store_true",
-        default=None,
-        help="one token embedding for the encoder and decoder inputs (joined dictionary) "
-        "and a separate, untied output projection (RingFormer appendix A.1)",
-    )
-    parser.add_argument(
+        False,
+        dict(
+            action="store_true",
+            default=None,
+            help="one token embedding for the encoder and decoder inputs (joined dictionary) "
+            "and a separate, untied output projection (RingFormer appendix A.1)",
+        ),
+    ),
+    Flag(
         BIAS_FLAG,
-        action="store_true",
-        default=None,
-        help="a bias on the output projection (the vocabulary head of RingFormer Table 1)",
-    )
-    parser.add_argument(
+        False,
+        dict(
+            action="store_true",
+            default=None,
+            help="a bias on the output projection (the vocabulary head of RingFormer Table 1)",
+        ),
+    ),
+    Flag(
         SCALE_FLAG,
-        choices=("on", "off"),
-        help="token embeddings initialised N(0, 1/H) and multiplied by sqrt(H), as fairseq's "
-        "transformer (on, the default), or initialised N(0, 1) and not scaled, as RingFormer's "
-        "code (off)",
-    )
+        "on",  # fairseq's sqrt(H) on embeddings initialised N(0, 1/H)
+        dict(
+            choices=("on", "off"),
+            help="token embeddings initialised N(0, 1/H) and multiplied by sqrt(H), as "
+            "fairseq's transformer (on, the default), or initialised N(0, 1) and not scaled, "
+            "as RingFormer's code (off)",
+        ),
+    ),
+)
+"""The layout's flags (off by default: fairseq's layouts are unchanged)."""
 
 
 def embedding_scale(args: Any, dim: int) -> float:

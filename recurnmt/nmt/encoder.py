@@ -8,7 +8,7 @@ import torch
 from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
-from recurnmt.modules import AddAtEveryLevel, LevelOutputs, StackConfig, build_stack
+from recurnmt.modules import LevelOutputs, StackConfig, build_stack, positions_hooks
 from recurnmt.nmt.embedding import TokenEmbedding
 
 EncoderOut = dict[str, list[Tensor]]
@@ -32,11 +32,11 @@ class RecurrentEncoder(FairseqEncoder):
             embed_tokens,
             args.max_source_positions,
             "encoder",
-            add_positions=not stack_cfg.positions_every_level,
+            add_positions=not stack_cfg.coordinates.positions_every_level,
         )
         self.padding_idx = self.embed.padding_idx
         self.stack_cfg = stack_cfg  # what the stack was built from (analysis, tests)
-        self.positions_every_level = stack_cfg.positions_every_level
+        self.positions_every_level = stack_cfg.coordinates.positions_every_level
         self.stack = build_stack(stack_cfg)
 
     @property
@@ -49,13 +49,9 @@ class RecurrentEncoder(FairseqEncoder):
         src_lengths: Tensor | None = None,
         return_all_hiddens: bool = False,
         token_embeddings: Tensor | None = None,
-        shallow: bool = False,
     ) -> EncoderOut:
-        """Encodes B x T source tokens.
-
-        Args:
-            shallow: run SReT's shallow branch (every block once) instead of all levels.
-        """
+        """Encodes B x T source tokens (at the stack's depth, or its shallow branch:
+        :func:`~recurnmt.modules.shallow_branch`)."""
         if token_embeddings is not None:
             raise NotImplementedError("precomputed token embeddings are not supported")
         padding_mask = src_tokens.eq(self.padding_idx)  # B x T
@@ -63,16 +59,13 @@ class RecurrentEncoder(FairseqEncoder):
         x, embedded, positions = self.embed(src_tokens)  # B x T x C
         if has_pads:
             x = x * (~padding_mask).unsqueeze(-1).type_as(x)
-        hooks = []
-        if self.positions_every_level:  # UT: positions join the level embedding at every level
-            hooks.append(AddAtEveryLevel(self.stack_cfg.coordinate_scale * positions))
+        hooks = positions_hooks(self.stack_cfg.coordinates, positions)  # UT: at every level
         states = LevelOutputs()
         if return_all_hiddens:
             hooks.append(states)
         out = self.stack(
             x,
             padding_mask=padding_mask if has_pads else None,
-            levels=self.stack.plan.first_loop_levels() if shallow else None,
             hooks=hooks,
         )
         if src_lengths is None:

@@ -134,24 +134,21 @@ class RecurrentTransformerModel(TransformerModel):
         features_only: bool = False,
         alignment_layer: int | None = None,
         alignment_heads: int | None = None,
-        shallow: bool = False,
     ):
-        """fairseq's encoder-decoder forward; ``shallow`` runs SReT's shallow branch.
+        """fairseq's encoder-decoder forward (SReT's shallow branch within
+        :func:`~recurnmt.modules.shallow_branch`).
 
         ``return_all_hiddens`` defaults to False where fairseq's transformer says True:
         nothing in training reads every level's output, and keeping them all alive would
         undo activation checkpointing (memory linear in depth whatever is recomputed).
         """
-        encoder_out = self.encoder(
-            src_tokens, src_lengths, return_all_hiddens=return_all_hiddens, shallow=shallow
-        )
+        encoder_out = self.encoder(src_tokens, src_lengths, return_all_hiddens=return_all_hiddens)
         x, extra = self.decoder(
             prev_output_tokens,
             encoder_out=encoder_out,
             features_only=features_only,
             src_lengths=src_lengths,
             return_all_hiddens=return_all_hiddens,
-            shallow=shallow,
         )
         if encoder_out["ponder"]:
             extra["encoder_ponder"] = encoder_out["ponder"]  # for the ACT criterion

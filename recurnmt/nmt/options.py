@@ -1,210 +1,187 @@
 """Command-line options of the recurnmt translation models, and their translation to stacks.
 
 fairseq's own transformer flags keep their meaning (``--encoder-layers`` is the number of
-levels N, ``--encoder-embed-dim`` the width, ...). The options below add the depth plan and
-the per-level parts. Every option reaches the built model: :func:`stack_configs` is the only
-place that reads them, and the tests check that each one changes the model.
+levels N, ``--encoder-embed-dim`` the width, ...): :data:`FAIRSEQ_ARGS` says which stack
+option each sets. recurnmt's flags are declared once: a stack option's on its part config
+(:mod:`recurnmt.modules.config`: the flag, its help and choices, its default), the model's
+other settings as :class:`~recurnmt.nmt.flags.Flag` entries (:data:`MODEL_FLAGS`,
+:data:`~recurnmt.nmt.embedding_layout.LAYOUT_FLAGS`). The parser group
+(:func:`add_recurrent_args`), the defaults (:func:`recurnmt_defaults`), the option -> flag map
+(:func:`flags_of_fields`) and the stacks (:func:`stack_configs`, the only reader of the
+options) are derived from those declarations, and the tests check that each flag changes the
+model.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from recurnmt.modules.config import (
-    ATTN_SIGNAL_PLACES,
-    FFN_SHARING,
-    FFN_SIGNAL_PLACES,
-    LRC_MODES,
-    SHARING_SCHEMES,
-    SIGNAL_DOWN_INITS,
-    SIGNAL_KINDS,
-    ConfigError,
-    SignalConfig,
-    StackConfig,
+from recurnmt.modules.config import ConfigError, StackConfig, stack_options
+from recurnmt.nmt.embedding_layout import LAYOUT_FLAGS
+from recurnmt.nmt.flags import Flag, add_flags, defaults
+
+SIDES = ("encoder", "decoder")
+
+# stack options that fairseq's transformer flags set ({side}: encoder or decoder)
+FAIRSEQ_ARGS: dict[str, str] = {
+    "embed_dim": "{side}_embed_dim",
+    "ffn_dim": "{side}_ffn_embed_dim",
+    "num_heads": "{side}_attention_heads",
+    "num_levels": "{side}_layers",
+    "normalize_before": "{side}_normalize_before",
+    "dropout": "dropout",
+    "attention_dropout": "attention_dropout",
+    "activation_dropout": "activation_dropout",
+    "activation": "activation_fn",
+}
+
+
+def _fixed(side: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The stack options no flag sets: what every translation stack of ``side`` is."""
+    decoder = side == "decoder"
+    return {
+        "cross_attention": decoder,
+        "causal": decoder,
+        "final_norm": options["normalize_before"],  # as fairseq's: after pre-LN stacks only
+        "norm_eps": 1e-5,  # fairseq's LayerNorm
+        "drop_path": 0.0,
+        "level_drop_path": (),
+        # sliced encoder attention as SReT Algorithm 1: contiguous slices at a block's first
+        # loop, permuted (and inverted) at later loops
+        "attn_permute": (),
+    }
+
+
+MODEL_FLAGS = (
+    Flag(
+        "--checkpoint-segment",
+        "0",
+        dict(
+            metavar="K",
+            help="with --checkpoint-activations: also checkpoint every K levels as one segment "
+            "(Chen et al. 2016), K a number or 'sqrt' for ceil(sqrt(levels)): memory grows as "
+            "sqrt(levels) instead of linearly, for one more forward pass; 0 (default) "
+            "checkpoints each level only",
+        ),
+    ),
+    Flag(
+        "--mixed-depth",
+        "off",
+        dict(
+            choices=("on", "off"),
+            help="SReT mixed-depth training (appendix B): also train the shallow branch (every "
+            "block once) under the same loss; needs the recurrent criterion",
+        ),
+    ),
+    Flag(
+        "--compile",
+        None,  # eager
+        dict(
+            nargs="?",
+            const="inductor",
+            metavar="BACKEND",
+            help="torch.compile the encoder and decoder stacks (training and full passes; "
+            "incremental decoding stays eager) with BACKEND (default inductor; aot_eager "
+            "compiles without generating code)",
+        ),
+    ),
+    Flag(
+        "--compile-mode",
+        None,
+        dict(help="torch.compile mode with --compile (default, reduce-overhead, max-autotune)"),
+    ),
+    *(
+        Flag(
+            f"--{side}-levels",
+            None,  # elastic depth: run at another depth (None: as built)
+            dict(
+                type=int,
+                metavar="K",
+                help=f"run the {side} at K levels instead of --{side}-layers (elastic depth of "
+                "a trained shared model, e.g. fairseq-generate --model-overrides "
+                f"\"{{'{side}_levels': K}}\"); K beyond the built depth needs parameter-free "
+                "level parts (Universal Transformer)",
+            ),
+        )
+        for side in SIDES
+    ),
 )
-from recurnmt.nmt.embedding_layout import add_embedding_layout_args
-
-LAYER_NORM_PLACES = ("per-level", "per-block")
-POSITION_PLACES = ("input", "every-level")
+"""The model's flags that are no stack options."""
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def _flag(arg: str) -> str:
+    """The command-line flag of a fairseq argument: ``encoder_layers`` -> ``--encoder-layers``."""
+    return "--" + arg.replace("_", "-")
+
+
+def arg_of(option: str, side: str) -> str | None:
+    """The fairseq argument that sets ``option`` of the ``side`` stack (None: no flag does,
+    or only the other side's, as ``--encoder-attn-groups``)."""
+    if option in FAIRSEQ_ARGS:
+        return FAIRSEQ_ARGS[option].format(side=side)
+    flag = stack_options()[option].option.flag
+    if flag is None:
+        return None
+    other = SIDES[1 - SIDES.index(side)]
+    if flag.startswith(f"--{other}-"):
+        return None
+    return _dest(flag.replace("{side}", side))
+
+
+def _recurnmt_flags() -> Iterator[tuple[str, str, Any]]:
+    """``(flag, option name, help)`` of every stack option with a flag of recurnmt's, in
+    declaration order; a flag per side is given for both sides."""
+    for name, where in stack_options().items():
+        flag = where.option.flag
+        if flag is None:
+            continue
+        for side in SIDES if "{side}" in flag else (None,):
+            if side is None:
+                yield flag, name, where.option.help
+            else:
+                yield flag.replace("{side}", side), name, where.option.help.replace("{side}", side)
 
 
 def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
-    """Adds recurnmt's options; their defaults are in :mod:`recurnmt.nmt.defaults`."""
-    group = parser  # fairseq hands models an argument group already
-    group.add_argument(
-        "--encoder-unique-layers",
-        type=int,
-        metavar="M",
-        help="unique encoder blocks M over the N = --encoder-layers levels "
-        "(1: fully recurrent; N: vanilla)",
-    )
-    group.add_argument(
-        "--decoder-unique-layers",
-        type=int,
-        metavar="M",
-        help="unique decoder blocks M over the N = --decoder-layers levels",
-    )
-    group.add_argument(
-        "--sharing-scheme",
-        choices=SHARING_SCHEMES,
-        help="order in which levels visit the unique blocks (Takase & Kiyono 2021)",
-    )
-    group.add_argument(
-        "--layer-norms",
-        choices=LAYER_NORM_PLACES,
-        help="every level owns its layer norms (RingFormer) or every block does",
-    )
-    group.add_argument(
-        "--level-signal",
-        choices=SIGNAL_KINDS,
-        help="level signals: lowrank (RingFormer eq. 5), full (d x d), static "
-        "(sinusoidal level embedding, Universal Transformer) or none",
-    )
-    group.add_argument(
-        "--level-signal-rank",
-        type=int,
-        metavar="R",
-        help="rank of the low-rank level signals (default: embed dim // 16)",
-    )
-    group.add_argument(
-        "--level-signal-down-init",
-        choices=SIGNAL_DOWN_INITS,
-        help="how the low-rank signals' down factors start (their up factors start at zero): "
-        "normal, N(0, S^2) with S = --level-signal-down-std, as RingFormer's code (the "
-        "default), or kaiming, LoRA's code (Kaiming-uniform)",
-    )
-    group.add_argument(
-        "--level-signal-down-std",
-        type=float,
-        metavar="S",
-        help="standard deviation of --level-signal-down-init normal (RingFormer's code: 1e-6)",
-    )
-    group.add_argument(
-        "--attn-signal",
-        choices=ATTN_SIGNAL_PLACES,
-        help="attention level signals after the Q/K/V projections (RingFormer eq. 6), "
-        "before them, or none",
-    )
-    group.add_argument(
-        "--ffn-signal",
-        choices=FFN_SIGNAL_PLACES,
-        help="FFN level signal on the FFN input (RingFormer eq. 7), on the intermediate "
-        "activation (inter), or none",
-    )
-    group.add_argument(
-        "--level-lora-rank",
-        metavar="R",
-        help="relaxed recursion (Relaxed Recursive Transformers eq. 3): every level owns a "
-        "LoRA of rank R (and bias deltas) on every linear of its shared block; 0: plain "
-        "sharing, full: the full rank (the embed dim)",
-    )
-    group.add_argument(
-        "--block-bias",
-        choices=("on", "off"),
-        help="biases in the attention (Q, K, V, output) and FFN projections of both stacks: "
-        "on as fairseq's transformer, off as RingFormer's code (its P* in Table 1); the "
-        "ringformer architectures default to off",
-    )
-    group.add_argument(
-        "--encoder-ffn-sharing",
-        choices=FFN_SHARING,
-        help="encoder FFNs: one per block, one shared by all blocks (One Wide FFN), or none",
-    )
-    group.add_argument(
-        "--decoder-ffn-sharing",
-        choices=FFN_SHARING,
-        help="decoder FFNs: one per block, one shared by all blocks, or none (OWF default)",
-    )
-    group.add_argument(
-        "--positions",
-        choices=POSITION_PLACES,
-        help="add position embeddings at the input only, or at every level together with "
-        "the level embedding (Universal Transformer coordinate embedding)",
-    )
-    group.add_argument(
-        "--coordinate-scale",
-        type=float,
-        help="scale of the coordinate embedding added at every level (level embedding, and "
-        "positions with --positions every-level); 1 is the UT paper's full sinusoid",
-    )
-    group.add_argument(
-        "--checkpoint-segment",
-        metavar="K",
-        help="with --checkpoint-activations: also checkpoint every K levels as one segment "
-        "(Chen et al. 2016), K a number or 'sqrt' for ceil(sqrt(levels)): memory grows as "
-        "sqrt(levels) instead of linearly, for one more forward pass; 0 (default) "
-        "checkpoints each level only",
-    )
-    group.add_argument(
-        "--act",
-        choices=("on", "off"),
-        help="Adaptive Computation Time halting over the levels (Universal Transformer); "
-        "train with --criterion recurrent_label_smoothed_cross_entropy for the ponder cost",
-    )
-    group.add_argument("--act-threshold", type=float, help="ACT halting threshold 1 - eps")
-    group.add_argument("--act-bias-init", type=float, help="initial halting unit bias")
-    group.add_argument(
-        "--lrc",
-        choices=LRC_MODES,
-        help="learnable residual coefficients (SReT eq. 9-10) on both branches, the identity "
-        "branch, the main branch, or none",
-    )
-    group.add_argument(
-        "--nll-ratio",
-        type=float,
-        metavar="R",
-        help="SReT non-linear projection layer after every level with hidden ratio R "
-        "(SReT eq. 5); 0 = none",
-    )
-    group.add_argument(
-        "--encoder-attn-groups",
-        type=_int_list,
-        metavar="G1,G2,...",
-        help="sliced group self-attention in the encoder: groups at loop 1, 2, ... of each "
-        "block (SReT sec. 4); empty = global attention",
-    )
-    group.add_argument(
-        "--mixed-depth",
-        choices=("on", "off"),
-        help="SReT mixed-depth training (appendix B): also train the shallow branch (every "
-        "block once) under the same loss; needs the recurrent criterion",
-    )
-    group.add_argument(
-        "--compile",
-        nargs="?",
-        const="inductor",
-        metavar="BACKEND",
-        help="torch.compile the encoder and decoder stacks (training and full passes; "
-        "incremental decoding stays eager) with BACKEND (default inductor; aot_eager "
-        "compiles without generating code)",
-    )
-    group.add_argument(
-        "--compile-mode",
-        help="torch.compile mode with --compile (default, reduce-overhead, max-autotune)",
-    )
-    for side in ("encoder", "decoder"):
-        group.add_argument(
-            f"--{side}-levels",
-            type=int,
-            metavar="K",
-            help=f"run the {side} at K levels instead of --{side}-layers (elastic depth of a "
-            "trained shared model, e.g. fairseq-generate --model-overrides "
-            f"\"{{'{side}_levels': K}}\"); K beyond the built depth needs parameter-free "
-            "level parts (Universal Transformer)",
-        )
-    add_embedding_layout_args(group)
+    """Adds recurnmt's options (fairseq hands models an argument group); their defaults are
+    :data:`recurnmt.nmt.defaults.BASE`."""
+    for flag, name, help in _recurnmt_flags():
+        kwargs = stack_options()[name].option.argparse_kwargs() | {"help": help}
+        parser.add_argument(flag, **kwargs)
+    add_flags(parser, MODEL_FLAGS)
+    add_flags(parser, LAYOUT_FLAGS)
+
+
+def option_text(option: str, value: Any) -> Any:
+    """The flag's spelling of ``value`` of ``option`` (``True`` -> ``on``, ...)."""
+    where = stack_options()[option]
+    return where.option.to_text(value) if where.option.flag else value
+
+
+def recurnmt_defaults() -> dict[str, Any]:
+    """``{argument: default}`` of every recurnmt flag: a stack option's is its field's default,
+    as the flag spells it (so a model built with no flag is a plain stack)."""
+    default = StackConfig().options()
+    stack = {_dest(flag): option_text(name, default[name]) for flag, name, _ in _recurnmt_flags()}
+    return stack | defaults(MODEL_FLAGS) | defaults(LAYOUT_FLAGS)
+
+
+def flag_values(changes: Mapping[str, Any], side: str) -> dict[str, Any]:
+    """``{argument: value}`` that set the options ``changes`` of the ``side`` stack (options
+    that no flag of that side sets are left out)."""
+    out = {}
+    for option, value in changes.items():
+        arg = arg_of(option, side)
+        if arg is not None:
+            out[arg] = option_text(option, value)
+    return out
 
 
 # fairseq transformer options that the recurrent models do not implement: refusing them
@@ -235,49 +212,10 @@ def check_supported(args: Any) -> None:
             raise ConfigError(_flag(name), value, f"{what} is not supported by recurnmt models")
 
 
-# StackConfig field -> the fairseq argument that sets it ({side}: encoder or decoder); the
-# fields not listed are fixed for translation models (see _side_config)
-ARG_OF_FIELD: dict[str, str] = {
-    "embed_dim": "{side}_embed_dim",
-    "ffn_dim": "{side}_ffn_embed_dim",
-    "num_heads": "{side}_attention_heads",
-    "num_levels": "{side}_layers",
-    "num_unique": "{side}_unique_layers",
-    "normalize_before": "{side}_normalize_before",
-    "ffn_sharing": "{side}_ffn_sharing",
-    "sharing": "sharing_scheme",
-    "norms_per_level": "layer_norms",
-    "signal.kind": "level_signal",
-    "signal.rank": "level_signal_rank",
-    "signal.attn": "attn_signal",
-    "signal.ffn": "ffn_signal",
-    "signal.down_init": "level_signal_down_init",
-    "signal.down_std": "level_signal_down_std",
-    "bias": "block_bias",
-    "dropout": "dropout",
-    "attention_dropout": "attention_dropout",
-    "activation_dropout": "activation_dropout",
-    "activation": "activation_fn",
-    "lrc": "lrc",
-    "nll_ratio": "nll_ratio",
-    "attn_groups": "encoder_attn_groups",
-    "positions_every_level": "positions",
-    "coordinate_scale": "coordinate_scale",
-    "act": "act",
-    "act_threshold": "act_threshold",
-    "act_bias_init": "act_bias_init",
-    "lora_rank": "level_lora_rank",
-}
-
-
-def _flag(arg: str) -> str:
-    """The command-line flag of a fairseq argument: ``encoder_layers`` -> ``--encoder-layers``."""
-    return "--" + arg.replace("_", "-")
-
-
 def flags_of_fields(side: str) -> dict[str, str]:
-    """StackConfig field -> command-line flag, for the ``side`` stack."""
-    return {field: _flag(arg.format(side=side)) for field, arg in ARG_OF_FIELD.items()}
+    """Stack option -> the command-line flag that sets it, for the ``side`` stack."""
+    args = {name: arg_of(name, side) for name in stack_options()}
+    return {name: _flag(arg) for name, arg in args.items() if arg is not None}
 
 
 def stack_configs(args: Any) -> tuple[StackConfig, StackConfig]:
@@ -287,10 +225,6 @@ def stack_configs(args: Any) -> tuple[StackConfig, StackConfig]:
         ConfigError: an impossible setting, named by its command-line flag.
     """
     check_supported(args)
-    if args.layer_norms not in LAYER_NORM_PLACES:
-        raise ConfigError(
-            "--layer-norms", args.layer_norms, f"choose one of {', '.join(LAYER_NORM_PLACES)}"
-        )
     if args.decoder_embed_dim != args.encoder_embed_dim:
         raise ConfigError(
             "--decoder-embed-dim",
@@ -298,94 +232,43 @@ def stack_configs(args: Any) -> tuple[StackConfig, StackConfig]:
             "must equal {--encoder-embed-dim} (cross-attention reads the encoder)",
             {"--encoder-embed-dim": args.encoder_embed_dim},
         )
-    encoder = _side_config(args, "encoder")
-    decoder = _side_config(args, "decoder")
-    return encoder, decoder
+    return _side_config(args, "encoder"), _side_config(args, "decoder")
+
+
+def side_options(args: Any, side: str) -> dict[str, Any]:
+    """Every stack option of the ``side`` stack, read from ``args``: a flag's value, the
+    default where only the other side has a flag, or :func:`_fixed`'s.
+
+    Raises:
+        ConfigError: a value the flag does not take, naming the option.
+    """
+    values: dict[str, Any] = {}
+    for name, where in stack_options().items():
+        arg = arg_of(name, side)
+        if arg is not None:
+            values[name] = where.option.to_value(name, getattr(args, arg), values)
+        elif where.option.flag is not None:  # the other side's flag: this side's default
+            values[name] = StackConfig().options()[name]
+    values |= _fixed(side, values)
+    missing = set(stack_options()) - set(values)
+    if missing:  # every option of a translation stack comes from a flag or _fixed
+        raise AssertionError(f"no flag sets the stack options {sorted(missing)}")
+    return values
+
+
+def stack_config(options: Mapping[str, Any]) -> StackConfig:
+    """The stack of ``options`` (every option given: none is left to StackConfig)."""
+    return StackConfig.from_options(**options)
 
 
 def _side_config(args: Any, side: str) -> StackConfig:
-    """The stack of one side; every field is given here, none is left to StackConfig."""
-
-    def arg(field: str) -> Any:
-        return getattr(args, ARG_OF_FIELD[field].format(side=side))
-
-    decoder = side == "decoder"
-    normalize_before = arg("normalize_before")
     with flags_in_errors(side):
-        return StackConfig(
-            embed_dim=arg("embed_dim"),
-            ffn_dim=arg("ffn_dim"),
-            num_heads=arg("num_heads"),
-            num_levels=arg("num_levels"),
-            num_unique=arg("num_unique"),
-            sharing=arg("sharing"),
-            norms_per_level=arg("norms_per_level") == "per-level",
-            normalize_before=normalize_before,
-            signal=SignalConfig(
-                kind=arg("signal.kind"),
-                rank=arg("signal.rank"),
-                attn=arg("signal.attn"),
-                ffn=arg("signal.ffn"),
-                down_init=arg("signal.down_init"),
-                down_std=arg("signal.down_std"),
-            ),
-            cross_attention=decoder,
-            causal=decoder,
-            dropout=arg("dropout"),
-            attention_dropout=arg("attention_dropout"),
-            activation_dropout=arg("activation_dropout"),
-            activation=arg("activation"),
-            bias=_on_off("bias", arg("bias")),
-            ffn_sharing=arg("ffn_sharing"),
-            lrc=arg("lrc"),
-            nll_ratio=arg("nll_ratio"),
-            # sliced group attention is for the encoder only (a causal stack refuses it)
-            attn_groups=() if decoder else tuple(arg("attn_groups") or ()),
-            positions_every_level=arg("positions_every_level") == "every-level",
-            coordinate_scale=arg("coordinate_scale"),
-            act=arg("act") == "on",
-            act_threshold=arg("act_threshold"),
-            act_bias_init=arg("act_bias_init"),
-            drop_path=0.0,
-            level_drop_path=(),
-            final_norm=normalize_before,  # as fairseq's transformer: after pre-LN stacks only
-            norm_eps=1e-5,  # fairseq's LayerNorm
-            # sliced encoder attention as SReT Algorithm 1: contiguous slices at a block's
-            # first loop, permuted (and inverted) at later loops
-            attn_permute=(),
-            lora_rank=lora_rank(arg("lora_rank"), arg("embed_dim")),
-        )
-
-
-def lora_rank(value: Any, embed_dim: int) -> int:
-    """``--level-lora-rank``: a rank >= 0, or ``full`` (the width, the full rank of every
-    linear of the block).
-
-    Raises:
-        ConfigError: anything else, naming the field (renamed to its flag by the caller).
-    """
-    if str(value).strip() == "full":
-        return embed_dim
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise ConfigError("lora_rank", value, "choose a rank >= 0 or full") from None
-
-
-def _on_off(field: str, value: Any) -> bool:
-    """An ``on`` / ``off`` option as a bool.
-
-    Raises:
-        ConfigError: anything else, naming the field (renamed to its flag by the caller).
-    """
-    if value not in ("on", "off"):
-        raise ConfigError(field, value, "choose on or off")
-    return value == "on"
+        return stack_config(side_options(args, side))
 
 
 @contextmanager
 def flags_in_errors(side: str) -> Iterator[None]:
-    """Re-raises a :class:`ConfigError` about a stack field naming its ``side`` flag instead.
+    """Re-raises a :class:`ConfigError` about a stack option naming its ``side`` flag instead.
 
     Wraps whatever validates a side's stack: its config, and building the stack (plan-level
     checks such as one ``--encoder-attn-groups`` entry per loop).

@@ -99,6 +99,12 @@ class DVTCascade(nn.Module):
             class-token ViT, or feature reuse on a backbone without FFN.
     """
 
+    # refused by recurnmt.modules.shallow_branch (SReT's mixed depth)
+    no_shallow_branch = (
+        "the shallow branch (SReT mixed depth) is not supported by DVT cascades, which train "
+        "every exit instead (DVT eq. 1)"
+    )
+
     def __init__(
         self,
         stages: Sequence[VisionTransformer],
@@ -266,9 +272,8 @@ class DVTCascade(nn.Module):
             outs.append(out)
         return outs
 
-    def forward_features(self, x: Tensor, shallow: bool = False) -> Tensor:
+    def forward_features(self, x: Tensor) -> Tensor:
         """Final tokens of the last stage, B x T x D, after running the whole cascade."""
-        _check_shallow(shallow)
         up = None
         for k in range(self.num_exits - 1):
             _, up = self.run_stage(k, x, up, keep=True)
@@ -280,9 +285,8 @@ class DVTCascade(nn.Module):
         """The last exit's head on its tokens."""
         return self.stages[-1].forward_head(x, pre_logits)
 
-    def forward(self, x: Tensor, shallow: bool = False) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         """The last exit's logits B x C (the full cascade)."""
-        _check_shallow(shallow)
         return self.forward_exits(x)[-1]
 
     @torch.no_grad()
@@ -373,14 +377,6 @@ def check_thresholds(thresholds: Sequence[float] | Tensor, num_exits: int) -> Te
             f"{num_exits - 1} (the last exit takes every remaining sample)"
         )
     return t
-
-
-def _check_shallow(shallow: bool) -> None:
-    if shallow:
-        raise ValueError(
-            "shallow=True (SReT mixed depth) is not supported by DVT cascades, which train "
-            "every exit instead (DVT eq. 1)"
-        )
 
 
 _CASCADE_KEYS = (

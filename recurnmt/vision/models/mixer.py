@@ -154,28 +154,25 @@ class RecursiveMixer(nn.Module):
             raise ValueError("an MLP-Mixer cannot change its token count (token-mixing MLP)")
         self.img_size = to_2tuple(img_size)
 
-    def forward_features(self, x: Tensor, shallow: bool = False) -> Tensor:
-        """Image B x C_in x H x W -> normalised tokens B x S x C.
-
-        Args:
-            shallow: run every block once (mixed-depth training, SReT appendix B).
-        """
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Image B x C_in x H x W -> normalised tokens B x S x C (every block once in the
+        shallow branch of mixed-depth training, SReT appendix B:
+        :func:`~recurnmt.modules.shallow_branch`)."""
         x = self.patch_embed(x).flatten(2).transpose(1, 2)  # B x S x C
         if x.size(1) != self.num_tokens:
             raise ValueError(
                 f"the image gives {x.size(1)} tokens; this Mixer was built for "
                 f"{self.num_tokens} (img_size={self.img_size})"
             )
-        levels = self.stack.plan.first_loop_levels() if shallow else None
-        return self.stack(x, levels=levels).output
+        return self.stack(x).output
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens B x S x C -> logits (global average pooling, linear)."""
         x = self.head_drop(x.mean(dim=1))  # B x C
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Tensor, shallow: bool = False) -> Tensor:
-        return self.forward_head(self.forward_features(x, shallow))
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
 
 
 _B16 = dict(unique_layers=12, embed_dim=768, token_dim=384, channel_dim=3072, patch_size=16)

@@ -14,9 +14,9 @@ coefficients (LRC, SReT eq. 9-10). Loop r of a block uses sliced group self-atte
 ``groups[stage][r]`` groups (SReT sec. 4, appendix C/D; the paper's final design
 [8,2][4,1][1,1]). There is no class token (SReT appendix E, "Other Small Modifications").
 
-All of this is one :class:`~recurnmt.modules.RecurrentStack` per stage, configured with
-``sharing="sequence"``, ``lrc``, ``nll_ratio`` and ``attn_groups``; this file adds only the
-image parts. Shape legend: B batch, C width, h x w token grid, T = h * w tokens.
+All of this is one :class:`~recurnmt.modules.RecurrentStack` per stage, configured as the
+``sret`` family of :data:`recurnmt.modules.FAMILIES` (``sharing="sequence"``) with the stage's
+``lrc``, ``nll_ratio`` and ``attn_groups``; this file adds only the image parts. Shape legend: B batch, C width, h x w token grid, T = h * w tokens.
 
 Details the paper's text leaves open, settled from its released code where needed:
 
@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from recurnmt.modules import ConfigError, StackConfig, build_stack
+from recurnmt.modules import FAMILIES, ConfigError, StackConfig, build_stack
 from recurnmt.vision.layers import PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.conv import ConvPooling, ConvStem
 from recurnmt.vision.layers.layer_attention import LayerAttention
@@ -183,13 +183,12 @@ class SReT(nn.Module):
         self.stages = nn.ModuleList()
         configs: list[StackConfig] = []
         for s, (dim, unique, head) in enumerate(zip(dims, unique_layers, heads, strict=True)):
-            cfg = StackConfig(
+            stage = dict(
                 embed_dim=dim,
                 ffn_dim=int(dim * mlp_ratio),
                 num_heads=head,
                 num_levels=unique * loops,
                 num_unique=unique,
-                sharing="sequence",
                 normalize_before=True,
                 activation="gelu",
                 lrc=lrc,
@@ -203,6 +202,8 @@ class SReT(nn.Module):
                 final_norm=False,  # SReT normalises once, after global pooling
                 norm_eps=1e-6,
             )
+            # the family gives the loop order (each block looped in a row); the stage the rest
+            cfg = StackConfig.from_options(**(FAMILIES["sret"].changes() | stage))
             self.stages.append(build_stack(cfg))
             configs.append(cfg)
         # MRLA after every level, reset at each stage; the average-pooling head reads every
@@ -211,11 +212,11 @@ class SReT(nn.Module):
             nn.ModuleList(
                 LayerAttention(
                     cfg.embed_dim,
-                    cfg.num_levels,
+                    cfg.depth.num_levels,
                     variant=mrla,
                     head_dim=mrla_head_dim,
                     stages=1,
-                    drop_path=list(cfg.level_drop_path),
+                    drop_path=list(cfg.regularization.level_drop_path),
                     norm_eps=1e-6,
                 )
                 for cfg in configs
@@ -273,13 +274,10 @@ class SReT(nn.Module):
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
-    def forward_features(self, x: Tensor, shallow: bool = False) -> Tensor:
-        """Image B x in x H x W -> last-stage tokens B x T x C3.
-
-        Args:
-            shallow: every block runs once (no second loop): the shallow branch of mixed-depth
-                training (SReT appendix B).
-        """
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Image B x in x H x W -> last-stage tokens B x T x C3 (every block looped, or once
+        in the shallow branch of mixed-depth training, SReT appendix B:
+        :func:`~recurnmt.modules.shallow_branch`)."""
         x = self.stem(x)  # B x C1 x h x w
         for s, stage in enumerate(self.stages):
             if s > 0:
@@ -288,9 +286,8 @@ class SReT(nn.Module):
             x = x.flatten(2).transpose(1, 2)  # B x T x C
             if s == 0:
                 x = self.pos_drop(self.pos_embed(x, (h, w)))
-            levels = stage.plan.first_loop_levels() if shallow else None
             hooks = [self.layer_attn[s].start((h, w), 0)] if self.layer_attn is not None else []
-            x = stage(x, levels=levels, hooks=hooks).output
+            x = stage(x, hooks=hooks).output
             if s + 1 < len(self.stages):
                 x = x.transpose(1, 2).reshape(x.size(0), -1, h, w)  # B x C x h x w
         return x
@@ -300,8 +297,8 @@ class SReT(nn.Module):
         x = self.head_drop(self.norm(x.mean(dim=1)))  # B x C
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Tensor, shallow: bool = False) -> Tensor:
-        return self.forward_head(self.forward_features(x, shallow))
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
 
 
 def _create(defaults: dict, kwargs: dict) -> SReT:

@@ -18,8 +18,11 @@ relaxed recursive ViT      M blocks looped in a cycle, a LoRA and bias deltas pe
                            every level, per level and never shared (Fang et al. 2023; ``mrla=``)
 =========================  ==================================================================
 
-Every model also runs its shallow branch, each unique block once (``model(x, shallow=True)``),
-for SReT's mixed-depth training (SReT appendix B).
+Every model also runs its shallow branch, each unique block once, for SReT's mixed-depth
+training (SReT appendix B): a mode of its stack (``with shallow_branch(model): model(x)``,
+:func:`~recurnmt.modules.shallow_branch`). The families (RingFormer, UiT, OWF, relaxed
+recursion, SReT's recursion) are :data:`recurnmt.modules.FAMILIES`, the same entries the
+translation architectures use (:func:`vit_family`); a ViT keeps only its own deviations.
 
 Regularisation and norms follow timm/DeiT: layer norms with eps 1e-6 (``norm_eps``), and
 stochastic depth (``drop_path_rate``, Huang et al. 2016) whose per-sample branch-dropping rate
@@ -35,18 +38,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from recurnmt.modules import (
-    AddAtEveryLevel,
+    FAMILIES,
     ConfigError,
+    CoordinateConfig,
     LevelHook,
     RecurrentStack,
     SignalConfig,
     StackConfig,
     build_stack,
+    positions_hooks,
 )
 from recurnmt.vision.layers import PatchEmbed, PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.layer_attention import LayerAttention
@@ -71,8 +77,9 @@ class VisionTransformer(nn.Module):
         drop_rate: dropout after the position embedding and before the head.
         layer_attention: MRLA run after every level of the stack on the patch tokens
             (:class:`~recurnmt.vision.layers.layer_attention.LayerAttention`); None for none.
-        positions_every_level: add the position embedding before every level instead of once
-            (Universal Transformer coordinate embedding).
+        coordinates: the stack's coordinate settings: with ``positions_every_level`` the
+            position embedding is added before every level, scaled as the level embedding,
+            instead of once (Universal Transformer coordinate embedding); None: once.
     """
 
     def __init__(
@@ -89,7 +96,7 @@ class VisionTransformer(nn.Module):
         pos_embed: str = "learned",
         drop_rate: float = 0.0,
         layer_attention: LayerAttention | None = None,
-        positions_every_level: bool = False,
+        coordinates: CoordinateConfig | None = None,
     ) -> None:
         super().__init__()
         if global_pool not in ("token", "avg"):
@@ -109,7 +116,7 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(drop_rate)
         self.stack = stack
         self.layer_attn = layer_attention
-        self.positions_every_level = positions_every_level
+        self.coordinates = coordinates or CoordinateConfig()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_own_weights()
@@ -124,6 +131,11 @@ class VisionTransformer(nn.Module):
         if isinstance(self.head, nn.Linear):
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
+
+    @property
+    def positions_every_level(self) -> bool:
+        """The stack adds the positions at every level (UT), not the embedding once."""
+        return self.coordinates.positions_every_level
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names exempt from weight decay (besides all biases and norms)."""
@@ -143,7 +155,7 @@ class VisionTransformer(nn.Module):
     def set_depth(self, depth: int | None) -> None:
         """Runs ``depth`` levels of the trained stack (elastic depth; None: as built).
 
-        See :meth:`~recurnmt.modules.RecurrentStack.depth_levels` for the depths a stack has.
+        See :meth:`~recurnmt.modules.DepthPlan.depth_levels` for the depths a stack has.
 
         Raises:
             ConfigError: naming ``levels``, a depth the stack or its MRLA does not define.
@@ -176,25 +188,20 @@ class VisionTransformer(nn.Module):
             x = self.pos_embed(x, grid)
         return self.pos_drop(x), grid
 
-    def forward_features(
-        self, x: Tensor, shallow: bool = False, hooks: Sequence[LevelHook] = ()
-    ) -> Tensor:
+    def forward_features(self, x: Tensor, hooks: Sequence[LevelHook] = ()) -> Tensor:
         """Image B x C x H x W -> normalised tokens B x T x D (ViT eq. 2-4 before the head).
 
         Args:
-            shallow: run every unique block once instead of the full depth (the shallow
-                branch of SReT's mixed-depth training, appendix B).
             hooks: further level hooks for the stack, after the model's own (UT positions,
                 MRLA): DVT's reuse, recording level outputs.
         """
         x, grid = self.embed(x)
         own: list[LevelHook] = []
         if self.positions_every_level:
-            own.append(AddAtEveryLevel(self.pos_embed.table(grid, x)))
+            own += positions_hooks(self.coordinates, self.pos_embed.table(grid, x))
         if self.layer_attn is not None:
             own.append(self.layer_attn.start(grid, self.num_prefix_tokens))
-        levels = self.stack.plan.first_loop_levels() if shallow else None
-        return self.stack(x, levels=levels, hooks=[*own, *hooks]).output
+        return self.stack(x, hooks=[*own, *hooks]).output
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens B x T x D -> logits B x num_classes (or the pooled B x D)."""
@@ -205,8 +212,23 @@ class VisionTransformer(nn.Module):
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Tensor, shallow: bool = False) -> Tensor:
-        return self.forward_head(self.forward_features(x, shallow))
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+# a family's options (recurnmt.modules.families) under the names of vit_stack_config
+_VIT_NAMES = {"num_unique": "unique_layers", "num_levels": "depth"}
+
+
+def vit_family(name: str) -> dict[str, Any]:
+    """The family ``name`` of :data:`recurnmt.modules.FAMILIES` as :func:`vit_stack_config`
+    settings (its ``signal.*`` options as one ``signal``)."""
+    changes = FAMILIES[name].changes()
+    args = {_VIT_NAMES.get(k, k): v for k, v in changes.items() if not k.startswith("signal.")}
+    signal = {k.removeprefix("signal."): v for k, v in changes.items() if k.startswith("signal.")}
+    if signal:
+        args["signal"] = SignalConfig(**signal)
+    return args
 
 
 def vit_stack_config(
@@ -229,6 +251,7 @@ def vit_stack_config(
     lrc: str = "none",
     nll_ratio: float = 0.0,
     lora_rank: int = 0,
+    **options: Any,
 ) -> StackConfig:
     """The pre-LN GELU stack of a ViT (ViT eq. 2-3): ``depth`` levels over ``unique_layers``
     blocks. The names match the translation options: ``depth`` is ``--encoder-layers`` (the
@@ -253,8 +276,10 @@ def vit_stack_config(
             with this hidden ratio (eq. 5-6; 0: none).
         lora_rank: relaxed recursion, every level's own LoRA rank on every linear of its
             block, with bias deltas (Relaxed Recursive Transformers eq. 3; 0: none).
+        options: any other stack option by its name (``bias``, ``activation``,
+            ``coordinate_scale``, ...; :mod:`recurnmt.modules.config`).
     """
-    return StackConfig(
+    return StackConfig.from_options(
         embed_dim=embed_dim,
         ffn_dim=ffn_dim if ffn_dim is not None else int(embed_dim * mlp_ratio),
         num_heads=num_heads,
@@ -268,7 +293,7 @@ def vit_stack_config(
         positions_every_level=positions_every_level,
         dropout=drop_rate,
         attention_dropout=attn_drop_rate,
-        activation="gelu",
+        **{"activation": "gelu", **options},
         drop_path=drop_path_rate,
         norm_eps=norm_eps,
         lrc=lrc,
@@ -309,7 +334,7 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
     drop_rate = args.get("drop_rate", 0.0)
     mrla = {k: args.pop(k) for k in _MRLA_KEYS if k in args}
     cfg = vit_stack_config(**args)
-    return VisionTransformer(
+    model = VisionTransformer(
         build_stack(cfg),
         cfg.embed_dim,
         pos_embed=pos_embed,
@@ -317,9 +342,11 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
         layer_attention=_layer_attention(
             cfg, skip_last_level=image.get("global_pool", "token") == "token", **mrla
         ),
-        positions_every_level=cfg.positions_every_level,
+        coordinates=cfg.coordinates,
         **image,
     )
+    model.stack_cfg = cfg  # what the stack was built from (analysis, tests)
+    return model
 
 
 _MRLA_KEYS = ("mrla", "mrla_head_dim", "mrla_stages")
@@ -342,14 +369,15 @@ def _layer_attention(
         if mrla_head_dim is not None or mrla_stages is not None:
             raise ValueError("mrla_head_dim / mrla_stages need mrla='light' or mrla='base'")
         return None
+    num_levels = cfg.depth.num_levels
     return LayerAttention(
         cfg.embed_dim,
-        cfg.num_levels,
+        num_levels,
         variant=mrla,
         head_dim=16 if mrla_head_dim is None else mrla_head_dim,
         stages=3 if mrla_stages is None else mrla_stages,
-        drop_path=[cfg.drop_path_rate(i) for i in range(cfg.num_levels)],
-        norm_eps=cfg.norm_eps,
+        drop_path=[cfg.drop_path_rate(i) for i in range(num_levels)],
+        norm_eps=cfg.norms.eps,
         skip_last_level=skip_last_level,
     )
 
@@ -454,15 +482,16 @@ def deit_tiny_sret_d108_patch16_224(**kwargs) -> VisionTransformer:
     18 gives the size nearest a third (12 give 13.76M). ``unique_layers`` and ``nll_ratio``
     set others (27 blocks x 4 loops at ratio 0.5 are 16.44M).
     """
-    defaults = {**_DEIT_TINY, "unique_layers": 18, "depth": 108, "nll_ratio": 1.0, "lrc": "both"}
+    # SReT's recursion (the family: blocks looped in a row, NLL ratio 1, LRC on both branches)
+    defaults = {**_DEIT_TINY, **vit_family("sret"), "unique_layers": 18, "depth": 108}
     return _create_vit(defaults, kwargs)
 
 
 # ---------------------------------------------------------------- RingFormer-ViT
 
-_RINGFORMER = dict(
-    unique_layers=1, norms_per_level=True, signal=SignalConfig(kind="lowrank"), pos_embed="sincos"
-)
+# the RingFormer family; the projections keep their biases, as the authors' image code
+# (vringformer.py), unlike their translation code (the family's)
+_RINGFORMER = {**vit_family("ringformer"), "bias": True, "pos_embed": "sincos"}
 
 
 @register_model
@@ -491,12 +520,7 @@ def ringformer_vit_small_patch16_224(**kwargs) -> VisionTransformer:
 
 # ---------------------------------------------------------------- UiT
 
-_UIT = dict(
-    unique_layers=1,
-    signal=SignalConfig(kind="static"),
-    positions_every_level=True,
-    pos_embed="sincos",
-)
+_UIT = {**vit_family("universal_transformer"), "pos_embed": "sincos"}
 
 
 @register_model
@@ -522,7 +546,7 @@ def uit_small_patch16_224(**kwargs) -> VisionTransformer:
 
 # ---------------------------------------------------------------- One Wide FFN
 
-_OWF = dict(ffn_sharing="shared", pos_embed="sincos")
+_OWF = {**vit_family("owf"), "pos_embed": "sincos"}
 
 
 @register_model
@@ -610,7 +634,7 @@ def ringformer_vit_base_mrla_patch16_224(**kwargs) -> VisionTransformer:
 # (eq. 2, level l runs block l mod M, as their recursive Gemma 1B from Gemma 2B), a LoRA and
 # bias deltas per level on every linear (eq. 3), per-level norms; start one from a trained
 # DeiT with ``python -m recurnmt.vision.convert`` (docs/relaxed.md)
-_RELAXED = dict(sharing="cycle", norms_per_level=True, lora_rank=16)
+_RELAXED = vit_family("relaxed_transformer")
 
 
 @register_model
