@@ -250,11 +250,6 @@ def compare(results: list[dict], baseline: str) -> None:
 
 
 def table(results: list[dict]) -> str:
-    head = (
-        "| arch | wall ms/step | speed vs transformer | kernels | kernel us | gpu busy | "
-        "syncs | HtoD | DtoH | aten ops | allocs |\n|" + " --- |" * 11
-    )
-    rows = [head]
     if "kernels" not in results[0]:  # --no-profile
         rows = ["| arch | wall ms/step | speed vs transformer |\n| --- | --- | --- |"]
         rows += [
@@ -262,6 +257,10 @@ def table(results: list[dict]) -> str:
             for r in results
         ]
         return "\n".join(rows)
+    rows = [
+        "| arch | wall ms/step | speed vs transformer | kernels | kernel us | gpu busy | "
+        "syncs | HtoD | DtoH | aten ops | allocs |\n|" + " --- |" * 11
+    ]
     for r in results:
         busy = "-" if r["gpu_busy"] is None else f"{r['gpu_busy']:.2f}"
         rows.append(
