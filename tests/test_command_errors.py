@@ -183,6 +183,7 @@ BAD_INPUTS: dict[str, BadInput] = {
     "python scripts/depth_memory.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
     "python scripts/decoding_speed.py": lambda tmp: (["--rounds", "0"], "--rounds"),
     "python scripts/profile_decoding.py": lambda tmp: (["--rounds", "0"], "--rounds"),
+    "python scripts/sdpa_first_call.py": lambda tmp: (["--shapes", "0"], "--shapes"),
     "python scripts/depth_sweep.py": lambda tmp: (
         ["nmt", "--arch", "no_such_arch"],
         "no_such_arch",

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
+from recurnmt.modules import sdpa
 from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.sliced_attention import SlicedGroups
 
@@ -274,7 +275,7 @@ class _Attention(nn.Module):
             if terms.bias is not None:
                 bias = terms.bias.to(q.dtype)
                 mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-            out = F.scaled_dot_product_attention(
+            out = sdpa.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal
             )
             return self._project_out(_merge_heads(out, group), terms)

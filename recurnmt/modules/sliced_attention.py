@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from recurnmt.modules import sdpa
+
 _EVAL_SEED = 20210712
 # (seed, length, device) -> the evaluation permutation; small: levels x lengths seen
 _eval_permutations: dict[tuple[int, int, str], Tensor] = {}
@@ -90,7 +92,7 @@ def sliced_group_attention(
     b, h, t, d = q.shape
     if groups == 1:
         mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return sdpa.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     size = math.ceil(t / groups)  # tokens per slice
     extra = size * groups - t
 
@@ -116,7 +118,7 @@ def sliced_group_attention(
         valid = valid.view(b * groups, size)
         valid = valid | ~valid.any(dim=1, keepdim=True)
         mask = valid[:, None, None, :]
-    out = F.scaled_dot_product_attention(
+    out = sdpa.scaled_dot_product_attention(
         slice_up(q), slice_up(k), slice_up(v), attn_mask=mask, dropout_p=dropout_p
     )
     # (B * G) x H x S x D -> B x H x (G * S) x D -> drop pad slots -> original order
