@@ -27,17 +27,18 @@ FUSED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
 
 
 def mask_form(attn_mask, is_causal: bool) -> str:
-    """How one SDPA call was masked: none, is_causal, lower-right (a CausalBias), key (a
-    boolean mask broadcast over queries), additive (a float bias) or full (a boolean T x S)."""
+    """How one SDPA call was masked: none, is_causal, lower-right (a CausalBias), key (a key
+    mask broadcast over queries, boolean or additive), additive (a float T x S bias) or full (a
+    boolean T x S)."""
     if is_causal:
         return "is_causal"
     if attn_mask is None:
         return "none"
     if isinstance(attn_mask, CausalBias):
         return "lower-right"
-    if attn_mask.dtype != torch.bool:
-        return "additive"
-    return "key" if attn_mask.size(-2) == 1 else "full"
+    if attn_mask.size(-2) == 1:  # broadcast over queries: boolean, or 0 / -inf
+        return "key"
+    return "full" if attn_mask.dtype == torch.bool else "additive"
 
 
 @pytest.fixture

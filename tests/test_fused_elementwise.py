@@ -118,6 +118,35 @@ def test_weighted_sum_values_and_gradients_match_plain_autograd(mode):
         torch.testing.assert_close(ours, ref)
 
 
+@pytest.mark.parametrize("mode", ["both", "identity", "main", "none"])
+def test_inference_reads_the_coefficients_without_indexing_and_sees_every_update(mode):
+    from recurnmt.analysis.dispatch import count_dispatch
+
+    lrc = ResidualCoefficients(3, mode)
+    skip, main = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+
+    def expected(index):
+        a = lrc.skip[index].detach() if lrc.skip is not None else None
+        b = lrc.main[index].detach() if lrc.main is not None else None
+        return plain(skip, main, a, b)
+
+    with torch.no_grad():
+        lrc(skip, main, 0)  # the views are made on the first call
+        with count_dispatch() as log:
+            out = lrc(skip, main, 2)
+        assert "aten.select" not in log.ops, log.ops
+        torch.testing.assert_close(out, expected(2))
+        for p in lrc.parameters():  # an optimizer's in-place step
+            p.mul_(1.5).add_(0.25)
+        torch.testing.assert_close(lrc(skip, main, 1), expected(1))
+    lrc.double()  # new storage: new views
+    skip, main = skip.double(), main.double()
+    with torch.no_grad():
+        out = lrc(skip, main, 1)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, expected(1))
+
+
 def test_weighted_sum_gradcheck():
     torch.manual_seed(0)
     args = [torch.randn(3, 5, dtype=torch.float64, requires_grad=True) for _ in range(2)]

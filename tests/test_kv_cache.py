@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from recurnmt.modules import KVCache, SelfAttention, StackCache
-from recurnmt.modules.attention import MemoryKV
+from recurnmt.modules.attention import MemoryKV, additive_mask
 from recurnmt.modules.kv_cache import MIN_CAPACITY
 
 
@@ -63,6 +63,33 @@ def test_stack_cache_reorders_each_level_with_one_copy(monkeypatch):
     assert len(calls) == 3  # keys and values of a level move together
 
 
+def test_keys_and_values_given_together_are_written_with_one_copy(monkeypatch):
+    pair, separate, ks, vs = KVCache(), KVCache(), [], []
+    copies = []
+    original = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda t, *a: copies.append(1) or original(t, *a))
+    for step in range(MIN_CAPACITY + 3):  # past the first capacity: a growth on the way
+        k, v = kv(seed=step)
+        ks.append(k)
+        vs.append(v)
+        copies.clear()
+        keys, values = pair.append_pair(torch.stack([k, v]))
+        assert len(copies) == (2 if step == MIN_CAPACITY else 1)  # a growth copies the history
+        separate.append(k, v)
+    torch.testing.assert_close(keys, torch.cat(ks, 2), rtol=0, atol=0)
+    torch.testing.assert_close(values, torch.cat(vs, 2), rtol=0, atol=0)
+    torch.testing.assert_close(pair.keys, separate.keys, rtol=0, atol=0)
+    torch.testing.assert_close(pair.values, separate.values, rtol=0, atol=0)
+
+
+def test_the_additive_memory_mask_is_zero_at_keys_and_minus_inf_at_padding():
+    pad = torch.tensor([[False, False, True], [False, False, False]])
+    mask = additive_mask(pad, torch.float16)
+    assert mask.shape == (2, 1, 1, 3) and mask.dtype == torch.float16
+    assert torch.equal(mask.isinf().view(2, 3), pad) and not mask[~pad.view(2, 1, 1, 3)].any()
+    assert additive_mask(None, torch.float32) is None
+
+
 def test_decoding_past_the_first_capacity_equals_the_full_pass():
     attn = SelfAttention(16, 4, causal=True).eval()
     steps = MIN_CAPACITY + 5
@@ -75,11 +102,14 @@ def test_decoding_past_the_first_capacity_equals_the_full_pass():
 def test_a_memory_kept_per_sentence_follows_beam_search_reorders():
     k = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 2, 4, 8).contiguous()  # row i holds i
     pad = torch.tensor([[0, 0, 0, 1], [0, 0, 1, 1], [0, 0, 0, 0]], dtype=torch.bool)
-    cache = StackCache(memory={0: MemoryKV(k, -k, pad, group=2)})  # 3 sentences x 2 beams
+    # 3 sentences x 2 beams; the additive mask made once with the keys travels with them
+    memory = MemoryKV(k, -k, pad, group=2, attn_mask=additive_mask(pad, k.dtype))
+    cache = StackCache(memory={0: memory})
 
     def rows(new_order):
         kv = cache.reorder(torch.tensor(new_order)).memory[0]
         assert torch.equal(kv.v, -kv.k)
+        assert torch.equal(kv.attn_mask, additive_mask(kv.padding_mask, k.dtype))
         return kv.k[:, 0, 0, 0].tolist(), kv.group, kv.padding_mask
 
     same = cache.reorder(torch.tensor([1, 1, 2, 3, 5, 4])).memory[0]

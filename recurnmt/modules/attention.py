@@ -67,12 +67,17 @@ class MemoryKV(NamedTuple):
         padding_mask: B x S, True at memory padding (None: no padding).
         group: query rows per memory row: the queries are ``group`` consecutive rows (the
             hypotheses of one sentence in beam search) for each of the B memory rows.
+        attn_mask: the padding as the additive mask SDPA's kernels take as it is, B x 1 x 1 x
+            S, 0 at real keys and ``-inf`` at padding, in the keys' dtype; made once with the
+            keys (:meth:`CrossAttention.project_memory`) instead of a boolean mask negated
+            and converted at every level and step (None: made from ``padding_mask`` there).
     """
 
     k: Tensor
     v: Tensor
     padding_mask: Tensor | None = None
     group: int = 1
+    attn_mask: Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors: compare by identity
@@ -352,8 +357,12 @@ class SelfAttention(_Attention):
                 appended to it and attention reads all of them.
         """
         terms = NO_TERMS if terms is None else terms
-        q, k, v = self.project(x, terms).chunk(3, dim=-1)
-        q, k, v = (_split_heads(t, self.num_heads) for t in (q, k, v))
+        qkv = self.project(x, terms)  # B x T x 3C
+        b, t, c = qkv.shape
+        # 3 x B x H x T x D: Q, K and V split by head with three operations (a view, a
+        # permutation, an unbind), and K and V reach the cache as one tensor
+        heads = qkv.view(b, t, 3, self.num_heads, c // (3 * self.num_heads)).permute(2, 0, 3, 1, 4)
+        q, k, v = heads.unbind(0)
         if terms.slicing is not None and terms.slicing.groups > 1:
             if self.causal or cache is not None or terms.bias is not None or self._probed(terms):
                 raise ValueError(
@@ -365,7 +374,7 @@ class SelfAttention(_Attention):
             out = terms.slicing(q, k, v, key_padding_mask, p, self.training)
             return self._project_out(_merge_heads(out), terms)
         if cache is not None:
-            k, v = cache.append(k, v)
+            k, v = cache.append_pair(heads.narrow(0, 1, 2))
         t, s = q.size(2), k.size(2)
         causal = self.causal and t > 1
         if causal and key_padding_mask is None and terms.bias is None:
@@ -419,7 +428,7 @@ class CrossAttention(_Attention):
             raise ValueError(f"group={group}: a memory row serves at least one query row")
         k, v = self.kv_proj(memory).chunk(2, dim=-1)
         k, v = (_split_heads(t, self.num_heads).contiguous() for t in (k, v))
-        return MemoryKV(k, v, padding_mask, group)
+        return MemoryKV(k, v, padding_mask, group, additive_mask(padding_mask, k.dtype))
 
     def forward(
         self, x: Tensor, memory: MemoryKV, *, terms: AttentionTerms | None = None
@@ -442,10 +451,23 @@ class CrossAttention(_Attention):
                 f"{q.size(0)} query rows for a memory of {memory.k.size(0)} rows x group "
                 f"{memory.group}"
             )
-        pad = memory.padding_mask
-        # B x 1 x 1 x S; a view, as indexing with ``:`` costs a slice each on torch 2.6
-        mask = None if pad is None else ~pad.view(pad.size(0), 1, 1, pad.size(1))
+        pad, mask = memory.padding_mask, memory.attn_mask
+        if mask is not None and terms.bias is None and not self._probed(terms):
+            mask = mask if mask.dtype == q.dtype else mask.to(q.dtype)
+        elif pad is not None:
+            # B x 1 x 1 x S; a view, as indexing with ``:`` costs a slice each on torch 2.6
+            mask = ~pad.view(pad.size(0), 1, 1, pad.size(1))
         return self._attend(q, memory.k, memory.v, mask, terms, group=memory.group)
+
+
+def additive_mask(padding_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """``padding_mask`` (B x S, True at padding) as B x 1 x 1 x S: 0 at real keys, ``-inf`` at
+    padding; None for None."""
+    if padding_mask is None:
+        return None
+    b, s = padding_mask.shape
+    mask = torch.zeros(b, 1, 1, s, dtype=dtype, device=padding_mask.device)
+    return mask.masked_fill_(padding_mask.view(b, 1, 1, s), float("-inf"))
 
 
 def add_to_memory(kv: MemoryKV, delta: Tensor) -> MemoryKV:

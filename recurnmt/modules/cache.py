@@ -11,6 +11,8 @@ therefore never mix their states.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor
 
 from recurnmt.modules.attention import MemoryKV
@@ -70,12 +72,23 @@ def _select_memory(kv: MemoryKV, new_order: Tensor) -> MemoryKV:
         sentences = new_order.view(-1, g) // g if n % g == 0 else None
         if sentences is None or not bool((sentences == sentences[:, :1]).all()):
             # a new group would mix sentences: one memory row per query row from here on
-            kv = MemoryKV(
-                kv.k.repeat_interleave(g, dim=0),
-                kv.v.repeat_interleave(g, dim=0),
-                None if kv.padding_mask is None else kv.padding_mask.repeat_interleave(g, 0),
+            k, v, pad, mask = (
+                _rows(t, lambda t: t.repeat_interleave(g, dim=0)) for t in _rows_of(kv)
             )
-            return _select_memory(kv, new_order)
+            return _select_memory(MemoryKV(k, v, pad, 1, mask), new_order)
         new_order = sentences[:, 0]  # every group keeps the rows of one sentence
-    pad = None if kv.padding_mask is None else kv.padding_mask.index_select(0, new_order)
-    return MemoryKV(kv.k.index_select(0, new_order), kv.v.index_select(0, new_order), pad, kv.group)
+
+    def select(t: Tensor) -> Tensor:
+        return t.index_select(0, new_order)
+
+    k, v, pad, mask = (_rows(t, select) for t in _rows_of(kv))
+    return MemoryKV(k, v, pad, kv.group, mask)
+
+
+def _rows_of(kv: MemoryKV) -> tuple[Tensor | None, ...]:
+    """The tensors of ``kv`` with one row per memory row."""
+    return kv.k, kv.v, kv.padding_mask, kv.attn_mask
+
+
+def _rows(t: Tensor | None, f: Callable[[Tensor], Tensor]) -> Tensor | None:
+    return None if t is None else f(t)

@@ -100,14 +100,29 @@ class ResidualCoefficients(nn.Module):
         if mode not in LRC_MODES:
             raise ValueError(f"unknown LRC mode {mode!r}; choose one of {', '.join(LRC_MODES)}")
         self.mode = mode
+        self.num = num
         self.main = nn.Parameter(torch.ones(num)) if mode in ("both", "main") else None
         self.skip = nn.Parameter(torch.ones(num)) if mode in ("both", "identity") else None
+        # inference: every coefficient as its own view, made once per storage (see _inference)
+        self._views: tuple[object, list[Tensor | None], list[Tensor | None]] | None = None
 
     def forward(self, skip: Tensor, main: Tensor, index: int) -> Tensor:
         """``main_coef[index] * main + skip_coef[index] * skip`` (SReT eq. 9)."""
-        return weighted_sum(
-            skip,
-            main,
-            self.skip[index] if self.skip is not None else None,
-            self.main[index] if self.main is not None else None,
-        )
+        if torch.is_grad_enabled():
+            skip_coef = self.skip[index] if self.skip is not None else None
+            main_coef = self.main[index] if self.main is not None else None
+        else:
+            skip_coef, main_coef = (views[index] for views in self._inference())
+        return weighted_sum(skip, main, skip_coef, main_coef)
+
+    def _inference(self) -> tuple[list[Tensor | None], list[Tensor | None]]:
+        """The coefficients as 0-dim views, skip then main, without autograd: indexing a
+        parameter dispatches a ``select`` at every call (four per level and decoding step
+        in a block of two sub-layers). Views see in-place updates; a new storage (``to``,
+        ``half``) makes new ones."""
+        params = (self.skip, self.main)
+        key = tuple(None if p is None else (p.data_ptr(), p.dtype, p.device) for p in params)
+        if self._views is None or self._views[0] != key:
+            views = [[None] * self.num if p is None else list(p.detach().unbind(0)) for p in params]
+            self._views = (key, *views)
+        return self._views[1], self._views[2]
