@@ -43,7 +43,8 @@ WARM_UP = 3  # steps before the measured one
 
 # Measured (torch 2.14.1, fairseq 0.12.3): fairseq's transformer dispatches 84 operations per
 # decoder layer in a step; recurnmt's families per level: owf 41, recurrent_transformer 52,
-# ringformer 52, universal_transformer 54, sret 67 and universal_transformer_act 71 (0.85x).
+# ringformer 52, universal_transformer 54, sret 67 and universal_transformer_act 70 (0.83x;
+# its remainders are read from the halting probability at the end, not summed at every level).
 # Each family lost 14 when Q, K and V were split by head with three operations and reached the
 # cache as one tensor (one copy, one read: 10 -> 5 operations) and the cross-attention's padding
 # became an additive mask made once with the memory's keys; sret 8 more when its residual

@@ -80,7 +80,6 @@ class HaltingAccumulator:
         self.dtype = like.dtype
         fp32 = {"dtype": torch.float32, "device": like.device}
         self.halting_prob = torch.zeros(shape, **fp32)
-        self.remainders = torch.zeros(shape, **fp32)
         self.n_updates = torch.zeros(shape, **fp32)
         self.running = torch.ones(shape, **fp32)  # 1.0 while the position runs
         self._output = torch.zeros(like.shape, **fp32)
@@ -102,7 +101,6 @@ class HaltingAccumulator:
         self.halting_prob = torch.addcmul(self.halting_prob, p, still)
         # R = 1 - halting_prob where the position halts now: halted - halted * halting_prob
         remainder = torch.addcmul(halted, halted, self.halting_prob, value=-1.0)
-        self.remainders = self.remainders + remainder
         self.n_updates = self.n_updates + running
         self.running = still
         return torch.addcmul(remainder, p, still)
@@ -115,6 +113,15 @@ class HaltingAccumulator:
     def output(self) -> Tensor:
         """The mixture sum_t w_t y_t (B x T x C) in the dtype of the states."""
         return self._output.to(self.dtype)
+
+    @property
+    def remainders(self) -> Tensor:
+        """R = 1 - sum_{t<N} p_t per position (B x T, float32), once every position has
+        halted (after the last level, or :meth:`all_halted`): a halted position's halting
+        probability stays what it was before its halting level, so R is read from it at the
+        end rather than accumulated at every level (the same values: one operation less
+        per level)."""
+        return 1.0 - self.halting_prob
 
     def all_halted(self) -> bool:
         return not bool(self.running.any())
