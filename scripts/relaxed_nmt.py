@@ -227,13 +227,20 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in keys} | {"data": str(args.data)}
 
 
-def run(name: str, args, body) -> dict[str, Any]:
-    """``body(run_dir)``'s result, or the finished one of an earlier call with these settings."""
+# what the teacher does not depend on: it trains on the corpus itself, for --max-update
+TEACHER_FREE = ("finetune_updates", "init", "distill")
+
+
+def run(name: str, args, body, free: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``body(run_dir)``'s result, or the finished one of an earlier call with these settings
+    (those named in ``free`` aside: a ``--distill`` experiment reuses the plain one's teacher
+    when given the same ``--out``, or a copy of its teacher directory)."""
     run_dir = args.out / name
     done = run_dir / "result.json"
     if done.exists() and not args.fresh:
         result = json.loads(done.read_text(encoding="utf-8"))
-        if result.get("settings") == settings(args):
+        stored, wanted = result.get("settings") or {}, settings(args)
+        if all(stored.get(k) == v for k, v in wanted.items() if k not in free):
             print(f"[{name}] reusing {done}", flush=True)
             return result
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -260,7 +267,7 @@ def experiment(args: argparse.Namespace) -> list[dict[str, Any]]:
         return {"kind": "teacher", "unique": args.levels, "rank": None, "p_star": pstar,
                 "updates": args.max_update, **found}  # fmt: skip
 
-    results = [run("teacher", args, teacher)]
+    results = [run("teacher", args, teacher, free=TEACHER_FREE)]
     data = distilled(teacher_ckpt, args) if args.distill else args.data
     total = args.max_update + args.finetune_updates
     for m in args.unique:
