@@ -74,19 +74,18 @@ def scaled_dot_product_attention(
 ) -> Tensor:
     """``torch.nn.functional.scaled_dot_product_attention`` under the policy (same arguments,
     same result up to the rounding of the kernel taken)."""
-    if (
-        not q.is_cuda
-        or _policy != "no-cudnn"
-        or torch.compiler.is_compiling()
-        or not torch.backends.cuda.cudnn_sdp_enabled()
-    ):
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
-        )
-    torch.backends.cuda.enable_cudnn_sdp(False)
+    leave_out = (
+        q.is_cuda
+        and _policy == "no-cudnn"
+        and not torch.compiler.is_compiling()
+        and torch.backends.cuda.cudnn_sdp_enabled()
+    )
+    if leave_out:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     try:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
         )
     finally:
-        torch.backends.cuda.enable_cudnn_sdp(True)
+        if leave_out:
+            torch.backends.cuda.enable_cudnn_sdp(True)
