@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from recurnmt.modules import KVCache, SelfAttention, StackCache
-from recurnmt.modules.attention import MemoryKV, additive_mask
+from recurnmt.modules.attention import MASK_ALIGNMENT, MemoryKV, additive_mask
 from recurnmt.modules.kv_cache import MIN_CAPACITY
 
 
@@ -88,6 +88,14 @@ def test_the_additive_memory_mask_is_zero_at_keys_and_minus_inf_at_padding():
     assert mask.shape == (2, 1, 1, 3) and mask.dtype == torch.float16
     assert torch.equal(mask.isinf().view(2, 3), pad) and not mask[~pad.view(2, 1, 1, 3)].any()
     assert additive_mask(None, torch.float32) is None
+    # rows MASK_ALIGNMENT elements apart: SDPA's memory-efficient kernel takes it without a copy
+    assert aligned(mask) and aligned(
+        additive_mask(torch.zeros(3, 16, dtype=torch.bool), mask.dtype)
+    )
+
+
+def aligned(mask: torch.Tensor) -> bool:
+    return mask.stride(-1) == 1 and all(s % MASK_ALIGNMENT == 0 for s in mask.stride()[:-1])
 
 
 def test_decoding_past_the_first_capacity_equals_the_full_pass():
@@ -110,6 +118,7 @@ def test_a_memory_kept_per_sentence_follows_beam_search_reorders():
         kv = cache.reorder(torch.tensor(new_order)).memory[0]
         assert torch.equal(kv.v, -kv.k)
         assert torch.equal(kv.attn_mask, additive_mask(kv.padding_mask, k.dtype))
+        assert aligned(kv.attn_mask)
         return kv.k[:, 0, 0, 0].tolist(), kv.group, kv.padding_mask
 
     same = cache.reorder(torch.tensor([1, 1, 2, 3, 5, 4])).memory[0]

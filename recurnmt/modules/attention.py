@@ -460,13 +460,20 @@ class CrossAttention(_Attention):
         return self._attend(q, memory.k, memory.v, mask, terms, group=memory.group)
 
 
+# the memory-efficient SDPA kernel wants a mask whose rows start at multiples of this many
+# elements; torch pads (copies) any other mask at every call (``preprocess_mask`` in ATen)
+MASK_ALIGNMENT = 8
+
+
 def additive_mask(padding_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     """``padding_mask`` (B x S, True at padding) as B x 1 x 1 x S: 0 at real keys, ``-inf`` at
-    padding; None for None."""
+    padding; None for None. Its rows are laid out :data:`MASK_ALIGNMENT` elements apart (a view
+    of a wider tensor), so that SDPA's memory-efficient kernel takes it without a copy."""
     if padding_mask is None:
         return None
     b, s = padding_mask.shape
-    mask = torch.zeros(b, 1, 1, s, dtype=dtype, device=padding_mask.device)
+    wide = -(-s // MASK_ALIGNMENT) * MASK_ALIGNMENT
+    mask = torch.zeros(b, 1, 1, wide, dtype=dtype, device=padding_mask.device).narrow(3, 0, s)
     return mask.masked_fill_(padding_mask.view(b, 1, 1, s), float("-inf"))
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from recurnmt.modules.attention import MemoryKV
+from recurnmt.modules.attention import MemoryKV, additive_mask
 from recurnmt.modules.kv_cache import KVCache
 
 
@@ -72,22 +72,27 @@ def _select_memory(kv: MemoryKV, new_order: Tensor) -> MemoryKV:
         sentences = new_order.view(-1, g) // g if n % g == 0 else None
         if sentences is None or not bool((sentences == sentences[:, :1]).all()):
             # a new group would mix sentences: one memory row per query row from here on
-            k, v, pad, mask = (
-                _rows(t, lambda t: t.repeat_interleave(g, dim=0)) for t in _rows_of(kv)
-            )
-            return _select_memory(MemoryKV(k, v, pad, 1, mask), new_order)
+            k, v, pad = (_rows(t, lambda t: t.repeat_interleave(g, dim=0)) for t in _rows_of(kv))
+            return _select_memory(MemoryKV(k, v, pad, 1, _mask_like(kv, pad)), new_order)
         new_order = sentences[:, 0]  # every group keeps the rows of one sentence
 
     def select(t: Tensor) -> Tensor:
         return t.index_select(0, new_order)
 
-    k, v, pad, mask = (_rows(t, select) for t in _rows_of(kv))
-    return MemoryKV(k, v, pad, kv.group, mask)
+    k, v, pad = (_rows(t, select) for t in _rows_of(kv))
+    return MemoryKV(k, v, pad, kv.group, _mask_like(kv, pad))
 
 
 def _rows_of(kv: MemoryKV) -> tuple[Tensor | None, ...]:
-    """The tensors of ``kv`` with one row per memory row."""
-    return kv.k, kv.v, kv.padding_mask, kv.attn_mask
+    """The tensors of ``kv`` with one row per memory row (the additive mask aside)."""
+    return kv.k, kv.v, kv.padding_mask
+
+
+def _mask_like(kv: MemoryKV, pad: Tensor | None) -> Tensor | None:
+    """The additive mask of the selected rows, made anew from their padding (a selected copy
+    would lose the aligned layout the fused kernel takes without a copy); only where the
+    memory had one."""
+    return None if kv.attn_mask is None else additive_mask(pad, kv.attn_mask.dtype)
 
 
 def _rows(t: Tensor | None, f: Callable[[Tensor], Tensor]) -> Tensor | None:
