@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from recurnmt.analysis.dispatch import count_dispatch
 from recurnmt.modules import (
     AddAtEveryLevel,
     ConfigError,
@@ -16,7 +17,7 @@ from recurnmt.modules import (
     StackConfig,
     build_stack,
 )
-from recurnmt.modules.halting import HaltingAccumulator
+from recurnmt.modules.halting import HaltingAccumulator, HaltingUnit
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 
 BASE = StackConfig.from_options(embed_dim=16, ffn_dim=32, num_heads=2, num_levels=4, dropout=0.0)
@@ -66,6 +67,56 @@ def test_act_weights_sum_to_one_and_ponder_counts_levels():
     torch.testing.assert_close(acc.n_updates, torch.tensor([[1.0, 2.0, 4.0]]))
     torch.testing.assert_close(acc.ponder_cost, torch.tensor([[2.0, 2.5, 4.7]]))
     assert acc.all_halted()
+
+
+def _graves_weights(p: list[float], threshold: float) -> list[float]:
+    """ACT's mixing weights of one position, one level at a time (Graves 2016 eq. 5-6)."""
+    weights, total = [], 0.0
+    for level, p_t in enumerate(p):
+        if level == len(p) - 1 or total + p_t > threshold:
+            return weights + [1.0 - total] + [0.0] * (len(p) - level - 1)
+        weights.append(p_t)
+        total += p_t
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("threshold", [0.99, 0.5, 1.0])
+def test_act_weights_are_the_same_without_the_ponder_bookkeeping(threshold):
+    """Incremental decoding keeps no running mask (a halted position's sum is set to 1): its
+    weights are those of the bookkeeping for the ponder cost, bit for bit, and Graves's."""
+    torch.manual_seed(0)
+    p = torch.rand(6, 2, 50) ** 2  # 6 levels: positions halt at every level, some run out
+    p[:, 0, :3] = torch.tensor([0.5, 0.25, 0.25])  # sums of exactly 1 (threshold 1.0)
+    runs = {}
+    for ponder in (True, False):
+        acc = HaltingAccumulator(torch.zeros(2, 50, 4), threshold, ponder=ponder)
+        runs[ponder] = torch.stack([acc.weights(p_t, last=i == 5) for i, p_t in enumerate(p)])
+        assert acc.all_halted()
+    assert torch.equal(runs[True], runs[False])
+    reference = [_graves_weights(p[:, 0, j].tolist(), threshold) for j in range(50)]
+    torch.testing.assert_close(runs[False][:, 0].T, torch.tensor(reference))
+    with pytest.raises(RuntimeError, match="ponder=True"):
+        _ = acc.ponder_cost
+
+
+def test_halting_unit_casts_half_weights_once_in_inference():
+    """A half-precision model's halting unit runs in float32: in inference its weights are
+    cast once, not at every level of every step, and the cast follows updates."""
+    unit = HaltingUnit(8).half()
+    state = torch.randn(2, 3, 8).half()
+    with torch.no_grad():
+        unit(state)
+        with count_dispatch() as log:
+            p = unit(state)
+        assert log.ops["aten._to_copy"] == 1  # the state alone
+        for update in (False, True):
+            if update:
+                unit.proj.weight.mul_(-1)  # an update in place: the cast copy is stale
+            w, b = unit.proj.weight.float(), unit.proj.bias.float()
+            expected = torch.sigmoid(state.float() @ w.T + b).squeeze(-1)
+            torch.testing.assert_close(unit(state), expected)
+        assert not torch.allclose(unit(state), p)
+    assert unit(state).requires_grad  # training casts at every call, with gradients
 
 
 def test_act_stack_reports_ponder_and_gets_gradients():

@@ -49,10 +49,12 @@ class HaltingUnit(nn.Module):
         self.threshold = threshold
         self.proj = nn.Linear(embed_dim, 1)
         nn.init.constant_(self.proj.bias, bias_init)
+        # inference: (key, w, b) in float32 for a half-precision model (not saved: no buffer)
+        self._float_cache: tuple[object, Tensor, Tensor] | None = None
 
     def forward(self, state: Tensor) -> Tensor:
         """p_t (B x T) in float32 for a state of any dtype (see the module docstring)."""
-        weight, bias = self.proj.weight.float(), self.proj.bias.float()
+        weight, bias = self._float_params()
         device = state.device.type
         # autocast would pick bf16; entering it only where it is on saves a decoding step's time
         off = torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else None
@@ -60,50 +62,79 @@ class HaltingUnit(nn.Module):
             logit = nn.functional.linear(state.float(), weight, bias)
         return torch.sigmoid(logit).squeeze(-1)
 
+    def _float_params(self) -> tuple[Tensor, Tensor]:
+        """w and b in float32. A half-precision model's are cast at every call in training (the
+        cast is differentiable); in inference the casts are made once per parameter version:
+        a decoding step asks at every level, and each cast is a kernel launch on a GPU."""
+        weight, bias = self.proj.weight, self.proj.bias
+        if weight.dtype == torch.float32 and bias.dtype == torch.float32:
+            return weight, bias
+        if torch.is_grad_enabled():
+            return weight.float(), bias.float()
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in (weight, bias))
+        cached = self._float_cache
+        if cached is None or cached[0] != key:
+            cached = self._float_cache = (key, weight.detach().float(), bias.detach().float())
+        return cached[1], cached[2]
+
 
 class HaltingAccumulator:
     """Per-position ACT bookkeeping over the levels of one forward pass.
 
     All bookkeeping is float32 (see the module docstring); :attr:`output` has the dtype of
-    ``like``. The running mask is kept as 0/1 floats and every update is one fused
-    operation where one exists: a decoding step runs this at every level, and on a GPU such
-    a step is bound by the host's dispatch of its small operations.
+    ``like``. A decoding step runs this at every level, and on a GPU such a step is bound by
+    the host's dispatch of its small operations, so the weights take five operations a level:
+    a halted position's cumulative probability is set to 1, after which the same rule that
+    halts a position gives it weight 0 at every later level (1 + p exceeds the threshold), and
+    no running mask is needed. The ponder cost N + R (training and scoring) keeps the running
+    mask, the update counts and the remainders besides, three operations more; incremental
+    decoding asks for no ponder cost and skips them.
 
     Args:
         like: the state tensor (B x T x C), for shapes, device and dtype.
         threshold: 1 - eps.
+        ponder: keep what :attr:`ponder_cost` needs.
     """
 
-    def __init__(self, like: Tensor, threshold: float = 0.99) -> None:
+    def __init__(self, like: Tensor, threshold: float = 0.99, ponder: bool = True) -> None:
         shape = like.shape[:-1]
         self.threshold = threshold
         self.dtype = like.dtype
         fp32 = {"dtype": torch.float32, "device": like.device}
+        # sum_{t<=l} p_t while the position runs, 1 once it has halted
         self.halting_prob = torch.zeros(shape, **fp32)
-        self.n_updates = torch.zeros(shape, **fp32)
-        self.running = torch.ones(shape, **fp32)  # 1.0 while the position runs
         self._output = torch.zeros(like.shape, **fp32)
+        self.finished = False  # the last level has run
+        self.ponder = ponder
+        if ponder:
+            self.n_updates = torch.zeros(shape, **fp32)
+            self.running = torch.ones(shape, **fp32)  # 1.0 while the position runs
+            self._remainders = torch.zeros(shape, **fp32)
 
     def weights(self, p: Tensor, last: bool) -> Tensor:
         """Updates the bookkeeping with this level's p (B x T); returns the mixing weights
         (float32): p for a position that runs on, its remainder R = 1 - sum_{t<N} p_t at the
         level N where it halts (Graves eq. 5-6), 0 after."""
         p = p.float()
-        running = self.running
-        if last:
-            halted = running  # every position still running halts at the last level
+        before = self.halting_prob
+        if last:  # every position still running halts at the last level
+            weights = 1.0 - before  # 0 where it halted before (its sum is 1)
+            halts = None
+            self.finished = True
         else:
-            # an explicit mask: halting_prob + remainder may round to just below 1
-            halted = (torch.addcmul(self.halting_prob, p, running) > self.threshold) * running
-        still = running - halted
-        # a halted position's halting probability is read no more (every later use is
-        # multiplied by its running mask, 0 from here on), so it is not completed to 1
-        self.halting_prob = torch.addcmul(self.halting_prob, p, still)
-        # R = 1 - halting_prob where the position halts now: halted - halted * halting_prob
-        remainder = torch.addcmul(halted, halted, self.halting_prob, value=-1.0)
-        self.n_updates = self.n_updates + running
-        self.running = still
-        return torch.addcmul(remainder, p, still)
+            total = before + p
+            # an explicit test: sum p + R may round to just below 1; a position that halted
+            # before has 1 + p > threshold and takes weight 1 - 1 = 0 again
+            halts = total > self.threshold
+            weights = torch.where(halts, 1.0 - before, p)
+            self.halting_prob = total.masked_fill(halts, 1.0)
+        if self.ponder:
+            running = self.running
+            halted = running if halts is None else halts * running  # halting at this level
+            self.n_updates = self.n_updates + running
+            self._remainders = torch.addcmul(self._remainders, halted, weights)  # R = w here
+            self.running = running - halted
+        return weights
 
     def accumulate(self, state: Tensor, weights: Tensor) -> None:
         """y <- w * s + (1 - w) * y (the module docstring), in float32."""
@@ -116,17 +147,24 @@ class HaltingAccumulator:
 
     @property
     def remainders(self) -> Tensor:
-        """R = 1 - sum_{t<N} p_t per position (B x T, float32), once every position has
-        halted (after the last level, or :meth:`all_halted`): a halted position's halting
-        probability stays what it was before its halting level, so R is read from it at the
-        end rather than accumulated at every level (the same values: one operation less
-        per level)."""
-        return 1.0 - self.halting_prob
+        """R = 1 - sum_{t<N} p_t per position (B x T, float32): the weight each position took
+        at its halting level; 0 for a position that has not halted yet."""
+        self._need_ponder("remainders")
+        return self._remainders
 
     def all_halted(self) -> bool:
-        return not bool(self.running.any())
+        if self.finished:
+            return True
+        if self.ponder:
+            return not bool(self.running.any())
+        return bool((self.halting_prob >= 1.0).all())
 
     @property
     def ponder_cost(self) -> Tensor:
         """N + R per position (Graves 2016 eq. 11), B x T, float32."""
-        return self.n_updates + self.remainders
+        self._need_ponder("ponder_cost")
+        return self.n_updates + self._remainders
+
+    def _need_ponder(self, what: str) -> None:
+        if not self.ponder:
+            raise RuntimeError(f"{what} needs HaltingAccumulator(..., ponder=True)")

@@ -45,7 +45,8 @@ from recurnmt.modules.untie import untie
 @dataclass
 class StackOutput:
     """What one pass of a stack returns: its ``output`` (B x T x C, after the final norm) and
-    ACT's ``ponder`` cost N + R per position (B x T; None without halting)."""
+    ACT's ``ponder`` cost N + R per position (B x T; None without halting and in incremental
+    decoding)."""
 
     output: Tensor
     ponder: Tensor | None = None
@@ -182,7 +183,9 @@ class RecurrentStack(nn.Module):
         if memory is not None:
             kv = level_memory(self.blocks, self.levels, self.plan, memory, cache)
         order = self.active_levels if levels is None else levels
-        halting = HaltingAccumulator(x, self.halting.threshold) if self.halting else None
+        halting = None
+        if self.halting is not None:  # incremental decoding asks for no ponder cost
+            halting = HaltingAccumulator(x, self.halting.threshold, ponder=cache is None)
         # with a cache every level must fill its keys/values for later steps
         may_stop = cache is None and not any(hook.needs_all_levels for hook in hooks)
         segment = 0 if cache is not None else self._segment_length(x, len(order), hooks)
@@ -199,7 +202,7 @@ class RecurrentStack(nn.Module):
                 break
         ponder = None
         if halting is not None:
-            x, ponder = halting.output, halting.ponder_cost
+            x, ponder = halting.output, halting.ponder_cost if halting.ponder else None
         if self.final_norm is not None:
             x = self.final_norm(x)
         return StackOutput(x, ponder)
