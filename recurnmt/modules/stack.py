@@ -45,8 +45,7 @@ from recurnmt.modules.untie import untie
 @dataclass
 class StackOutput:
     """What one pass of a stack returns: its ``output`` (B x T x C, after the final norm) and
-    ACT's ``ponder`` cost N + R per position (B x T; None without halting and in incremental
-    decoding)."""
+    ACT's ``ponder`` cost N + R per position (B x T; None without halting or with a cache)."""
 
     output: Tensor
     ponder: Tensor | None = None
@@ -183,9 +182,8 @@ class RecurrentStack(nn.Module):
         if memory is not None:
             kv = level_memory(self.blocks, self.levels, self.plan, memory, cache)
         order = self.active_levels if levels is None else levels
-        halting = None
-        if self.halting is not None:  # incremental decoding asks for no ponder cost
-            halting = HaltingAccumulator(x, self.halting.threshold, ponder=cache is None)
+        act = self.halting  # with a cache (incremental decoding) no ponder cost is asked
+        halting = HaltingAccumulator(x, act.threshold, ponder=cache is None) if act else None
         # with a cache every level must fill its keys/values for later steps
         may_stop = cache is None and not any(hook.needs_all_levels for hook in hooks)
         segment = 0 if cache is not None else self._segment_length(x, len(order), hooks)
