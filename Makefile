@@ -29,15 +29,21 @@ $(STAMP): setup.cfg pyproject.toml Makefile $(LOCK) scripts/setup_env.py
 demo: $(STAMP)
 	$(BIN)/python scripts/demo_nmt.py
 
+# the tests run on every CPU (pytest-xdist), at most 8 workers (each holds torch and fairseq);
+# one CPU runs them in this process. TEST_WORKERS=0 runs them in one process anywhere.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 8 ] && n=8; \
+	[ $$n -lt 2 ] && n=0; echo $$n)
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
+
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not e2e"
+	$(PYTEST) -m "not e2e"
 
 test-e2e: $(STAMP)
-	$(BIN)/python -m pytest -m e2e
+	$(PYTEST) -m e2e
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

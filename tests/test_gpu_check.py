@@ -205,6 +205,10 @@ def test_the_venv_sees_the_base_interpreters_packages(tmp_path):
     assert pth.parent == site and pth.read_text() == "/opt/torch/site-packages\n"
 
 
+# one thread per child, as the tests' own processes (make test runs a worker per CPU)
+SMOKE_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def smoke_command(out: Path, data: Path, *parts: str) -> list[str]:
     """A CPU smoke run of ``parts``, the NMT benchmark on the test corpus."""
     cmd = [sys.executable, "-m", "scripts.gpu_check", "--cpu-smoke"]  # from REPO, as make
@@ -217,7 +221,7 @@ def smoke_command(out: Path, data: Path, *parts: str) -> list[str]:
 def test_cpu_smoke_writes_the_report_the_raw_figures_and_the_log(data, tmp_path):
     out = tmp_path / "report" / "gpu_check.md"
     cmd = smoke_command(out, data, "decode", "fairseq", "nmt")  # images: test_the_report_...
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=SMOKE_ENV)
     assert proc.returncode == 0, proc.stdout[-3000:]
     report = out.read_text()
     assert "**Complete** after" in report
@@ -249,7 +253,8 @@ def test_a_run_stopped_half_way_leaves_a_readable_report(data, tmp_path):
     out = tmp_path / "gpu_check.md"
     proc = subprocess.Popen(
         smoke_command(out, data, "nmt", "vision"),
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=REPO, env=SMOKE_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 600
