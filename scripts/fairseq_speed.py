@@ -12,7 +12,9 @@ first time, issue 25), and what ``fairseq-generate`` says of its own speed on th
     python scripts/fairseq_speed.py --device cpu --dtype fp32 --embed-dim 32 --ffn-dim 64 \\
         --heads 2 --levels 2 --max-tokens 1024 --max-train 300 --gen-shards 25   # a smoke run
 
-``make gpu-check`` runs it as its first measurement.
+``make gpu-check`` runs it as its first measurement. ``--sdpa no-cudnn-anywhere`` runs every
+command with cuDNN's attention off for every model, fairseq's ``transformer`` included
+(``RECURNMT_SDPA``, recurnmt/modules/sdpa.py): its first epoch then meets no cuDNN plan either.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 from pathlib import Path
 
 from recurnmt.cli import UserError, entry_point
+from recurnmt.modules.sdpa import ENV, POLICIES, parse_policy
 from recurnmt.nmt.quiet import quiet_env
 from recurnmt.runs.commands import generate_command, run_logged, train_command
 from recurnmt.runs.experiment import decoding_flags, recipe_flags, run_flags, size_flags
@@ -146,6 +149,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=4, help="fairseq-preprocess workers")
     parser.add_argument("--out", type=Path, default=ROOT / "work" / "fairseq_speed")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--sdpa",
+        choices=POLICIES,
+        help=f"{ENV} for every command (default: this environment's, else no-cudnn): which "
+        "attention kernels recurnmt's models may take; no-cudnn-anywhere: every model's",
+    )
     args = parser.parse_args(argv)
     if args.epochs < 2:
         raise ValueError(f"--epochs {args.epochs}: at least 2 (the first is not timed)")
@@ -160,9 +169,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     for arch in args.archs:
         check_arch(arch)
+    if args.sdpa:  # the commands' environment (run_logged passes this process's on)
+        os.environ[ENV] = args.sdpa
     data = prepare_data(args)
     settings = {k: str(v) for k, v in vars(args).items() if k != "json"}
     doc = {"device": args.device, "dtype": args.dtype, "settings": settings, "results": []}
+    doc["sdpa"] = parse_policy(os.environ.get(ENV))
     for arch in args.archs:  # the document is written after every architecture
         doc["results"].append(measure(arch, data, args))
         doc["complete"] = len(doc["results"]) == len(args.archs)

@@ -59,13 +59,69 @@ def test_on_the_cpu_every_policy_is_torchs_call_and_touches_no_flag(name, policy
     def refuse(enabled):
         raise AssertionError("the cuDNN flag was switched on a CPU call")
 
+    policy(name)  # no-cudnn-anywhere switches the process's flag here, once
     monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", refuse)
-    policy(name)
     q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
     mask = torch.rand(2, 1, 1, 5) > 0.3
     mask[..., 0] = True
     got = sdpa.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+def test_no_cudnn_anywhere_switches_the_process_flag_and_only_its_own(policy):
+    """The policy switches cuDNN's attention off for every model in the process and back on
+    when another policy is set; a flag somebody else switched off stays off."""
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    policy("no-cudnn-anywhere")
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    policy("no-cudnn-anywhere")  # again: nothing more to switch
+    policy("torch")
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)  # the user's own choice
+    try:
+        policy("no-cudnn-anywhere")
+        policy("no-cudnn")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+def test_no_cudnn_anywhere_from_the_environment_reaches_fairseqs_models():
+    """``RECURNMT_SDPA=no-cudnn-anywhere fairseq-train --user-dir user_dir``: importing the
+    plugin switches cuDNN's attention off for the process, fairseq's transformer included."""
+    env = {**os.environ, "RECURNMT_SDPA": "no-cudnn-anywhere", "PYTHONPATH": str(ROOT)}
+    code = "import user_dir, torch; print(torch.backends.cuda.cudnn_sdp_enabled())"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "False"
+
+
+def test_fairseq_speed_runs_its_commands_under_the_sdpa_policy(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location(
+        "fairseq_speed", ROOT / "scripts/fairseq_speed.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    seen = []
+
+    def measure(arch, data, args):  # what the commands' environment would be
+        seen.append(os.environ.get("RECURNMT_SDPA"))
+        return {"arch": arch, **{key: 1.0 for _, key, _ in script.COLUMNS}}
+
+    monkeypatch.setattr(script, "measure", measure)
+    monkeypatch.setenv("RECURNMT_SDPA", "torch")  # recorded: the script's setting is undone
+    monkeypatch.delenv("RECURNMT_SDPA")
+    (tmp_path / "dict.en.txt").write_text("a 1\n")
+    out = tmp_path / "speed.json"
+    argv = ["--data", str(tmp_path), "--archs", "transformer", "--json", str(out)]
+    assert json.loads(json.dumps(script.main(argv)))["sdpa"] == "no-cudnn"
+    script.main([*argv, "--sdpa", "no-cudnn-anywhere"])
+    assert seen == [None, "no-cudnn-anywhere"]
+    assert json.loads(out.read_text())["sdpa"] == "no-cudnn-anywhere"
+    with pytest.raises(SystemExit):
+        script.main([*argv, "--sdpa", "cudnn"])
 
 
 @CUDA

@@ -19,7 +19,13 @@ program) chooses, for recurnmt's attention calls only:
   120-145 ms in a training step against under 0.1 ms for flash and memory-efficient, and on
   shapes already seen flash and memory-efficient were as fast or faster (decoding 0.054 vs
   0.053-0.061 ms per call, cross-attention 0.095 vs 0.106-0.113, training 0.34 vs 0.57-0.70);
-* ``torch``: torch's own choice (recurnmt changes nothing).
+* ``torch``: torch's own choice (recurnmt changes nothing);
+* ``no-cudnn-anywhere``: cuDNN's attention switched off for the whole process when the policy
+  is set (at import, or by :func:`set_policy`; switched back on when another policy is set), so
+  that every model's attention, fairseq's own ``transformer`` included, goes without it: for
+  comparing fairseq's models with recurnmt's on equal terms, or a first epoch with and without
+  cuDNN's plans (``RECURNMT_SDPA=no-cudnn-anywhere fairseq-train --user-dir user_dir ...``, or
+  ``scripts/fairseq_speed.py --sdpa no-cudnn-anywhere``).
 
 On a CPU, under ``torch.compile`` (whose generated code picks its own kernels) and where cuDNN's
 attention is switched off already, both policies are torch's choice. Leaving cuDNN out is one
@@ -39,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 ENV = "RECURNMT_SDPA"
-POLICIES = ("no-cudnn", "torch")
+POLICIES = ("no-cudnn", "torch", "no-cudnn-anywhere")
 
 
 def parse_policy(value: str | None) -> str:
@@ -50,7 +56,8 @@ def parse_policy(value: str | None) -> str:
     return name
 
 
-_policy = parse_policy(os.environ.get(ENV))
+_policy = "no-cudnn"
+_switched_off = False  # cuDNN's attention switched off process-wide by no-cudnn-anywhere
 
 
 def get_policy() -> str:
@@ -59,9 +66,19 @@ def get_policy() -> str:
 
 def set_policy(name: str) -> str:
     """Sets the policy (one of :data:`POLICIES`); returns the previous one."""
-    global _policy
+    global _policy, _switched_off
     previous, _policy = _policy, parse_policy(name)
+    anywhere = _policy == "no-cudnn-anywhere"
+    if anywhere and not _switched_off and torch.backends.cuda.cudnn_sdp_enabled():
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        _switched_off = True
+    elif not anywhere and _switched_off:  # only what this module switched off
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        _switched_off = False
     return previous
+
+
+set_policy(os.environ.get(ENV))
 
 
 def scaled_dot_product_attention(
