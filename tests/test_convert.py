@@ -187,3 +187,28 @@ def test_a_checkpoint_reads_after_a_safe_globals_context_took_namespace_back(tmp
         pass
     _, args, kind = conv.read_checkpoint(tmp_path / "src.pt")
     assert (args.arch, kind) == ("transformer", "fairseq")
+
+
+def test_every_loader_reads_a_checkpoint_after_a_safe_globals_context(tmp_path):
+    """The same for fairseq's own loader (under every ``load_model_ensemble*``: evaluation,
+    export, CKA, fairseq-generate in the process) and checkpoint averaging."""
+    import argparse
+
+    from fairseq import checkpoint_utils
+
+    from recurnmt import export
+    from recurnmt.runs import averaging
+
+    path = tmp_path / "src.pt"
+    save_source(path, "transformer")
+    for load in (
+        lambda: checkpoint_utils.load_checkpoint_to_cpu(str(path)),
+        lambda: averaging._load(path),
+    ):
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            pass
+        assert load()["extra_state"]["train_iterator"]["epoch"] == 3
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        pass
+    with pytest.raises(ValueError, match="not a recurnmt"):  # read, then refused by name
+        export.read_checkpoint(path)

@@ -7,14 +7,17 @@ run code; instead we allow-list exactly the harmless classes fairseq stores.
 
 The allow-list is process-wide, and ``torch.serialization.safe_globals`` removes what it
 lists on exit even where it was allowed before: timm's ``load_checkpoint`` lists
-``argparse.Namespace`` so, and after it fairseq checkpoints would fail to load. Loaders call
-:func:`allow_fairseq_globals` (idempotent) right before ``torch.load``.
+``argparse.Namespace`` so, and after it fairseq checkpoints would fail to load. So
+:func:`allow_fairseq_globals` (idempotent) runs right before every load: fairseq's own loader
+(``checkpoint_utils.load_checkpoint_to_cpu``, under every ``load_model_ensemble*``) is wrapped
+to call it, and recurnmt's direct ``torch.load`` calls of fairseq checkpoints call it.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 
 import torch
 
@@ -26,4 +29,23 @@ def allow_fairseq_globals() -> None:
     torch.serialization.add_safe_globals(SAFE_GLOBALS)
 
 
+def _allow_before_fairseqs_loads() -> None:
+    """Wraps fairseq's ``load_checkpoint_to_cpu`` (once) to allow-list first: its callers in
+    fairseq look it up in the module at call time, so every fairseq load goes through it."""
+    from fairseq import checkpoint_utils
+
+    load = checkpoint_utils.load_checkpoint_to_cpu
+    if getattr(load, "allows_fairseq_globals", False):
+        return
+
+    @functools.wraps(load)
+    def load_checkpoint_to_cpu(*args, **kwargs):
+        allow_fairseq_globals()
+        return load(*args, **kwargs)
+
+    load_checkpoint_to_cpu.allows_fairseq_globals = True
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+
+
 allow_fairseq_globals()
+_allow_before_fairseqs_loads()

@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-import recurnmt.nmt.checkpoint_safety  # noqa: F401  (fairseq checkpoints load weights-only)
 from recurnmt.cli import entry_point
+from recurnmt.nmt.checkpoint_safety import allow_fairseq_globals  # weights-only loading
 
 PROG = "python -m recurnmt.runs.averaging"
 
@@ -80,6 +80,7 @@ def last_checkpoints(
 
 
 def _load(path: Path) -> dict[str, Any]:
+    allow_fairseq_globals()  # again: a safe_globals context may have taken it back
     return torch.load(path, map_location="cpu")
 
 
