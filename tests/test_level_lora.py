@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from recurnmt.analysis.dispatch import count_dispatch
 from recurnmt.modules import ConfigError, DepthPlan, Memory, SignalConfig, StackConfig, build_stack
 from recurnmt.modules.level_lora import LINEARS, LevelLoRA, LowRankDelta
 from recurnmt.modules.relaxed_init import relax_stack, source_layers
@@ -158,3 +159,40 @@ def test_conversion_refuses_what_it_cannot_start():
 def test_impossible_ranks_fail_naming_the_setting(changes, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         _cfg(**changes)
+
+
+def _both_ways(stack, seed: int = 0):
+    """The stack's output in inference (LoRA folded) and with gradients on (computed beside)."""
+    g = torch.Generator().manual_seed(seed)
+    x, memory = torch.randn(2, 5, 16, generator=g), torch.randn(2, 7, 16, generator=g)
+    mem = Memory(memory, torch.zeros(2, 7, dtype=torch.bool))
+    with torch.no_grad(), count_dispatch() as log:
+        folded = stack(x, memory=mem).output
+    with torch.enable_grad():
+        beside = stack(x, memory=mem).output.detach()
+    return folded, beside, log
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["biases", "no-biases"])
+def test_inference_folds_every_levels_lora_into_its_linears(bias):
+    """In inference a relaxed level runs each linear with W' + B A and b' + db (Relaxed
+    Recursive Transformers eq. 3 by associativity): the output of the LoRA computed beside
+    the shared linears, up to rounding; the folds are made once and kept while nothing
+    changes, and an update in place is seen."""
+    stack = build_stack(_cfg(num_unique=2, lora_rank=3, bias=bias))
+    _randomise(stack)
+    stack.eval()  # switching modes drops the folds
+    folded, beside, first = _both_ways(stack)
+    torch.testing.assert_close(folded, beside, atol=1e-5, rtol=1e-5)
+    assert first.ops["aten.baddbmm"] > 0  # the folds
+    again, _, second = _both_ways(stack)
+    assert torch.equal(again, folded) and second.ops["aten.baddbmm"] == 0  # kept
+    assert second.total < first.total
+    with torch.no_grad():  # an optimizer step's kind of change, on a level's and the block's
+        stack.levels[1].lora["ffn_down"].lowrank.up.add_(0.1)
+        stack.blocks[0].self_attn.out_proj.weight.mul_(1.1)
+        if bias:
+            stack.levels[2].lora["cross_q"].bias.add_(0.5)
+    changed, beside, _ = _both_ways(stack)
+    torch.testing.assert_close(changed, beside, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(changed, folded)

@@ -56,6 +56,9 @@ from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.sliced_attention import SlicedGroups
 
 Probe = Callable[[Tensor], None]
+# what a level runs in place of one of a shared block's linears: the weight and bias it gives
+# for that ``nn.Linear`` (a level's signals or LoRA folded into them in evaluation)
+LinearReplacement = Callable[[nn.Linear], tuple[Tensor, Tensor | None]]
 
 
 class MemoryKV(NamedTuple):
@@ -89,14 +92,17 @@ class AttentionTerms:
             level's LoRA on them, Relaxed Recursive Transformers eq. 3).
         qkv_input_delta: added to the input of each projection, B x T x 3 x C (RingFormer
             Table 4 "before attn"): Q = W_Q (x + g_Q(x)) and so on.
-        qkv_weight: called with the fused Q/K/V projection's weight (3C x C); what it returns
-            is used in its place: a level's signals folded into the weight in evaluation
+        qkv_linear: called with the fused Q/K/V projection (an ``nn.Linear``); the weight and
+            bias it returns are used in place of the projection's own (:data:`LinearReplacement`):
+            a level's signals or LoRA folded into the weight in evaluation
             (:meth:`~recurnmt.modules.level_signals.LowRankSignal.fold`).
         q_delta: added after a cross-attention's query projection, B x T x C (a relaxed
             level's LoRA on W_Q; self-attention takes its Q term in ``qkv_delta``).
+        q_linear: in place of a cross-attention's query projection, as ``qkv_linear``.
         out_delta: called with the attention output before the output projection (B x T x C,
             heads merged); what it returns is added to the projection's output (a relaxed
             level's LoRA on W_O).
+        out_linear: in place of the output projection, as ``qkv_linear``.
         bias: float, broadcastable to B x H x T x S, added to the logits (DVT eq. 9).
         probes: called with the logits (B x H x T x S, ``QK^T / sqrt(D)`` plus ``bias``,
             ``-inf`` where masked); their presence makes the call compute attention
@@ -106,9 +112,11 @@ class AttentionTerms:
 
     qkv_delta: Tensor | None = None
     qkv_input_delta: Tensor | None = None
-    qkv_weight: Callable[[Tensor], Tensor] | None = None
+    qkv_linear: LinearReplacement | None = None
     q_delta: Tensor | None = None
+    q_linear: LinearReplacement | None = None
     out_delta: Callable[[Tensor], Tensor] | None = None
+    out_linear: LinearReplacement | None = None
     bias: Tensor | None = None
     probes: tuple[Probe, ...] = ()
     slicing: SlicedGroups | None = None
@@ -118,14 +126,14 @@ class AttentionTerms:
             return self
         if self.slicing is not None and other.slicing is not None:
             raise ValueError("two sliced group settings for one attention call")
-        if self.qkv_weight is not None and other.qkv_weight is not None:
-            raise ValueError("two replacements of the Q/K/V weight for one attention call")
         return AttentionTerms(
             qkv_delta=_add(self.qkv_delta, other.qkv_delta),
             qkv_input_delta=_add(self.qkv_input_delta, other.qkv_input_delta),
-            qkv_weight=self.qkv_weight if self.qkv_weight is not None else other.qkv_weight,
+            qkv_linear=_one_replacement("Q/K/V", self.qkv_linear, other.qkv_linear),
             q_delta=_add(self.q_delta, other.q_delta),
+            q_linear=_one_replacement("query", self.q_linear, other.q_linear),
             out_delta=_add_functions(self.out_delta, other.out_delta),
+            out_linear=_one_replacement("output", self.out_linear, other.out_linear),
             bias=_add(self.bias, other.bias),
             probes=self.probes + other.probes,
             slicing=self.slicing if self.slicing is not None else other.slicing,
@@ -142,6 +150,21 @@ def combine_terms(*terms: AttentionTerms | None) -> AttentionTerms | None:
         if t is not None:
             out = t if out is None else out + t
     return out
+
+
+def _one_replacement(
+    what: str, a: LinearReplacement | None, b: LinearReplacement | None
+) -> LinearReplacement | None:
+    if a is not None and b is not None:
+        raise ValueError(f"two replacements of the {what} projection for one attention call")
+    return a if a is not None else b
+
+
+def linear(x: Tensor, module: nn.Linear, replacement: LinearReplacement | None) -> Tensor:
+    """``module(x)``, or with the weight and bias ``replacement`` gives for ``module``."""
+    if replacement is None:
+        return module(x)
+    return F.linear(x, *replacement(module))
 
 
 def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
@@ -256,7 +279,7 @@ class _Attention(nn.Module):
 
     def _project_out(self, z: Tensor, terms: AttentionTerms) -> Tensor:
         # z: B x T x C, heads merged; a relaxed level adds its own term on W_O
-        out = self.out_proj(z)
+        out = linear(z, self.out_proj, terms.out_linear)
         return out if terms.out_delta is None else out + terms.out_delta(z)
 
     def _attend(
@@ -328,10 +351,7 @@ class SelfAttention(_Attention):
 
     def project(self, x: Tensor, terms: AttentionTerms = NO_TERMS) -> Tensor:
         """Q, K, V of ``x`` (B x T x C) as B x T x 3C, with the terms' level signals."""
-        if terms.qkv_weight is None:
-            qkv = self.qkv_proj(x)
-        else:
-            qkv = F.linear(x, terms.qkv_weight(self.qkv_proj.weight), self.qkv_proj.bias)
+        qkv = linear(x, self.qkv_proj, terms.qkv_linear)
         if terms.qkv_delta is not None:
             qkv = qkv + terms.qkv_delta
         if terms.qkv_input_delta is not None:
@@ -442,7 +462,7 @@ class CrossAttention(_Attention):
                 (:func:`add_to_memory`).
         """
         terms = NO_TERMS if terms is None else terms
-        q = self.q_proj(x)
+        q = linear(x, self.q_proj, terms.q_linear)
         if terms.q_delta is not None:
             q = q + terms.q_delta
         q = _split_heads(q, self.num_heads)

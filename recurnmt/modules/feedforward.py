@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from recurnmt.modules.attention import LinearReplacement, linear
 from recurnmt.modules.dropout import Dropout
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
@@ -21,7 +22,9 @@ class FeedForward(nn.Module):
     level signal enters as ``input_delta`` (eq. 7); ``hidden_delta`` is the Table 4 "inter-FF
     signal" ablation. ``up_delta`` and ``down_delta`` are functions of each projection's own
     input, a relaxed level's LoRA on W_up and W_down (Relaxed Recursive Transformers eq. 3).
-    ``up_weight`` replaces W_up by what it returns for it (a level signal folded in).
+    ``up_linear`` and ``down_linear`` give the weight and bias to use in place of a
+    projection's own (:data:`~recurnmt.modules.attention.LinearReplacement`: a level's signal
+    or LoRA folded in, in evaluation).
     """
 
     def __init__(
@@ -52,19 +55,17 @@ class FeedForward(nn.Module):
         hidden_delta: Tensor | None = None,
         up_delta: Callable[[Tensor], Tensor] | None = None,
         down_delta: Callable[[Tensor], Tensor] | None = None,
-        up_weight: Callable[[Tensor], Tensor] | None = None,
+        up_linear: LinearReplacement | None = None,
+        down_linear: LinearReplacement | None = None,
     ) -> Tensor:
         # x: B x T x C -> B x T x FF -> B x T x C
         if input_delta is not None:
             x = x + input_delta
-        if up_weight is None:
-            h = self.up(x)
-        else:  # a level's signal folded into W_up (LowRankSignal.fold)
-            h = F.linear(x, up_weight(self.up.weight), self.up.bias)
+        h = linear(x, self.up, up_linear)
         if up_delta is not None:
             h = h + up_delta(x)
         if hidden_delta is not None:
             h = h + hidden_delta
         a = self.activation_dropout(self.activation(h))  # B x T x FF
-        out = self.down(a)
+        out = linear(a, self.down, down_linear)
         return out if down_delta is None else out + down_delta(a)

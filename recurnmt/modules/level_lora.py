@@ -77,6 +77,7 @@ class LowRankDelta(nn.Module):
         # LoRA's initialisation (Hu et al. 2021): up factor zero, down Kaiming-uniform
         self.lowrank = LowRankSignal(in_dim, out_dim, rank, groups, down_init="kaiming")
         self.bias = nn.Parameter(torch.zeros(groups * out_dim)) if bias else None
+        self._bias: tuple | None = None  # (key, sources, b' + db) of the last fold
 
     @property
     def rank(self) -> int:
@@ -85,6 +86,30 @@ class LowRankDelta(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         out = self.lowrank(x)  # ... x (G * out), in rank space
         return out if self.bias is None else out + self.bias
+
+    def folded(self, linear: nn.Linear) -> tuple[Tensor, Tensor | None]:
+        """The weight and bias of ``linear`` with this term folded in, ``W' + B A`` and
+        ``b' + db``: the same linear map as ``linear(x) + self(x)`` (Relaxed Recursive
+        Transformers eq. 3, by associativity), as one plain linear. Without gradients both are
+        kept while their sources are unchanged (:meth:`LowRankSignal.fold`): a level then
+        runs its linears with as many operations as an unshared layer."""
+        weight = self.lowrank.fold(linear.weight, into_input=False)
+        if self.bias is None:
+            return weight, linear.bias
+        if linear.bias is None:
+            return weight, self.bias
+        sources = (linear.bias, self.bias)
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return weight, linear.bias + self.bias
+        key = tuple((t.data_ptr(), t._version) for t in sources)
+        if self._bias is None or self._bias[0] != key:
+            # the sources are held, so their addresses stay theirs while the key lives
+            self._bias = (key, tuple(t.detach() for t in sources), linear.bias + self.bias)
+        return weight, self._bias[2]
+
+    def train(self, mode: bool = True) -> LowRankDelta:
+        self._bias = None  # training changes the biases: drop the folded one
+        return super().train(mode)
 
     @torch.no_grad()
     def set_difference(self, weight: Tensor, bias: Tensor | None = None) -> None:

@@ -26,9 +26,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 
-from recurnmt.modules.attention import AttentionTerms, MemoryKV, add_to_memory, combine_terms
+from recurnmt.modules.attention import (
+    AttentionTerms,
+    LinearReplacement,
+    MemoryKV,
+    add_to_memory,
+    combine_terms,
+)
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 from recurnmt.modules.level_lora import LevelLoRA
 from recurnmt.modules.level_signals import LowRankSignal
@@ -126,6 +133,17 @@ class LevelParts(nn.Module):
         (:meth:`LowRankSignal.fold`), unless the level's LoRA also reads that projection."""
         return isinstance(signal, LowRankSignal) and not self.training and self.lora is None
 
+    @property
+    def _folds_lora(self) -> bool:
+        """In inference (evaluation, no gradients) a relaxed level runs every linear with its
+        LoRA and bias delta folded into the weight and bias (:meth:`LowRankDelta.folded`),
+        kept while nothing changes: a decoding step then costs what an unshared layer's
+        does, for a copy of the block's weights per level held in memory."""
+        return self.lora is not None and not self.training and not torch.is_grad_enabled()
+
+    def _lora_linear(self, name: str) -> LinearReplacement:
+        return self.lora[name].folded
+
     def attention_terms(self, h: Tensor) -> AttentionTerms | None:
         """This level's terms for the self-attention on h (B x T x C): Q/K/V signals
         (RingFormer eq. 6), the LoRA on Q/K/V and on the output (Relaxed Recursive
@@ -133,7 +151,7 @@ class LevelParts(nn.Module):
         terms = AttentionTerms(slicing=self.slicing) if self.slicing is not None else None
         if self._folds(self.attn_signal):
             fold = functools.partial(self.attn_signal.fold, into_input=self.attn_place == "before")
-            terms = combine_terms(terms, AttentionTerms(qkv_weight=fold))
+            terms = combine_terms(terms, AttentionTerms(qkv_linear=_folded_weight(fold)))
         elif self.attn_signal is not None:
             delta = self.attn_signal(h)  # B x T x 3C
             if self.attn_place == "after":
@@ -141,7 +159,12 @@ class LevelParts(nn.Module):
             else:
                 signal = AttentionTerms(qkv_input_delta=delta.unflatten(-1, (3, h.size(-1))))
             terms = combine_terms(terms, signal)
-        if self.lora is not None:
+        if self._folds_lora:
+            lora = AttentionTerms(
+                qkv_linear=self._lora_linear("qkv"), out_linear=self._lora_linear("out")
+            )
+            terms = combine_terms(terms, lora)
+        elif self.lora is not None:
             lora = AttentionTerms(qkv_delta=self.lora["qkv"](h), out_delta=self.lora["out"])
             terms = combine_terms(terms, lora)
         return terms
@@ -152,6 +175,10 @@ class LevelParts(nn.Module):
         values come from :meth:`level_memory`."""
         if self.lora is None or "cross_q" not in self.lora:
             return None
+        if self._folds_lora:
+            return AttentionTerms(
+                q_linear=self._lora_linear("cross_q"), out_linear=self._lora_linear("cross_out")
+            )
         return AttentionTerms(q_delta=self.lora["cross_q"](h), out_delta=self.lora["cross_out"])
 
     @property
@@ -172,11 +199,22 @@ class LevelParts(nn.Module):
         deltas: dict[str, Tensor | Callable[[Tensor], Tensor]] = {}
         if self._folds(self.ffn_signal):
             into_input = self.ffn_place == "input"
-            deltas["up_weight"] = functools.partial(self.ffn_signal.fold, into_input=into_input)
+            fold = functools.partial(self.ffn_signal.fold, into_input=into_input)
+            deltas["up_linear"] = _folded_weight(fold)
         elif self.ffn_signal is not None:
             key = "input_delta" if self.ffn_place == "input" else "hidden_delta"
             deltas[key] = self.ffn_signal(h)
         if self.lora is not None and "ffn_up" in self.lora:
-            deltas["up_delta"] = self.lora["ffn_up"]
-            deltas["down_delta"] = self.lora["ffn_down"]
+            if self._folds_lora:
+                deltas["up_linear"] = self._lora_linear("ffn_up")
+                deltas["down_linear"] = self._lora_linear("ffn_down")
+            else:
+                deltas["up_delta"] = self.lora["ffn_up"]
+                deltas["down_delta"] = self.lora["ffn_down"]
         return deltas
+
+
+def _folded_weight(fold: Callable[[Tensor], Tensor]) -> LinearReplacement:
+    """A replacement of a linear's weight by ``fold(weight)``, its bias kept (a RingFormer
+    signal folded into its projection, :meth:`LowRankSignal.fold`)."""
+    return lambda linear: (fold(linear.weight), linear.bias)
