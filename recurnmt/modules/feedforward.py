@@ -3,7 +3,7 @@ Transformers eq. 3)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -22,7 +22,7 @@ class FeedForward(nn.Module):
     level signal enters as ``input_delta`` (eq. 7); ``hidden_delta`` is the Table 4 "inter-FF
     signal" ablation. ``up_delta`` and ``down_delta`` are functions of each projection's own
     input, a relaxed level's LoRA on W_up and W_down (Relaxed Recursive Transformers eq. 3).
-    ``up_linear`` and ``down_linear`` give the weight and bias to use in place of a
+    ``linears`` maps ``"up"`` or ``"down"`` to the weight and bias to use in place of that
     projection's own (:data:`~recurnmt.modules.attention.LinearReplacement`: a level's signal
     or LoRA folded in, in evaluation).
     """
@@ -55,17 +55,17 @@ class FeedForward(nn.Module):
         hidden_delta: Tensor | None = None,
         up_delta: Callable[[Tensor], Tensor] | None = None,
         down_delta: Callable[[Tensor], Tensor] | None = None,
-        up_linear: LinearReplacement | None = None,
-        down_linear: LinearReplacement | None = None,
+        linears: Mapping[str, LinearReplacement] | None = None,
     ) -> Tensor:
         # x: B x T x C -> B x T x FF -> B x T x C
+        linears = linears or {}
         if input_delta is not None:
             x = x + input_delta
-        h = linear(x, self.up, up_linear)
+        h = linear(x, self.up, linears.get("up"))
         if up_delta is not None:
             h = h + up_delta(x)
         if hidden_delta is not None:
             h = h + hidden_delta
         a = self.activation_dropout(self.activation(h))  # B x T x FF
-        out = linear(a, self.down, down_linear)
+        out = linear(a, self.down, linears.get("down"))
         return out if down_delta is None else out + down_delta(a)

@@ -193,21 +193,21 @@ class LevelParts(nn.Module):
             return kv
         return add_to_memory(kv, self.lora["cross_kv"](states))  # B x S x 2C
 
-    def ffn_deltas(self, h: Tensor) -> dict[str, Tensor | Callable[[Tensor], Tensor]]:
+    def ffn_deltas(self, h: Tensor) -> dict[str, object]:
         """FFN keyword arguments carrying this level's FFN signal (RingFormer eq. 7) and its
         LoRA on the two projections (Relaxed Recursive Transformers eq. 3)."""
-        deltas: dict[str, Tensor | Callable[[Tensor], Tensor]] = {}
+        deltas: dict[str, object] = {}
         if self._folds(self.ffn_signal):
             into_input = self.ffn_place == "input"
             fold = functools.partial(self.ffn_signal.fold, into_input=into_input)
-            deltas["up_linear"] = _folded_weight(fold)
+            deltas["linears"] = {"up": _folded_weight(fold)}
         elif self.ffn_signal is not None:
             key = "input_delta" if self.ffn_place == "input" else "hidden_delta"
             deltas[key] = self.ffn_signal(h)
         if self.lora is not None and "ffn_up" in self.lora:
             if self._folds_lora:
-                deltas["up_linear"] = self._lora_linear("ffn_up")
-                deltas["down_linear"] = self._lora_linear("ffn_down")
+                up, down = self._lora_linear("ffn_up"), self._lora_linear("ffn_down")
+                deltas["linears"] = {"up": up, "down": down}
             else:
                 deltas["up_delta"] = self.lora["ffn_up"]
                 deltas["down_delta"] = self.lora["ffn_down"]
