@@ -77,7 +77,7 @@ class LowRankDelta(nn.Module):
         # LoRA's initialisation (Hu et al. 2021): up factor zero, down Kaiming-uniform
         self.lowrank = LowRankSignal(in_dim, out_dim, rank, groups, down_init="kaiming")
         self.bias = nn.Parameter(torch.zeros(groups * out_dim)) if bias else None
-        self._bias: tuple | None = None  # (key, sources, b' + db) of the last fold
+        self._folded: tuple | None = None  # (key, sources, W' + B A, b' + db) of the last fold
 
     @property
     def rank(self) -> int:
@@ -91,24 +91,31 @@ class LowRankDelta(nn.Module):
         """The weight and bias of ``linear`` with this term folded in, ``W' + B A`` and
         ``b' + db``: the same linear map as ``linear(x) + self(x)`` (Relaxed Recursive
         Transformers eq. 3, by associativity), as one plain linear. Without gradients both are
-        kept while their sources are unchanged (:meth:`LowRankSignal.fold`): a level then
-        runs its linears with as many operations as an unshared layer."""
-        weight = self.lowrank.fold(linear.weight, into_input=False)
-        if self.bias is None:
-            return weight, linear.bias
-        if linear.bias is None:
-            return weight, self.bias
-        sources = (linear.bias, self.bias)
+        kept while their sources are the same storages at the same versions (an in-place
+        update is seen): a level then runs its linears with as many operations as an
+        unshared layer. The check reads the parameters without ``nn.Module``'s attribute
+        lookup: it runs on every linear of every level of a decoding step."""
+        signal = self.lowrank
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return weight, linear.bias + self.bias
-        key = tuple((t.data_ptr(), t._version) for t in sources)
-        if self._bias is None or self._bias[0] != key:
+            return signal.folded_weight(linear.weight, False), _sum(linear.bias, self.bias)
+        sources = (
+            linear._parameters["weight"],
+            linear._parameters.get("bias"),
+            signal._parameters["up"],
+            signal._parameters["down"],
+            self._parameters.get("bias"),  # None without bias deltas (no parameter then)
+        )
+        key = tuple(None if t is None else (t.data_ptr(), t._version) for t in sources)
+        cached = self._folded
+        if cached is None or cached[0] != key:
+            weight = signal.folded_weight(sources[0], into_input=False)
             # the sources are held, so their addresses stay theirs while the key lives
-            self._bias = (key, tuple(t.detach() for t in sources), linear.bias + self.bias)
-        return weight, self._bias[2]
+            cached = (key, sources, weight, _sum(sources[1], sources[4]))
+            self._folded = cached
+        return cached[2], cached[3]
 
     def train(self, mode: bool = True) -> LowRankDelta:
-        self._bias = None  # training changes the biases: drop the folded one
+        self._folded = None  # training changes the weights: drop the folded ones
         return super().train(mode)
 
     @torch.no_grad()
@@ -172,3 +179,9 @@ class LevelLoRA(nn.ModuleDict):
                 for name, (i, o, g) in shapes.items()
             }
         )
+
+
+def _sum(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    if a is None:
+        return b
+    return a if b is None else a + b

@@ -109,16 +109,20 @@ class LowRankSignal(nn.Module):
             key = (into_input, *((t.data_ptr(), t._version) for t in sources))
             if self._folded is not None and self._folded[0] == key:
                 return self._folded[2]
-        g = self.groups
-        w = weight.view(g, weight.size(0) // g, weight.size(1))  # G x out x in
-        up = torch.bmm(w, self.up) if into_input else self.up  # G x out x r: W A or A
-        folded = torch.baddbmm(w, up, self.down.view(g, self.rank, -1)).view_as(weight)
+        folded = self.folded_weight(weight, into_input)
         if caching:
             # the sources' storage is held, so no other tensor can take their addresses while
             # the key lives; an in-place change (an optimizer step, load_state_dict) bumps
             # the version counter, which detached views share
             self._folded = (key, tuple(t.detach() for t in sources), folded)
         return folded
+
+    def folded_weight(self, weight: Tensor, into_input: bool) -> Tensor:
+        """:meth:`fold`'s product, computed at every call (no cache)."""
+        g = self.groups
+        w = weight.view(g, weight.size(0) // g, weight.size(1))  # G x out x in
+        up = torch.bmm(w, self.up) if into_input else self.up  # G x out x r: W A or A
+        return torch.baddbmm(w, up, self.down.view(g, self.rank, -1)).view_as(weight)
 
     def train(self, mode: bool = True) -> LowRankSignal:
         self._folded = None  # training changes the weights: drop the folded one
