@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from recurnmt.analysis.dispatch import count_dispatch
 from recurnmt.modules import KVCache, SelfAttention, StackCache
 from recurnmt.modules.attention import MASK_ALIGNMENT, MemoryKV, additive_mask
 from recurnmt.modules.kv_cache import MIN_CAPACITY
+
+# views and allocations: no kernel, no copy
+NO_COPY = {"aten.narrow", "aten.slice", "aten.view", "aten.empty", "aten.new_empty"}
 
 
 def kv(b: int = 2, t: int = 1, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,22 +50,67 @@ def test_reorder_selects_rows_of_keys_and_values_together():
     moved = cache.reorder(order)
     torch.testing.assert_close(moved.keys, k[order], rtol=0, atol=0)
     torch.testing.assert_close(moved.values, v[order], rtol=0, atol=0)
-    torch.testing.assert_close(cache.keys, k, rtol=0, atol=0)  # the old cache is untouched
     moved.append(*kv(b=3, seed=9))
     assert moved.length == 6
 
 
-def test_stack_cache_reorders_each_level_with_one_copy(monkeypatch):
+def test_a_reordered_cache_is_moved_and_says_so():
+    cache = KVCache()
+    cache.append(*kv(b=3, t=2))
+    cache.reorder(torch.tensor([1, 0, 2]))
+    for use in (
+        lambda: cache.keys,
+        lambda: cache.append(*kv(b=3)),
+        lambda: cache.append_pair(torch.stack(kv(b=3))),
+        lambda: cache.reorder(torch.tensor([0, 1, 2])),
+    ):
+        with pytest.raises(ValueError, match="moved by reorder"):
+            use()
+    with pytest.raises(ValueError, match="no step has run yet"):
+        _ = KVCache().keys
+    assert KVCache().reorder(torch.tensor([0])).buffer is None
+
+
+def test_beam_search_reorders_take_turns_between_two_buffers():
+    """Steps of beam search (reorder, then append) equal the same steps on plain tensors,
+    through growth and a batch that shrinks; in the steady state no reorder allocates."""
+    g = torch.Generator().manual_seed(0)
+    cache, keys, values = KVCache(), None, None
+    pointers, allocated = set(), []
+    for step in range(2 * MIN_CAPACITY + 3):
+        b = 6 if step < MIN_CAPACITY + 4 else 4  # two sentences of two beams finish
+        if step:
+            order = torch.randint(0, keys.size(0), (b,), generator=g)
+            before = {
+                cache.buffer.data_ptr(),
+                cache.spare.data_ptr() if cache.spare is not None else None,
+            }
+            cache = cache.reorder(order)
+            allocated.append(cache.buffer.data_ptr() not in before)
+            keys, values = keys[order], values[order]
+        k, v = kv(b=b, seed=step)
+        out_k, out_v = cache.append_pair(torch.stack([k, v]))
+        keys = k if keys is None else torch.cat([keys, k], 2)
+        values = v if values is None else torch.cat([values, v], 2)
+        torch.testing.assert_close(out_k, keys, rtol=0, atol=0)
+        torch.testing.assert_close(out_v, values, rtol=0, atol=0)
+        pointers.add(cache.buffer.data_ptr())
+    # a new buffer only at the first reorder and after each growth (16 -> 32 -> 64 positions);
+    # the shrunk batch is written into the memory of the larger one
+    assert sum(allocated) <= 3, allocated
+    assert len(pointers) <= 6
+
+
+def test_stack_cache_reorders_each_level_with_one_copy():
     cache = StackCache()
     for level in range(3):
         cache.level(level).append(*kv(b=2, t=2, seed=level))
-    calls = []
-    original = torch.Tensor.index_select
-    monkeypatch.setattr(
-        torch.Tensor, "index_select", lambda t, *a: calls.append(1) or original(t, *a)
-    )
-    cache.reorder(torch.tensor([1, 0]))
-    assert len(calls) == 3  # keys and values of a level move together
+    order = torch.tensor([1, 0])
+    with count_dispatch() as log:
+        cache.reorder(order)
+    # keys and values of a level move together, with one kernel-launching operation
+    copies = {op: n for op, n in log.ops.items() if op not in NO_COPY}
+    assert copies == {"aten.index_select": 3}, log.ops
 
 
 def test_keys_and_values_given_together_are_written_with_one_copy(monkeypatch):

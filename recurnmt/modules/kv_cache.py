@@ -9,10 +9,22 @@ and step (``tests/test_decoding_guards.py`` counts them). Self-attention hands o
 and values as one 2 x B x H x T x D view of its fused projection (:meth:`KVCache.append_pair`):
 one copy writes both and one ``narrow`` reads both, five operations per level and step
 where separate keys and values take ten.
+
+Beam search reorders the cache at every step, and a reorder *moves* it: the filled positions are
+selected into the buffer the cache held before its previous reorder (kept as ``spare``), and
+the cache it was called on gives up its buffers. Two buffers per level thus take turns, as a
+GPU's caching allocator would hand back the freed one, and no step allocates: on a CPU a new
+buffer of tens of megabytes is fresh pages from the operating system at every step, whose
+faults cost several times the copy (one level's reorder of 512 hypotheses, H=128, 33 of 64
+positions filled: 32 ms into a new buffer, 3.4 ms into the spare; in ``fairseq-generate`` of a
+``ringformer`` at that size the reorders took 2.6 s of 14 s before, 1.4 s after).
 """
 
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import Tensor
 
 MIN_CAPACITY = 16  # positions allocated at the first step
@@ -24,11 +36,15 @@ class KVCache:
     Attributes:
         buffer: 2 x B x H x capacity x D (keys, then values); None before the first step.
         length: positions filled.
+        spare: storage the next :meth:`reorder` writes into (the buffer before the last one).
     """
 
-    def __init__(self, buffer: Tensor | None = None, length: int = 0) -> None:
+    def __init__(
+        self, buffer: Tensor | None = None, length: int = 0, spare: Tensor | None = None
+    ) -> None:
         self.buffer = buffer
         self.length = length
+        self.spare = spare
 
     @property
     def keys(self) -> Tensor:
@@ -42,8 +58,13 @@ class KVCache:
 
     def _filled(self, which: int) -> Tensor:
         if self.buffer is None:
+            self._check_not_moved()
             raise ValueError("the cache is empty: no step has run yet")
         return self.buffer[which].narrow(2, 0, self.length)
+
+    def _check_not_moved(self) -> None:
+        if self.length:  # positions filled, no buffer: reorder() moved them
+            raise ValueError("this cache was moved by reorder(): use the cache it returned")
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Writes the new positions' keys and values (B x H x T x D each).
@@ -75,6 +96,8 @@ class KVCache:
         return keys, values
 
     def _grow(self, k: Tensor, needed: int) -> None:
+        if self.buffer is None:
+            self._check_not_moved()
         b, h, _, d = k.shape
         capacity = max(needed, MIN_CAPACITY)
         if self.buffer is not None:
@@ -85,7 +108,29 @@ class KVCache:
         self.buffer = grown
 
     def reorder(self, new_order: Tensor) -> KVCache:
-        """The cache with its batch rows selected by ``new_order`` (one copy of K and V)."""
+        """The cache with its batch rows selected by ``new_order`` (one copy of the filled
+        keys and values), written into this cache's spare storage; this cache is moved into
+        it (reading or appending to it afterwards raises)."""
         if self.buffer is None:
+            self._check_not_moved()
             return KVCache()
-        return KVCache(self.buffer.index_select(1, new_order), self.length)
+        shape = (2, new_order.numel(), *self.buffer.shape[2:])
+        target = self.spare
+        if target is None or target.shape != shape:
+            target = _storage(target, shape)
+            if target is None:
+                target = self.buffer.new_empty(shape)
+        filled = self.buffer.narrow(3, 0, self.length)
+        torch.index_select(filled, 1, new_order, out=target.narrow(3, 0, self.length))
+        moved = KVCache(target, self.length, spare=self.buffer)
+        self.buffer = self.spare = None
+        return moved
+
+
+def _storage(t: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
+    """A ``shape`` view of the memory of ``t`` (contiguous) where it is large enough: a
+    batch that shrinks (sentences finished) reuses it."""
+    n = math.prod(shape)
+    if t is None or t.numel() < n:
+        return None
+    return t.view(-1).narrow(0, 0, n).view(shape)
