@@ -8,6 +8,15 @@ first time, issue 25), and what ``fairseq-generate`` says of its own speed on th
 (sentences/s and tokens/s, beam 4 by default). Ratios are to the first architecture; the
 ``--json`` document is written after every architecture (``"complete"`` once all are in).
 
+Every hypothesis is decoded to exactly ``--gen-len`` tokens (``--min-len N --max-len-a 0
+--max-len-b N``, fairseq-generate's own flags), as ``scripts/profile_decoding.py`` does: models
+trained for a few minutes stop at very different lengths (on the CPU, 3 epochs on 2,000 pairs:
+fairseq's transformer 6 tokens a sentence, ``ringformer`` 28, most of them up to the length
+limit), so that their own lengths would compare how long they talk, not how fast they decode.
+``--gen-len 0`` keeps the models' own lengths (up to 1.5 x the source + 10). ``--gen-shards N``
+translates every N-th batch of the test set (fairseq-generate's ``--distributed-world-size N
+--distributed-rank 0``: its ``--num-shards`` is not read by fairseq 0.12's generate).
+
     python scripts/fairseq_speed.py --device cuda --dtype fp16             # base size, 2 epochs
     python scripts/fairseq_speed.py --device cpu --dtype fp32 --embed-dim 32 --ffn-dim 64 \\
         --heads 2 --levels 2 --max-tokens 1024 --max-train 300 --gen-shards 25   # a smoke run
@@ -79,8 +88,7 @@ def measure(arch: str, data: Path, args: argparse.Namespace) -> dict:
     if args.epochs not in epochs:
         raise UserError(f"[{arch}] no end-of-epoch line for epoch {args.epochs} in {run}/train.log")
     decoding = [*decoding_flags(args.beam, 1.0, args.device), *PRECISION_FLAGS[args.dtype]]
-    if args.gen_shards > 1:  # the first of N shards of the test set
-        decoding += ["--num-shards", str(args.gen_shards), "--shard-id", "0"]
+    decoding += generation_flags(args.gen_len, args.gen_shards)
     checkpoint = run / "checkpoints" / "checkpoint_last.pt"
     generate = generate_command(data, checkpoint, decoding)
     print(f"[{arch}] translating the test set (beam {args.beam}) ...", flush=True)
@@ -107,6 +115,18 @@ def measure(arch: str, data: Path, args: argparse.Namespace) -> dict:
         flush=True,
     )
     return row
+
+
+def generation_flags(length: int, shards: int) -> list[str]:
+    """``fairseq-generate`` flags after :func:`decoding_flags`, whose length limit they
+    override (argparse keeps the last): every hypothesis ``length`` tokens long (0: the
+    model's own lengths), every ``shards``-th batch of the test set."""
+    flags = []
+    if length:
+        flags += ["--min-len", str(length), "--max-len-a", "0", "--max-len-b", str(length)]
+    if shards > 1:  # the batches of rank 0 of N (fairseq_cli/generate.py shards by these)
+        flags += ["--distributed-world-size", str(shards), "--distributed-rank", "0"]
+    return flags
 
 
 COLUMNS = (
@@ -143,7 +163,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument("--epochs", type=int, default=2, help="the last one is timed")
     parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--gen-shards", type=int, default=1, help="translate 1/N of the test set")
+    parser.add_argument(
+        "--gen-shards", type=int, default=1, help="translate every N-th batch of the test set"
+    )
+    parser.add_argument(
+        "--gen-len",
+        type=int,
+        default=32,
+        help="tokens every hypothesis is decoded to, the same work for every model "
+        "(0: the models' own lengths)",
+    )
     parser.add_argument("--data", type=Path, help="a binarized corpus (default: the embedded)")
     parser.add_argument("--max-train", type=int, help="prepare only N training pairs")
     parser.add_argument("--workers", type=int, default=4, help="fairseq-preprocess workers")
@@ -156,6 +185,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "attention kernels recurnmt's models may take; no-cudnn-anywhere: every model's",
     )
     args = parser.parse_args(argv)
+    if args.gen_len < 0:
+        raise ValueError(f"--gen-len {args.gen_len}: a number of tokens, or 0")
+    if args.gen_shards < 1:
+        raise ValueError(f"--gen-shards {args.gen_shards}: at least 1")
     if args.epochs < 2:
         raise ValueError(f"--epochs {args.epochs}: at least 2 (the first is not timed)")
     if args.device == "cpu" and args.dtype != "fp32":

@@ -107,7 +107,8 @@ VISION_SIZES = {
     "--batch-size 4 --warmup 1 --steps 1 --rounds 1 --threads 1",
 }
 # scripts/fairseq_speed.py: the real command lines, base size, two epochs (the second timed)
-# on 2,000 training pairs, half the test set translated (scaled with --budget)
+# on 2,000 training pairs, every other batch of the test set translated, each hypothesis to 32
+# tokens (scaled with --budget)
 DECODE_SIZES = {
     "check": "--embed-dim 512 --ffn-dim 2048 --heads 8 --levels 6 --sentences 64 --beam 4 "
     "--decode-len 32 --rounds 5",
@@ -118,7 +119,7 @@ FAIRSEQ_SIZES = {
     "check": "--archs transformer ringformer --embed-dim 512 --ffn-dim 2048 --heads 8 "
     "--levels 6 --max-tokens 8192 --epochs 2 --max-train 2000 --workers 8",
     "smoke": "--archs transformer ringformer --embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 "
-    "--max-tokens 1024 --epochs 2 --max-train 100 --gen-shards 100 --workers 1",
+    "--max-tokens 1024 --epochs 2 --max-train 100 --gen-shards 100 --gen-len 4 --workers 1",
 }
 REPORTED_PACKAGES = ("numpy", "fairseq-fixed", "timm", "torchvision", "triton")
 
@@ -273,12 +274,27 @@ def fairseq_lines(check: dict) -> list[str]:
             f"{s['max_tokens']} tokens; H={s['embed_dim']}, FF={s['ffn_dim']}, {s['heads']} "
             f"heads, {s['levels']} levels). Steady state: the last of {s['epochs']} epochs is "
             "timed (the first meets every batch shape for the first time; its speed is shown "
-            f"beside). Generation: the test set (1/{s['gen_shards']} of it), beam {s['beam']}, "
-            "as `fairseq-generate` reports its own speed. Ratios to the first row.",
+            f"beside). Generation: {generated_part(s)}, beam {s['beam']}, "
+            f"{generated_length(s)}, as `fairseq-generate` reports its own speed. "
+            "Ratios to the first row.",
             "",
             *ratio_rows(doc["results"], "arch", FAIRSEQ_COLUMNS),
         ]
     return lines
+
+
+def generated_part(settings: dict) -> str:
+    """What of the test set ``scripts/fairseq_speed.py`` translated, in words."""
+    shards = int(settings["gen_shards"])
+    return "the test set" if shards == 1 else f"every {shards}th batch of the test set"
+
+
+def generated_length(settings: dict) -> str:
+    """How long its hypotheses were, in words."""
+    length = int(settings.get("gen_len", 0))
+    if not length:
+        return "the models' own output lengths"
+    return f"every hypothesis decoded to {length} tokens (the same work for every model)"
 
 
 def decode_lines(check: dict) -> list[str]:

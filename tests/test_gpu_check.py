@@ -242,6 +242,12 @@ def test_cpu_smoke_writes_the_report_the_raw_figures_and_the_log(data, tmp_path)
     rows = check["fairseq"]["fp32"]["results"]
     assert [r["arch"] for r in rows] == ["transformer", "ringformer"]
     assert all(r["train_wps"] > 0 and r["gen_tokens_per_s"] > 0 for r in rows)
+    # every 100th batch of the test set (the first of its batches of 8,000 tokens: not all of
+    # its 1,555 sentences), each hypothesis 4 tokens and its end of sentence: both models did
+    # the same work
+    assert 0 < rows[0]["gen_sentences"] == rows[1]["gen_sentences"] < 1555 // 2
+    assert all(r["gen_tokens"] == 5 * r["gen_sentences"] for r in rows)
+    assert "every 100th batch of the test set, beam 4, every hypothesis decoded to 4" in report
     assert (out.parent / "gpu_check" / "nmt_bf16.json").exists()
     log = out.with_suffix(".log").read_text()  # the children's own output, streamed
     assert "benchmarking transformer, ringformer, taking turns" in log
