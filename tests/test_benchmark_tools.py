@@ -15,6 +15,7 @@ from recurnmt.runs.benchmark import (
     ratio_table,
     run_workers,
 )
+from tests.nmt_fixtures import data  # noqa: F401
 
 
 def test_ratio_table_divides_by_the_first_row():
@@ -227,3 +228,21 @@ def test_generation_batches_are_padded_as_fairseq_pads_a_batch(left_pad):
             assert row.ne(pad).sum() == n
     with pytest.raises(ValueError, match="padding is not on the side"):
         generation_batches(sample, 4, 2, pad, not left_pad)
+
+
+def test_generation_decodes_a_typical_batch_of_the_test_set(data):  # noqa: F811
+    """The sentences around the median source length, as fairseq-generate batches its middle,
+    not the longest; all of them, sorted, where more are asked than the test set holds."""
+    import torch
+
+    from recurnmt.runs.benchmark import load_batches, load_generation_batches
+
+    task, _ = load_batches(data, "test", 100000, 1, 1)
+    sizes = sorted(int(n) for n in task.dataset("test").src_sizes)
+    middle = sizes[(len(sizes) - 4) // 2 :][:4]
+    (batch,) = load_generation_batches(data, 4, 4, 1)
+    assert sorted(batch["src_lengths"].tolist()) == middle
+    assert batch["src_tokens"].size(1) == max(middle)  # padded to its own longest only
+    batches = load_generation_batches(data, 10 * len(sizes), 2, 1)
+    lengths = torch.cat([b["src_lengths"] for b in batches])
+    assert sorted(lengths.tolist()) == sizes
