@@ -101,6 +101,16 @@ def test_beam_search_reorders_take_turns_between_two_buffers():
     assert len(pointers) <= 6
 
 
+def test_off_the_cpu_no_spare_is_kept():
+    """A GPU's caching allocator reuses the freed buffer itself: the state is held once."""
+    cache = KVCache()
+    cache.append_pair(torch.empty(2, 3, 2, 4, 8, device="meta"))
+    for _ in range(3):
+        cache = cache.reorder(torch.tensor([2, 0, 1], device="meta"))
+        assert cache.spare is None and cache.buffer.device.type == "meta"
+    assert cache.keys.shape == (3, 2, 4, 8)
+
+
 def test_stack_cache_reorders_each_level_with_one_copy():
     cache = StackCache()
     for level in range(3):
