@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from tests import nmt_fixtures
+from tests.script_modules import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
 data = nmt_fixtures.data  # the shared fixture, found by pytest under this name
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("depth_sweep", ROOT / "scripts/depth_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("depth_sweep")
 
 
 REASON = "--encoder-levels=3: this stack's per-level parts are learned"

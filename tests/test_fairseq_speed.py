@@ -6,22 +6,15 @@ Its end-to-end run is the CPU smoke of ``tests/test_gpu_check.py``; here, what i
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from fairseq import options
 
 from recurnmt.runs.experiment import decoding_flags
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fairseq_speed.py"
+from tests.script_modules import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("fairseq_speed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fairseq_speed")
 
 
 def _generation_args(flags: list[str]):

@@ -4,7 +4,6 @@ CUDA, its argument errors and the environment plumbing it can show here (no GPU 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import signal
@@ -17,22 +16,14 @@ import pytest
 
 from recurnmt.cli import UserError, entry_point
 from tests import nmt_fixtures
+from tests.script_modules import load_script
 
 data = nmt_fixtures.data  # the shared fixture, found by pytest under this name
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load(name: str):
-    """A script of scripts/ as a module (registered: its dataclasses need that)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = load("gpu_check")
+gpu_check = load_script("gpu_check")
 
 
 def worker_opts(flags: str, **extra) -> argparse.Namespace:
@@ -52,7 +43,7 @@ def document(opts: argparse.Namespace, results: list[dict]) -> dict:
 def tiny_run(data: Path) -> dict:
     """A real tiny CPU measurement, in this process: fairseq's transformer against the
     Universal Transformer, timm's ViT against the RingFormer ViT, bf16, two levels."""
-    nmt, vision = load("benchmark_nmt"), load("benchmark_vision")
+    nmt, vision = load_script("benchmark_nmt"), load_script("benchmark_vision")
     nmt_opts = worker_opts(gpu_check.NMT_SIZES["smoke"], data=data)
     nmt_rows = [
         nmt.worker(argparse.Namespace(**vars(nmt_opts), arch=arch))
@@ -123,7 +114,7 @@ def test_the_report_of_a_real_tiny_cpu_run(tiny_run):
 def test_the_nmt_worker_measures_on_the_device_in_mixed_precision(data, device):
     """bf16 on the CPU, fp16 on CUDA (autocast and loss scaler in training, fp16 weights in
     beam search, the allocator's peak as memory); the shared decoder's one memory projection."""
-    nmt = load("benchmark_nmt")
+    nmt = load_script("benchmark_nmt")
     opts = worker_opts(gpu_check.NMT_SIZES["smoke"], data=data, arch="universal_transformer")
     opts.device, opts.dtype = str(device), "fp16" if device.type == "cuda" else "bf16"
     result = nmt.worker(opts)
@@ -347,7 +338,7 @@ def test_step_sizes_follow_the_budget():
 def test_interleaved_speed_table(data, capsys, mode):
     """scripts/decoding_speed.py: the models take turns, one row per architecture with its
     ratio to fairseq's transformer (which is added when not asked for)."""
-    speed = load("decoding_speed")
+    speed = load_script("decoding_speed")
     tiny = "--embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 --sentences 4 --gen-batch 4"
     speed.main(
         [*tiny.split(), "--decode-len", "3", "--rounds", "1", "--max-tokens", "256"]

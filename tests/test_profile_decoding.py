@@ -7,22 +7,16 @@ script on the CPU (CPU activities only) on a tiny corpus.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from tests.nmt_fixtures import data  # noqa: F401
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_decoding.py"
+from tests.script_modules import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("profile_decoding", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("profile_decoding")
 
 
 def _event(cat: str, name: str, ts: float, dur: float) -> dict:

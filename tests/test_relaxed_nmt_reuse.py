@@ -4,19 +4,13 @@ the teacher does not depend on the fine-tuning settings or on distillation, the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.script_modules import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location(
-        "relaxed_nmt", ROOT / "scripts" / "relaxed_nmt.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("relaxed_nmt")
 
 
 def _args(tmp_path: Path, **changes) -> argparse.Namespace:

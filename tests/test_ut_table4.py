@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.script_modules import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("ut_table4", ROOT / "scripts" / "ut_table4.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("ut_table4")
 
 
 def test_rows_share_the_setting_and_differ_only_in_their_own_flags(tmp_path):
