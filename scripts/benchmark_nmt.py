@@ -211,7 +211,7 @@ def worker(opts: argparse.Namespace) -> dict:
     model.eval()
     batches = [
         {key: value.to(device) for key, value in batch.items()}
-        for batch in load_generation_batches(opts.data, opts.sentences, opts.gen_batch, opts.seed)
+        for batch in load_generation_batches(opts.data, opts.sentences, opts.gen_batch)
     ]
     sentences = sum(batch["src_tokens"].size(0) for batch in batches)
     generator = fixed_length_generator(model, task, opts.beam, opts.decode_len)

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(opts.threads)
     flags = argparse.Namespace(**vars(opts), device="cpu")
     task, batches = load_batches(opts.data, "train", opts.max_tokens, opts.steps + 1, 1)
-    gen_batches = load_generation_batches(opts.data, opts.sentences, opts.gen_batch, 1)
+    gen_batches = load_generation_batches(opts.data, opts.sentences, opts.gen_batch)
     sentences = sum(batch["src_tokens"].size(0) for batch in gen_batches)
     models, trainers = {}, {}
     for arch in opts.archs:

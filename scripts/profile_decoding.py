@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     if "transformer" not in opts.archs:
         opts.archs.insert(0, "transformer")
     task, _ = load_batches(opts.data, "train", 1024, 1, opts.seed)
-    (batch,) = load_generation_batches(opts.data, opts.sentences, opts.sentences, opts.seed)
+    (batch,) = load_generation_batches(opts.data, opts.sentences, opts.sentences)
     batch = {k: v.to(opts.device) for k, v in batch.items()}
     # every model at once, the timed rounds alternating between them: a beam-search step is
     # bound by the host, whose speed drifts (clock, neighbours) by tens of percent within a

@@ -235,14 +235,14 @@ def test_generation_decodes_a_typical_batch_of_the_test_set(data):  # noqa: F811
     not the longest; all of them, sorted, where more are asked than the test set holds."""
     import torch
 
-    from recurnmt.runs.benchmark import load_batches, load_generation_batches
+    from recurnmt.runs.benchmark import load_generation_batches, translation_task
 
-    task, _ = load_batches(data, "test", 100000, 1, 1)
+    task = translation_task(data, "test")
     sizes = sorted(int(n) for n in task.dataset("test").src_sizes)
     middle = sizes[(len(sizes) - 4) // 2 :][:4]
-    (batch,) = load_generation_batches(data, 4, 4, 1)
+    (batch,) = load_generation_batches(data, 4, 4)
     assert sorted(batch["src_lengths"].tolist()) == middle
     assert batch["src_tokens"].size(1) == max(middle)  # padded to its own longest only
-    batches = load_generation_batches(data, 10 * len(sizes), 2, 1)
+    batches = load_generation_batches(data, 10 * len(sizes), 2)
     lengths = torch.cat([b["src_lengths"] for b in batches])
     assert sorted(lengths.tolist()) == sizes

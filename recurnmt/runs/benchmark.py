@@ -436,7 +436,7 @@ def generation_batches(
     return batches
 
 
-def load_generation_batches(data: Path, sentences: int, batch_size: int, seed: int) -> list[dict]:
+def load_generation_batches(data: Path, sentences: int, batch_size: int) -> list[dict]:
     """:func:`generation_batches` of ``sentences`` test sentences of ``data``: those around
     its median source length, as ``fairseq-generate`` batches its middle (sorted by length).
 
@@ -445,7 +445,7 @@ def load_generation_batches(data: Path, sentences: int, batch_size: int, seed: i
     shared decoder reads once per sentence, fairseq's transformer once per hypothesis) most
     of a step. Fewer sentences than asked only where the test set has fewer.
     """
-    task, _ = load_batches(data, "test", 100000, 1, seed)
+    task = translation_task(data, "test")
     dataset = task.dataset("test")
     by_length = sorted(range(len(dataset)), key=lambda i: int(dataset.src_sizes[i]))
     n = min(sentences, len(by_length))
@@ -455,8 +455,8 @@ def load_generation_batches(data: Path, sentences: int, batch_size: int, seed: i
     return generation_batches(sample, n, batch_size, pad, left_pad)
 
 
-def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int):
-    """``count`` real batches of ``split`` (fairseq's own batching), on the CPU."""
+def translation_task(data: Path, split: str, max_tokens: int = 4096, seed: int = 1):
+    """fairseq's translation task on ``data`` with ``split`` loaded, on the CPU."""
     from fairseq import options, tasks
 
     parser = options.get_training_parser()
@@ -477,6 +477,12 @@ def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int)
     )
     task = tasks.setup_task(args)
     task.load_dataset(split)
+    return task
+
+
+def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int):
+    """``count`` real batches of ``split`` (fairseq's own batching), on the CPU."""
+    task = translation_task(data, split, max_tokens, seed)
     itr = task.get_batch_iterator(
         dataset=task.dataset(split),
         max_tokens=max_tokens,
