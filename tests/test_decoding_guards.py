@@ -183,3 +183,28 @@ def test_step_ops_per_level_within_bound_of_fairseq(case, dtype):
         f"{ours:.1f} operations per level; fairseq's transformer {theirs:.1f} per layer, "
         f"bound {OPS_PER_LEVEL_BOUND}x"
     )
+
+
+@pytest.mark.parametrize("case", DECODERS, ids=_ids)
+def test_beam_search_reorders_the_state_without_walking_the_modules(case):
+    """fairseq's ``reorder_incremental_state_scripting`` asks every submodule for a
+    ``reorder_incremental_state`` at every step (its attention modules own their states): a
+    Python walk over the whole decoder, a fifth of a millisecond a step at six levels on this
+    CPU. Ours reorders the decoder's one cache and skips the walk, which is exact only while no
+    submodule has a state of its own to reorder."""
+    model = _model(case)
+    decoder = model.decoder
+    owners = [
+        name
+        for name, module in decoder.named_modules()
+        if module is not decoder and hasattr(module, "reorder_incremental_state")
+    ]
+    assert not owners, f"submodules with their own incremental state: {owners}"
+    _, expected = beam_step(model)
+
+    def walk(*args, **kwargs):
+        raise AssertionError("beam search walked the decoder's modules")
+
+    decoder.modules = decoder.named_modules = walk
+    _, lprobs = beam_step(model)
+    torch.testing.assert_close(lprobs, expected, rtol=0, atol=0)

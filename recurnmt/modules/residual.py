@@ -108,6 +108,8 @@ class ResidualCoefficients(nn.Module):
 
     def forward(self, skip: Tensor, main: Tensor, index: int) -> Tensor:
         """``main_coef[index] * main + skip_coef[index] * skip`` (SReT eq. 9)."""
+        if self.mode == "none":  # the plain residual of every other family's blocks
+            return skip + main
         if torch.is_grad_enabled():
             skip_coef = self.skip[index] if self.skip is not None else None
             main_coef = self.main[index] if self.main is not None else None
