@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recurnmt.analysis.dispatch import SimulatedDevice, count_dispatch
+from recurnmt.analysis.dispatch import SimulatedDevice, count_dispatch, count_python_calls
 
 
 @pytest.fixture
@@ -143,3 +145,20 @@ def test_tensors_made_on_the_device_are_not_copies(sim):
             x * torch.tensor(2.0)  # a 0-dim CPU operand is a scalar argument of the kernel
             x[torch.arange(2, device=x.device)]
     assert not log.to_device
+
+
+def test_python_calls_are_counted_in_the_block_only():
+    def leaf(x):
+        return x + 1
+
+    outside = sys.getprofile()
+    with count_python_calls() as empty:  # leaving the block makes calls of its own
+        pass
+    with count_python_calls() as counts:
+        for _ in (0, 1, 2):
+            leaf(torch.zeros(1))  # a call of a Python function and one of a built-in
+    assert sys.getprofile() is outside
+    assert counts - empty == {"call": 3, "c_call": 3}
+    before = counts.copy()
+    leaf(torch.zeros(1))
+    assert counts == before

@@ -51,6 +51,7 @@ math path (several operations) instead of one fused kernel.
 from __future__ import annotations
 
 import contextlib
+import sys
 import traceback
 from collections import Counter
 from collections.abc import Iterator
@@ -131,6 +132,34 @@ def count_dispatch() -> Iterator[DispatchLog]:
     log = DispatchLog()
     with _Recorder(log):
         yield log
+
+
+@contextlib.contextmanager
+def count_python_calls() -> Iterator[Counter[str]]:
+    """Counts the calls the interpreter makes inside the ``with`` block (this thread):
+    ``call``, of Python functions (a generator's resumptions included), and ``c_call``, of
+    built-in functions from Python (torch's operators and tensor methods among them).
+
+    A region's host time is these calls plus the dispatcher's work on its operations
+    (:func:`count_dispatch`); host work that launches nothing, such as a walk over a model's
+    submodules, shows here only. Enter it without :func:`count_dispatch`, whose recorder is
+    Python code called at every operation.
+
+    Yields:
+        The counts by event, filled as the block runs.
+    """
+    counts: Counter[str] = Counter()
+
+    def profile(frame, event: str, arg) -> None:
+        if event in ("call", "c_call"):
+            counts[event] += 1
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield counts
+    finally:
+        sys.setprofile(previous)
 
 
 class _Recorder(TorchDispatchMode):
