@@ -72,9 +72,11 @@ WARM_UP = 3  # steps before the measured one
 OPS_PER_LEVEL_BOUND = 0.90
 # Calls the interpreter makes (Python functions and built-ins from Python; measured, torch
 # 2.14.1, fairseq 0.12.3): fairseq's transformer 485 per decoder layer and 162 besides in a step;
-# per level owf 225, recurrent_transformer 303, universal_transformer 308, ringformer 327,
-# universal_transformer_act 339, relaxed_transformer 414, sret 417 (0.86x), and 166-179
-# besides; in a step at six levels 0.49-0.87x of fairseq's. Before the decoder reordered its
+# per level owf 225, recurrent_transformer 303, universal_transformer 308, ringformer 321,
+# universal_transformer_act 339, relaxed_transformer 384, sret 393 (0.81x), and 166-179
+# besides; in a step at six levels 0.49-0.82x of fairseq's (sret 417 and relaxed 414 while
+# their coefficients' and LoRA folds' cache keys were built by generators: a Python call per
+# resumption). Before the decoder reordered its
 # cache itself, beam search's walk over every submodule made sret 513 per level and 649 besides,
 # relaxed_transformer 684 per level, recurrent_transformer 548, ringformer 3004 in a step.
 PYTHON_CALLS_BOUND = 0.90

@@ -71,7 +71,7 @@ class HaltingUnit(nn.Module):
             return weight, bias
         if torch.is_grad_enabled():
             return weight.float(), bias.float()
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in (weight, bias))
+        key = tuple([(p.data_ptr(), p._version, p.dtype, p.device) for p in (weight, bias)])
         cached = self._float_cache
         if cached is None or cached[0] != key:
             cached = self._float_cache = (key, weight.detach().float(), bias.detach().float())

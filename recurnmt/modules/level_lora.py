@@ -105,7 +105,8 @@ class LowRankDelta(nn.Module):
             signal._parameters["down"],
             self._parameters.get("bias"),  # None without bias deltas (no parameter then)
         )
-        key = tuple(None if t is None else (t.data_ptr(), t._version) for t in sources)
+        # a list comprehension: a generator resumes (a Python call) once per source
+        key = tuple([None if t is None else (t.data_ptr(), t._version) for t in sources])
         cached = self._folded
         if cached is None or cached[0] != key:
             weight = signal.folded_weight(sources[0], into_input=False)

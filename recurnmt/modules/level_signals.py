@@ -106,7 +106,8 @@ class LowRankSignal(nn.Module):
         sources = (weight, self.up, self.down)
         caching = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
         if caching:
-            key = (into_input, *((t.data_ptr(), t._version) for t in sources))
+            # a list comprehension: a generator resumes (a Python call) once per source
+            key = (into_input, *[(t.data_ptr(), t._version) for t in sources])
             if self._folded is not None and self._folded[0] == key:
                 return self._folded[2]
         folded = self.folded_weight(weight, into_input)

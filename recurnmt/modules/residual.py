@@ -114,7 +114,8 @@ class ResidualCoefficients(nn.Module):
             skip_coef = self.skip[index] if self.skip is not None else None
             main_coef = self.main[index] if self.main is not None else None
         else:
-            skip_coef, main_coef = (views[index] for views in self._inference())
+            skips, mains = self._inference()
+            skip_coef, main_coef = skips[index], mains[index]
         return weighted_sum(skip, main, skip_coef, main_coef)
 
     def _inference(self) -> tuple[list[Tensor | None], list[Tensor | None]]:
@@ -122,9 +123,16 @@ class ResidualCoefficients(nn.Module):
         parameter dispatches a ``select`` at every call (four per level and decoding step
         in a block of two sub-layers). Views see in-place updates; a new storage (``to``,
         ``half``) makes new ones."""
-        params = (self.skip, self.main)
-        key = tuple(None if p is None else (p.data_ptr(), p.dtype, p.device) for p in params)
+        skip, main = self.skip, self.main
+        # spelled out: a decoding step asks four times a level (SReT), and a generator here
+        # was a tenth of the Python calls of a level
+        key = (
+            None if skip is None else (skip.data_ptr(), skip.dtype, skip.device),
+            None if main is None else (main.data_ptr(), main.dtype, main.device),
+        )
         if self._views is None or self._views[0] != key:
-            views = [[None] * self.num if p is None else list(p.detach().unbind(0)) for p in params]
+            views = [
+                [None] * self.num if p is None else list(p.detach().unbind(0)) for p in (skip, main)
+            ]
             self._views = (key, *views)
         return self._views[1], self._views[2]
