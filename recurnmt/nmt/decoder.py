@@ -184,8 +184,8 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         fairseq's walks every submodule and reorders each that has a
         ``reorder_incremental_state``, as its attention modules own their states. Here the
         decoder holds the whole stack's state (the module docstring) and no submodule has
-        one, so the walk, a fifth of a millisecond a step on a host that a beam-search step
-        on a GPU is bound by, is skipped.
+        one, so the walk is skipped: 0.1-0.5 ms a step at six levels on a CPU, host time,
+        which a beam-search step on a GPU is bound by.
         """
         self.reorder_incremental_state(incremental_state, new_order)
 
