@@ -20,7 +20,8 @@ H100/H200, installation included). On a CUDA machine it
    - ``decode``: beam-search generation of every family against fairseq's transformer at
      base size (``scripts/profile_decoding.py --no-profile``: all models in one process, their
      timed rounds alternating; about 55 s on an H100), first because it is quick and what the
-     speed targets are most about;
+     speed targets are most about; ``--decode base-b4 iwslt-b4 base-b1`` adds the
+     ``*_iwslt_de_en`` size and greedy search (beam 1), each a step of its own;
    - ``fairseq``: the real ``fairseq-train`` and ``fairseq-generate`` of fairseq's
      ``transformer`` and ``ringformer`` at base size on 2,000 pairs of the embedded corpus
      (``scripts/fairseq_speed.py``; steady state: the second epoch is timed, every batch
@@ -110,11 +111,31 @@ VISION_SIZES = {
 # on 2,000 training pairs, every other batch of the test set translated, each hypothesis to 32
 # tokens (scaled with --budget)
 DECODE_SIZES = {
-    "check": "--embed-dim 512 --ffn-dim 2048 --heads 8 --levels 6 --sentences 64 --beam 4 "
-    "--decode-len 32 --rounds 5",
-    "smoke": "--embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 --sentences 2 --beam 2 "
-    "--decode-len 3 --rounds 2",
+    "check": "--sentences 64 --decode-len 32 --rounds 5",
+    "smoke": "--embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 --sentences 2 --decode-len 3 "
+    "--rounds 2",
 }
+# --decode SIZE-bBEAM: the model sizes generation is measured at (fairseq's
+# transformer_wmt_en_de and transformer_iwslt_de_en; a smoke run keeps its tiny model) and
+# the beam; issue 25 asks for both sizes at beam 4 and beam 1
+DECODE_MODELS = {
+    "base": "--embed-dim 512 --ffn-dim 2048 --heads 8 --levels 6",
+    "iwslt": "--embed-dim 512 --ffn-dim 1024 --heads 4 --levels 6",
+}
+DEFAULT_DECODE = "base-b4"
+
+
+def decode_setting(text: str) -> tuple[str, int]:
+    """``SIZE-bBEAM`` (``base-b4``, ``iwslt-b1``) as (size, beam)."""
+    size, _, beam = text.partition("-b")
+    if size not in DECODE_MODELS or not beam.isdigit() or int(beam) < 1:
+        raise ValueError(
+            f"--decode {text}: not SIZE-bBEAM with SIZE one of {', '.join(DECODE_MODELS)} "
+            "and a beam of at least 1 (e.g. base-b4, iwslt-b1)"
+        )
+    return size, int(beam)
+
+
 FAIRSEQ_SIZES = {
     "check": "--archs transformer ringformer --embed-dim 512 --ffn-dim 2048 --heads 8 "
     "--levels 6 --max-tokens 8192 --epochs 2 --max-train 2000 --workers 8",
@@ -299,8 +320,9 @@ def generated_length(settings: dict) -> str:
 
 def decode_lines(check: dict) -> list[str]:
     lines = []
-    for dtype, doc in check.get("decode", {}).items():
-        lines += ["", f"## Generation (beam search), {dtype}", ""]
+    for key, doc in check.get("decode", {}).items():
+        dtype = key.split()[0]  # "fp16" or "fp16 iwslt-b1" (Step.key)
+        lines += ["", f"## Generation (beam search), {key}", ""]
         if "error" in doc:
             lines += failed_lines(doc)
             continue
@@ -544,10 +566,17 @@ class Step:
     part: str  # decode, fairseq, nmt, tests, vision
     dtype: str | None
     weight: float
+    setting: str = DEFAULT_DECODE  # decode's SIZE-bBEAM
+
+    @property
+    def key(self) -> str | None:
+        """Its entry in the report's part: the dtype, and a generation setting other than
+        the default."""
+        return self.dtype if self.setting == DEFAULT_DECODE else f"{self.dtype} {self.setting}"
 
     @property
     def name(self) -> str:
-        return f"{self.part} {self.dtype}" if self.dtype else self.part
+        return f"{self.part} {self.key}" if self.dtype else self.part
 
 
 def plan_steps(opts: argparse.Namespace) -> list[Step]:
@@ -556,7 +585,8 @@ def plan_steps(opts: argparse.Namespace) -> list[Step]:
     first weighs less."""
     steps = []
     if "decode" in opts.parts:
-        steps += [Step("decode", d, 1.5 if i == 0 else 1.0) for i, d in enumerate(opts.dtypes)]
+        settings = [(d, g) for d in opts.dtypes for g in opts.decode]
+        steps += [Step("decode", d, 1.5 if i == 0 else 1.0, g) for i, (d, g) in enumerate(settings)]
     if "fairseq" in opts.parts:
         # fairseq's half precision on a GPU is fp16 (its --bf16 means a TPU); a CPU: fp32
         steps.append(Step("fairseq", "fp32" if opts.cpu_smoke else "fp16", 3.0))
@@ -624,16 +654,20 @@ def run_fairseq(python: Path, opts: argparse.Namespace, step: Step, limit: float
 
 def run_decode(python: Path, opts: argparse.Namespace, step: Step, limit: float) -> dict:
     """``scripts/profile_decoding.py --no-profile``: generation of every family, timed."""
+    size, beam = decode_setting(step.setting)
     if opts.cpu_smoke:
         flags = DECODE_SIZES["smoke"].split() + ["--device", "cpu"]
     else:
-        flags = scaled(DECODE_SIZES["check"], opts.scale, ("--rounds",))
+        flags = DECODE_MODELS[size].split() + scaled(
+            DECODE_SIZES["check"], opts.scale, ("--rounds",)
+        )
         flags += ["--device", "cuda"]
-    flags += ["--dtype", step.dtype, "--no-profile"]
+    flags += ["--beam", str(beam), "--dtype", step.dtype, "--no-profile"]
     flags += ["--archs", *opts.archs] if opts.archs else []
     flags += ["--data", str(opts.data)] if opts.data else []
     cmd = [str(python), str(ROOT / "scripts" / "profile_decoding.py"), *flags]
-    return run_json_command(cmd, opts.raw / f"decode_{step.dtype}.json", opts.log, limit)
+    raw = opts.raw / f"decode_{step.key.replace(' ', '_')}.json"
+    return run_json_command(cmd, raw, opts.log, limit)
 
 
 def run_benchmark(python: Path, opts: argparse.Namespace, step: Step, limit: float) -> dict:
@@ -738,7 +772,7 @@ class Report:
         if step.part == "tests":
             self.check["tests"] = result
         else:
-            self.check[step.part][step.dtype] = result
+            self.check[step.part][step.key] = result
         self.check["done"].append(step.name)
         self.write()
 
@@ -791,6 +825,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="half precisions measured (default fp16, what the targets are set in; "
         "add bf16 with a larger --budget)",
     )
+    parser.add_argument(
+        "--decode",
+        nargs="+",
+        default=[DEFAULT_DECODE],
+        metavar="SIZE-bBEAM",
+        help=f"the generation settings measured, in every --dtypes: SIZE {' or '.join(DECODE_MODELS)} "
+        "(fairseq's transformer_wmt_en_de, transformer_iwslt_de_en), BEAM the beam "
+        "(default %(default)s; e.g. --decode base-b4 iwslt-b4 base-b1 with a larger --budget)",
+    )
     parser.add_argument("--archs", nargs="+", default=[], help="NMT families (default: all)")
     parser.add_argument("--models", nargs="+", default=[], help="image models (default: all)")
     parser.add_argument("--data", type=Path, help="the NMT benchmark's data-bin")
@@ -817,6 +860,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise ValueError(f"--wheels {opts.wheels}: not a directory")
     if opts.budget <= MIN_STEP_SECONDS:
         raise ValueError(f"--budget {opts.budget:g}: at least {MIN_STEP_SECONDS:g} seconds")
+    for setting in opts.decode:
+        decode_setting(setting)
     if opts.cpu_smoke and "fp16" in opts.dtypes:
         opts.dtypes = [d for d in opts.dtypes if d != "fp16"] or ["bf16"]
     if opts.skip_tests:

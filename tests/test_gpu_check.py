@@ -166,6 +166,61 @@ def test_argument_errors(tmp_path):
         gpu_check.parse_args(["--dtypes", "fp8"])
     # fp16 needs CUDA: a CPU smoke run keeps the other dtypes
     assert gpu_check.parse_args(["--cpu-smoke", "--dtypes", "fp16", "bf16"]).dtypes == ["bf16"]
+    for setting in ("big-b4", "base-b0", "base-4", "iwslt-bx"):
+        with pytest.raises(ValueError, match=f"--decode {setting}: not SIZE-bBEAM"):
+            gpu_check.parse_args(["--decode", "base-b4", setting])
+
+
+def test_generation_settings_each_make_a_step_and_a_report_section(tmp_path, monkeypatch):
+    """--decode: the iwslt size and beam 1 beside the default, in every dtype, each run with
+    its model's size and beam and reported under its own heading."""
+    out = tmp_path / "r.md"
+    flags = ["--out", str(out), "--dtypes", "fp16", "bf16", "--parts", "decode", "fairseq"]
+    opts = gpu_check.parse_args([*flags, "--decode", "base-b4", "iwslt-b1"])
+    steps = gpu_check.plan_steps(opts)
+    assert [s.name for s in steps] == [
+        "decode fp16", "decode fp16 iwslt-b1", "decode bf16", "decode bf16 iwslt-b1",
+        "fairseq fp16",
+    ]  # fmt: skip
+    commands = {}
+
+    def run(cmd, out, log, limit):
+        commands[out.name] = cmd
+        return {"settings": {}, "results": []}
+
+    monkeypatch.setattr(gpu_check, "run_json_command", run)
+    for step in steps[:2]:
+        gpu_check.run_decode(Path(sys.executable), opts, step, 60)
+    base, iwslt = commands["decode_fp16.json"], commands["decode_fp16_iwslt-b1.json"]
+    flag = lambda cmd, name: cmd[cmd.index(name) + 1]  # noqa: E731
+    assert (flag(base, "--ffn-dim"), flag(base, "--heads"), flag(base, "--beam")) == (
+        "2048",
+        "8",
+        "4",
+    )
+    assert (flag(iwslt, "--ffn-dim"), flag(iwslt, "--heads"), flag(iwslt, "--beam")) == (
+        "1024",
+        "4",
+        "1",
+    )
+    assert flag(iwslt, "--embed-dim") == "512" and flag(iwslt, "--dtype") == "fp16"
+
+    report = gpu_check.Report(opts, steps, gpu_check.Budget(480))
+    rows = [
+        {"arch": "transformer", "wall_ms_per_step": 6.0, "median_ms_per_step": 6.5},
+        {"arch": "owf", "wall_ms_per_step": 5.0, "median_ms_per_step": 5.5},
+    ]
+    settings = dict(sentences=64, beam=1, decode_len=32, embed_dim=512, ffn_dim=1024)
+    settings.update(heads=4, levels=6, rounds=5)
+    report.record(steps[1], {"settings": settings, "results": rows})
+    written = json.loads(out.with_suffix(".json").read_text())
+    assert written["done"] == ["decode fp16 iwslt-b1"] and list(written["decode"]) == [
+        "fp16 iwslt-b1"
+    ]
+    lines = gpu_check.decode_lines(written)
+    assert "## Generation (beam search), fp16 iwslt-b1" in lines
+    assert any("beam 1, exactly 32 tokens" in line and "FF=1024, 4 heads" in line for line in lines)
+    assert "| `owf` | 5.000 | 5.500 | 1.20 | >= 1.00 met |" in lines  # fp16: the target
 
 
 def test_only_missing_packages_are_installed_at_their_pins():
@@ -212,16 +267,20 @@ def smoke_command(out: Path, data: Path, *parts: str) -> list[str]:
 def test_cpu_smoke_writes_the_report_the_raw_figures_and_the_log(data, tmp_path):
     out = tmp_path / "report" / "gpu_check.md"
     cmd = smoke_command(out, data, "decode", "fairseq", "nmt")  # images: test_the_report_...
+    cmd += ["--decode", "base-b4", "iwslt-b1"]  # the tiny model; beam 4, then greedy
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=SMOKE_ENV)
     assert proc.returncode == 0, proc.stdout[-3000:]
     report = out.read_text()
     assert "**Complete** after" in report
-    assert "Steps done: decode bf16, fairseq fp32, nmt bf16." in report
+    assert "Steps done: decode bf16, decode bf16 iwslt-b1, fairseq fp32, nmt bf16." in report
     # generation first: every model in one process, their rounds alternating
     assert "## Generation (beam search), bf16" in report
     decode = json.loads((out.parent / "gpu_check" / "decode_bf16.json").read_text())
     assert [r["arch"] for r in decode["results"]] == ["transformer", "ringformer"]
     assert all(r["wall_ms_per_step"] > 0 and r["steps"] == 4 for r in decode["results"])
+    greedy = json.loads((out.parent / "gpu_check" / "decode_bf16_iwslt-b1.json").read_text())
+    assert greedy["settings"]["beam"] == 1 and len(greedy["results"]) == 2
+    assert "## Generation (beam search), bf16 iwslt-b1" in report
     assert "| `ringformer` |" in report and "## Images" not in report
     assert "## fairseq-train and fairseq-generate, fp32" in report
     fairseq_part = report[report.index("## fairseq-train") :]
