@@ -107,9 +107,8 @@ VISION_SIZES = {
     "smoke": "--embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 --img-size 16 --patch-size 4 "
     "--batch-size 4 --warmup 1 --steps 1 --rounds 1 --threads 1",
 }
-# scripts/fairseq_speed.py: the real command lines, base size, two epochs (the second timed)
-# on 2,000 training pairs, every other batch of the test set translated, each hypothesis to 32
-# tokens (scaled with --budget)
+# scripts/profile_decoding.py: the typical batch of 64 sentences, 32 tokens each, five
+# alternating rounds (scaled with --budget); the model's size and the beam come from --decode
 DECODE_SIZES = {
     "check": "--sentences 64 --decode-len 32 --rounds 5",
     "smoke": "--embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 --sentences 2 --decode-len 3 "
@@ -136,6 +135,9 @@ def decode_setting(text: str) -> tuple[str, int]:
     return size, int(beam)
 
 
+# scripts/fairseq_speed.py: the real command lines, base size, two epochs (the second timed)
+# on 2,000 training pairs, every other batch of the test set translated, each hypothesis to 32
+# tokens (scaled with --budget)
 FAIRSEQ_SIZES = {
     "check": "--archs transformer ringformer --embed-dim 512 --ffn-dim 2048 --heads 8 "
     "--levels 6 --max-tokens 8192 --epochs 2 --max-train 2000 --workers 8",
