@@ -279,7 +279,7 @@ def test_cpu_smoke_writes_the_report_the_raw_figures_and_the_log(data, tmp_path)
     assert [r["arch"] for r in decode["results"]] == ["transformer", "ringformer"]
     assert all(r["wall_ms_per_step"] > 0 and r["steps"] == 4 for r in decode["results"])
     greedy = json.loads((out.parent / "gpu_check" / "decode_bf16_iwslt-b1.json").read_text())
-    assert greedy["settings"]["beam"] == 1 and len(greedy["results"]) == 2
+    assert greedy["settings"]["beam"] == "1" and len(greedy["results"]) == 2
     assert "## Generation (beam search), bf16 iwslt-b1" in report
     assert "| `ringformer` |" in report and "## Images" not in report
     assert "## fairseq-train and fairseq-generate, fp32" in report
