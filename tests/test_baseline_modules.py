@@ -99,24 +99,27 @@ def test_act_weights_are_the_same_without_the_ponder_bookkeeping(threshold):
         _ = acc.ponder_cost
 
 
-def test_halting_unit_casts_half_weights_once_in_inference():
-    """A half-precision model's halting unit runs in float32: in inference its weights are
-    cast once, not at every level of every step, and the cast follows updates."""
+def test_halting_unit_runs_in_float32_from_the_weights_of_now():
+    """A half-precision model's halting unit runs in float32 from its weights as they are at
+    the call (an in-place write through ``.data`` included); a decoding session passes the
+    cast made at its first step, so that a step casts the state alone; a quantized projection
+    takes the float32 state itself."""
     unit = HaltingUnit(8).half()
     state = torch.randn(2, 3, 8).half()
     with torch.no_grad():
-        unit(state)
+        params = unit.float_params()
         with count_dispatch() as log:
-            p = unit(state)
+            p = unit(state, params)
         assert log.ops["aten._to_copy"] == 1  # the state alone
-        for update in (False, True):
-            if update:
-                unit.proj.weight.mul_(-1)  # an update in place: the cast copy is stale
-            w, b = unit.proj.weight.float(), unit.proj.bias.float()
-            expected = torch.sigmoid(state.float() @ w.T + b).squeeze(-1)
-            torch.testing.assert_close(unit(state), expected)
+        unit.proj.weight.data.mul_(-1)  # no version bump
+        w, b = unit.proj.weight.float(), unit.proj.bias.float()
+        expected = torch.sigmoid(state.float() @ w.T + b).squeeze(-1)
+        torch.testing.assert_close(unit(state), expected)
         assert not torch.allclose(unit(state), p)
     assert unit(state).requires_grad  # training casts at every call, with gradients
+    quantized = torch.ao.quantization.quantize_dynamic(HaltingUnit(8), {torch.nn.Linear})
+    assert quantized.float_params() is None
+    assert quantized(state.float()).shape == (2, 3)
 
 
 def test_act_stack_reports_ponder_and_gets_gradients():

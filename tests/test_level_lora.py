@@ -8,6 +8,7 @@ import torch
 
 from recurnmt.analysis.dispatch import count_dispatch
 from recurnmt.modules import ConfigError, DepthPlan, Memory, SignalConfig, StackConfig, build_stack
+from recurnmt.modules.cache import StackCache
 from recurnmt.modules.level_lora import LINEARS, LevelLoRA, LowRankDelta
 from recurnmt.modules.relaxed_init import relax_stack, source_layers
 
@@ -162,37 +163,54 @@ def test_impossible_ranks_fail_naming_the_setting(changes, message):
 
 
 def _both_ways(stack, seed: int = 0):
-    """The stack's output in inference (LoRA folded) and with gradients on (computed beside)."""
+    """The stack decoded step by step in inference (a decoding session: LoRA folded) and its
+    full pass with gradients on (the LoRA computed beside the shared linears)."""
     g = torch.Generator().manual_seed(seed)
     x, memory = torch.randn(2, 5, 16, generator=g), torch.randn(2, 7, 16, generator=g)
     mem = Memory(memory, torch.zeros(2, 7, dtype=torch.bool))
-    with torch.no_grad(), count_dispatch() as log:
-        folded = stack(x, memory=mem).output
+    cache, logs, steps = StackCache(), [], []
+    with torch.no_grad():
+        for t in range(x.size(1)):
+            with count_dispatch() as log:
+                steps.append(stack(x[:, t : t + 1], memory=mem, cache=cache).output)
+            logs.append(log)
     with torch.enable_grad():
         beside = stack(x, memory=mem).output.detach()
-    return folded, beside, log
+    return torch.cat(steps, 1), beside, logs
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["biases", "no-biases"])
-def test_inference_folds_every_levels_lora_into_its_linears(bias):
-    """In inference a relaxed level runs each linear with W' + B A and b' + db (Relaxed
+def test_decoding_folds_every_levels_lora_into_its_linears(bias):
+    """A decoding session runs each relaxed level's linears with W' + B A and b' + db (Relaxed
     Recursive Transformers eq. 3 by associativity): the output of the LoRA computed beside
-    the shared linears, up to rounding; the folds are made once and kept while nothing
-    changes, and an update in place is seen."""
+    the shared linears, up to rounding. The folds are made at the session's first step and
+    kept for its later steps; a change of weights between sessions (an optimizer step's kind,
+    on a level's factors and on the shared block) is seen by the next session."""
     stack = build_stack(_cfg(num_unique=2, lora_rank=3, bias=bias))
     _randomise(stack)
-    stack.eval()  # switching modes drops the folds
-    folded, beside, first = _both_ways(stack)
+    stack.eval()
+    folded, beside, logs = _both_ways(stack)
     torch.testing.assert_close(folded, beside, atol=1e-5, rtol=1e-5)
-    assert first.ops["aten.baddbmm"] > 0  # the folds
-    again, _, second = _both_ways(stack)
-    assert torch.equal(again, folded) and second.ops["aten.baddbmm"] == 0  # kept
-    assert second.total < first.total
-    with torch.no_grad():  # an optimizer step's kind of change, on a level's and the block's
-        stack.levels[1].lora["ffn_down"].lowrank.up.add_(0.1)
+    assert logs[0].ops["aten.baddbmm"] > 0  # the folds, at the first step
+    assert all(log.ops["aten.baddbmm"] == 0 for log in logs[1:])  # kept by the session
+    assert logs[1].total < logs[0].total
+    with torch.no_grad():
+        stack.levels[1].lora["ffn_down"].lowrank.up.data.add_(0.1)  # no version bump
         stack.blocks[0].self_attn.out_proj.weight.mul_(1.1)
         if bias:
-            stack.levels[2].lora["cross_q"].bias.add_(0.5)
+            stack.levels[2].lora["cross_q"].bias.data.add_(0.5)
     changed, beside, _ = _both_ways(stack)
     torch.testing.assert_close(changed, beside, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(changed, folded)
+
+
+def test_passes_without_a_cache_keep_nothing():
+    """An evaluation pass without a cache computes the LoRA beside the linears: nothing is
+    derived from the weights, so nothing can outlive them."""
+    stack = build_stack(_cfg(num_unique=2, lora_rank=3)).eval()
+    _randomise(stack)
+    before = _run(stack)
+    stack.levels[0].lora["qkv"].lowrank.up.data.add_(0.5)  # a write no version sees
+    after = _run(stack)
+    assert not torch.allclose(before, after)
+    assert not any(isinstance(v, torch.Tensor) for m in stack.modules() for v in vars(m).values())

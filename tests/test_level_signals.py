@@ -140,45 +140,42 @@ def _trained_signal_stack(attn: str, ffn: str, cross: bool = False):
 @pytest.mark.parametrize(
     "attn,ffn", [("after", "input"), ("before", "inter")], ids=["eq. 6-7", "Table 4"]
 )
-def test_evaluation_folds_the_signals_into_the_weights(attn, ffn, monkeypatch):
-    """In evaluation each level's signals are folded into the weights of the projections they
+def test_decoding_folds_the_signals_into_the_weights(attn, ffn, monkeypatch):
+    """A decoding session folds each level's signals into the weights of the projections they
     feed (W + A B^T after a projection, W (I + A B^T) on its input): the same map as the
-    rank-space products training runs, computed without them."""
-    stack = _trained_signal_stack(attn, ffn)
-    x = torch.randn(2, 5, 32)
+    rank-space products training runs, computed without them. A pass without a cache
+    computes them in rank space."""
+    from recurnmt.modules.cache import StackCache
+    from recurnmt.modules.stack import Memory
+
+    stack = _trained_signal_stack(attn, ffn, cross=True)
+    x, memory = torch.randn(2, 5, 32), Memory(torch.randn(2, 6, 32), None, 1)
     stack.train()  # dropout 0: training mode computes the same function, in rank space
-    expected = stack(x).output
-    monkeypatch.setattr(LowRankSignal, "forward", lambda *a: pytest.fail("not folded"))
+    expected = stack(x, memory=memory).output.detach()
     stack.eval()
-    torch.testing.assert_close(stack(x).output, expected, atol=1e-5, rtol=1e-5)
     with torch.no_grad():
-        torch.testing.assert_close(stack(x).output, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(stack(x, memory=memory).output, expected)
+        monkeypatch.setattr(LowRankSignal, "forward", lambda *a: pytest.fail("not folded"))
+        cache = StackCache()
+        steps = [stack(x[:, t : t + 1], memory=memory, cache=cache).output for t in range(5)]
+    torch.testing.assert_close(torch.cat(steps, 1), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_folded_weight_is_kept_while_no_weight_changes():
+def test_folded_weight_is_the_same_linear_map():
+    """W + A B^T for a signal after the projection, W (I + A B^T) for one on its input, per
+    group of a fused projection; differentiable in the factors."""
     sig = LowRankSignal(8, 8, rank=2, groups=3)
     torch.nn.init.normal_(sig.up)
-    weight = torch.randn(24, 8)
-    sig.eval()
-    with torch.no_grad():
-        first = sig.fold(weight, into_input=False)
-        assert sig.fold(weight, into_input=False) is first  # kept: one product per level
-        assert sig.fold(weight, into_input=True) is not first  # another map
-        again = sig.fold(weight, into_input=False)
-        sig.up.add_(1.0)  # an in-place change (an optimizer step, load_state_dict)
-        changed = sig.fold(weight, into_input=False)
-        weight.mul_(2.0)
-        doubled = sig.fold(weight, into_input=False)
-    assert changed is not again and doubled is not changed
-    ups = sig.up.view(3, 8, 2) @ sig.down.view(3, 2, 8)
-    torch.testing.assert_close(doubled, weight + ups.reshape(24, 8))
-    # with gradients the fold is a differentiable function of the factors, never kept
-    folded = sig.fold(weight, into_input=False)
-    assert folded.requires_grad and sig.fold(weight, into_input=False) is not folded
-    folded.sum().backward()
+    weight, x = torch.randn(24, 8), torch.randn(5, 8)
+    after = sig.folded_weight(weight, into_input=False)
+    torch.testing.assert_close(x @ after.T, x @ weight.T + sig(x), atol=1e-5, rtol=1e-5)
+    before = sig.folded_weight(weight, into_input=True)
+    delta = sig(x).view(5, 3, 8)  # each projection's own input term
+    want = torch.cat([(x + delta[:, g]) @ weight[8 * g : 8 * (g + 1)].T for g in range(3)], 1)
+    torch.testing.assert_close(x @ before.T, want, atol=1e-5, rtol=1e-5)
+    after.sum().backward()
     assert sig.up.grad is not None and sig.down.grad is not None
-    sig.train()
-    assert sig._folded is None  # training drops the kept weight
+    assert not any(isinstance(v, torch.Tensor) for v in vars(sig).values())  # nothing kept
 
 
 def test_step_by_step_decoding_with_folded_signals_equals_the_full_pass():

@@ -56,9 +56,10 @@ from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.sliced_attention import SlicedGroups
 
 Probe = Callable[[Tensor], None]
-# what a level runs in place of one of a shared block's linears: the weight and bias it gives
-# for that ``nn.Linear`` (a level's signals or LoRA folded into them in evaluation)
-LinearReplacement = Callable[[nn.Linear], tuple[Tensor, Tensor | None]]
+# the weight and bias a level runs in place of one of its shared block's linears: the block's
+# own with the level's signals or LoRA folded in, made when a decoding session starts
+# (:mod:`recurnmt.modules.session`)
+LinearReplacement = tuple[Tensor, Tensor | None]
 
 
 class MemoryKV(NamedTuple):
@@ -92,10 +93,9 @@ class AttentionTerms:
             level's LoRA on them, Relaxed Recursive Transformers eq. 3).
         qkv_input_delta: added to the input of each projection, B x T x 3 x C (RingFormer
             Table 4 "before attn"): Q = W_Q (x + g_Q(x)) and so on.
-        qkv_linear: called with the fused Q/K/V projection (an ``nn.Linear``); the weight and
-            bias it returns are used in place of the projection's own (:data:`LinearReplacement`):
-            a level's signals or LoRA folded into the weight in evaluation
-            (:meth:`~recurnmt.modules.level_signals.LowRankSignal.fold`).
+        qkv_linear: the weight and bias used in place of the fused Q/K/V projection's own
+            (:data:`LinearReplacement`): a level's signals or LoRA folded into them for a
+            decoding session (:mod:`recurnmt.modules.session`).
         q_delta: added after a cross-attention's query projection, B x T x C (a relaxed
             level's LoRA on W_Q; self-attention takes its Q term in ``qkv_delta``).
         q_linear: in place of a cross-attention's query projection, as ``qkv_linear``.
@@ -160,11 +160,11 @@ def _one_replacement(
     return a if a is not None else b
 
 
-def linear(x: Tensor, module: nn.Linear, replacement: LinearReplacement | None) -> Tensor:
-    """``module(x)``, or with the weight and bias ``replacement`` gives for ``module``."""
+def linear(x: Tensor, module: nn.Module, replacement: LinearReplacement | None) -> Tensor:
+    """``module(x)`` (its hooks fire), or the linear map with ``replacement``'s weight and bias."""
     if replacement is None:
         return module(x)
-    return F.linear(x, *replacement(module))
+    return F.linear(x, *replacement)
 
 
 def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:

@@ -6,7 +6,8 @@ it per level instead: level i's self-attention keys and values, and the projecte
 memory of every unique block (computed at the first step only, then read back: a fully shared
 decoder projects the memory once per sentence), and the memory as a relaxed level reads it
 (its own LoRA term on the keys and values, Relaxed Recursive Transformers eq. 3). Levels
-therefore never mix their states.
+therefore never mix their states. It also holds the session's tensors derived from the weights
+(:mod:`recurnmt.modules.session`), so that they live exactly as long as the keys and values.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from recurnmt.modules.attention import MemoryKV, additive_mask
 from recurnmt.modules.kv_cache import KVCache
+from recurnmt.modules.session import DecodingSession
 
 
 class StackCache:
@@ -27,6 +29,9 @@ class StackCache:
         memory: ``memory[b]`` is unique block b's projected memory.
         level_memory: ``level_memory[i]`` is the memory as relaxed level i reads it (only
             levels with their own term on the keys and values).
+        session: what this decoding session derives from the weights (folded linears, ACT's
+            float32 halting unit; :mod:`recurnmt.modules.session`), made by the stack at the
+            first step in inference and living as long as this state.
     """
 
     def __init__(
@@ -38,6 +43,7 @@ class StackCache:
         self.levels: dict[int, KVCache] = {} if levels is None else levels
         self.memory: dict[int, MemoryKV] = {} if memory is None else memory
         self.level_memory: dict[int, MemoryKV] = {} if level_memory is None else level_memory
+        self.session: DecodingSession | None = None
 
     def level(self, index: int) -> KVCache:
         """Level ``index``'s state (created empty at the first step)."""
@@ -59,7 +65,9 @@ class StackCache:
         levels = {i: kv.reorder(new_order) for i, kv in self.levels.items()}
         memory = {b: _select_memory(kv, new_order) for b, kv in self.memory.items()}
         relaxed = {i: _select_memory(kv, new_order) for i, kv in self.level_memory.items()}
-        return StackCache(levels, memory, relaxed)
+        moved = StackCache(levels, memory, relaxed)
+        moved.session = self.session  # derived from the weights, not from the rows
+        return moved
 
 
 def _select_memory(kv: MemoryKV, new_order: Tensor) -> MemoryKV:

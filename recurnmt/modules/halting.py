@@ -49,33 +49,34 @@ class HaltingUnit(nn.Module):
         self.threshold = threshold
         self.proj = nn.Linear(embed_dim, 1)
         nn.init.constant_(self.proj.bias, bias_init)
-        # inference: (key, w, b) in float32 for a half-precision model (not saved: no buffer)
-        self._float_cache: tuple[object, Tensor, Tensor] | None = None
 
-    def forward(self, state: Tensor) -> Tensor:
-        """p_t (B x T) in float32 for a state of any dtype (see the module docstring)."""
-        weight, bias = self._float_params()
+    def forward(self, state: Tensor, params: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """p_t (B x T) in float32 for a state of any dtype (see the module docstring);
+        ``params``: w and b as :meth:`float_params` gives them, made once by a decoding
+        session (:mod:`recurnmt.modules.session`), else here."""
         device = state.device.type
         # autocast would pick bf16; entering it only where it is on saves a decoding step's time
         off = torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else None
         with off or contextlib.nullcontext():
-            logit = nn.functional.linear(state.float(), weight, bias)
+            params = params or self.float_params()
+            if params is None:  # not a plain linear (quantized): it takes the float32 state
+                logit = self.proj(state.float())
+            else:
+                logit = nn.functional.linear(state.float(), *params)
         return torch.sigmoid(logit).squeeze(-1)
 
-    def _float_params(self) -> tuple[Tensor, Tensor]:
-        """w and b in float32. A half-precision model's are cast at every call in training (the
-        cast is differentiable); in inference the casts are made once per parameter version:
-        a decoding step asks at every level, and each cast is a kernel launch on a GPU."""
-        weight, bias = self.proj.weight, self.proj.bias
+    def float_params(self) -> tuple[Tensor, Tensor] | None:
+        """w and b in float32: a half-precision model's cast (differentiably; a decoding
+        session casts once, at its first step), a float32 model's as they are; None where the
+        projection is not a plain ``nn.Linear`` (dynamic quantisation replaces it by one that
+        computes from the float32 state itself)."""
+        proj = self.proj
+        if type(proj) is not nn.Linear:
+            return None
+        weight, bias = proj.weight, proj.bias
         if weight.dtype == torch.float32 and bias.dtype == torch.float32:
             return weight, bias
-        if torch.is_grad_enabled():
-            return weight.float(), bias.float()
-        key = tuple([(p.data_ptr(), p._version, p.dtype, p.device) for p in (weight, bias)])
-        cached = self._float_cache
-        if cached is None or cached[0] != key:
-            cached = self._float_cache = (key, weight.detach().float(), bias.detach().float())
-        return cached[1], cached[2]
+        return weight.float(), bias.float()
 
 
 class HaltingAccumulator:

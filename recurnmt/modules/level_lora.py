@@ -77,7 +77,6 @@ class LowRankDelta(nn.Module):
         # LoRA's initialisation (Hu et al. 2021): up factor zero, down Kaiming-uniform
         self.lowrank = LowRankSignal(in_dim, out_dim, rank, groups, down_init="kaiming")
         self.bias = nn.Parameter(torch.zeros(groups * out_dim)) if bias else None
-        self._folded: tuple | None = None  # (key, sources, W' + B A, b' + db) of the last fold
 
     @property
     def rank(self) -> int:
@@ -87,37 +86,13 @@ class LowRankDelta(nn.Module):
         out = self.lowrank(x)  # ... x (G * out), in rank space
         return out if self.bias is None else out + self.bias
 
-    def folded(self, linear: nn.Linear) -> tuple[Tensor, Tensor | None]:
-        """The weight and bias of ``linear`` with this term folded in, ``W' + B A`` and
+    def folded(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """A linear's ``weight`` and ``bias`` with this term folded in, ``W' + B A`` and
         ``b' + db``: the same linear map as ``linear(x) + self(x)`` (Relaxed Recursive
-        Transformers eq. 3, by associativity), as one plain linear. Without gradients both are
-        kept while their sources are the same storages at the same versions (an in-place
-        update is seen): a level then runs its linears with as many operations as an
-        unshared layer. The check reads the parameters without ``nn.Module``'s attribute
-        lookup: it runs on every linear of every level of a decoding step."""
-        signal = self.lowrank
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return signal.folded_weight(linear.weight, False), _sum(linear.bias, self.bias)
-        sources = (
-            linear._parameters["weight"],
-            linear._parameters.get("bias"),
-            signal._parameters["up"],
-            signal._parameters["down"],
-            self._parameters.get("bias"),  # None without bias deltas (no parameter then)
-        )
-        # a list comprehension: a generator resumes (a Python call) once per source
-        key = tuple([None if t is None else (t.data_ptr(), t._version) for t in sources])
-        cached = self._folded
-        if cached is None or cached[0] != key:
-            weight = signal.folded_weight(sources[0], into_input=False)
-            # the sources are held, so their addresses stay theirs while the key lives
-            cached = (key, sources, weight, _sum(sources[1], sources[4]))
-            self._folded = cached
-        return cached[2], cached[3]
-
-    def train(self, mode: bool = True) -> LowRankDelta:
-        self._folded = None  # training changes the weights: drop the folded ones
-        return super().train(mode)
+        Transformers eq. 3, by associativity), as one plain linear. Made when a decoding
+        session starts (:mod:`recurnmt.modules.session`): a relaxed level then runs its linears
+        with as many operations as an unshared layer."""
+        return self.lowrank.folded_weight(weight, into_input=False), _sum(bias, self.bias)
 
     @torch.no_grad()
     def set_difference(self, weight: Tensor, bias: Tensor | None = None) -> None:

@@ -23,23 +23,24 @@ Keeping these out of the block means the block's parameters are registered once,
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+from collections.abc import Mapping
+from types import MappingProxyType
 
-import torch
 from torch import Tensor, nn
+from torch.nn.modules import module as _module
 
 from recurnmt.modules.attention import (
     AttentionTerms,
     LinearReplacement,
     MemoryKV,
     add_to_memory,
-    combine_terms,
 )
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
-from recurnmt.modules.level_lora import LevelLoRA
+from recurnmt.modules.level_lora import LINEARS, LevelLoRA
 from recurnmt.modules.level_signals import LowRankSignal
 from recurnmt.modules.sliced_attention import SlicedGroups
+
+NOTHING: Mapping[str, LinearReplacement] = MappingProxyType({})  # no linear folded
 
 
 class LevelParts(nn.Module):
@@ -128,58 +129,86 @@ class LevelParts(nn.Module):
         """The level's output: the NLL applied to the block output, if any (SReT eq. 6)."""
         return x if self.nll is None else self.nll(x)
 
-    def _folds(self, signal: nn.Module | None) -> bool:
-        """In evaluation a low-rank signal is folded into the weight of its projection
-        (:meth:`LowRankSignal.fold`), unless the level's LoRA also reads that projection."""
-        return isinstance(signal, LowRankSignal) and not self.training and self.lora is None
+    def fold_linears(self, block: nn.Module) -> dict[str, LinearReplacement]:
+        """The weights and biases this level runs in place of its block's linears, with its
+        low-rank signals (RingFormer eq. 5-7, :meth:`LowRankSignal.folded_weight`) and its LoRA
+        and bias deltas (Relaxed Recursive Transformers eq. 3, :meth:`LowRankDelta.folded`)
+        folded in: the same linear maps, one matrix product each. Keyed as
+        :data:`~recurnmt.modules.level_lora.LINEARS`; a linear that is not a plain
+        ``nn.Linear`` (a quantized one) or that has forward hooks is left out, and the level
+        computes its terms beside it. Made when a decoding session starts, from the weights as
+        they are then (:mod:`recurnmt.modules.session`); nothing here is kept."""
+        # the LoRA first: a signal on the FFN's input also reaches the LoRA's input,
+        # (W + B A)(I + S), where a signal after the projection only adds, W + B A + S
+        sources: dict[str, list[tuple[nn.Module, bool]]] = {}
+        for name, delta in (self.lora or {}).items():
+            if name != "cross_kv":  # the memory's keys/values: once per sentence already
+                sources[name] = [(delta, False)]
+        if isinstance(self.attn_signal, LowRankSignal):
+            sources.setdefault("qkv", []).append((self.attn_signal, self.attn_place == "before"))
+        if isinstance(self.ffn_signal, LowRankSignal):
+            sources.setdefault("ffn_up", []).append((self.ffn_signal, self.ffn_place == "input"))
+        folded = {}
+        for name, terms in sources.items():
+            linear = block.get_submodule(LINEARS[name][0])
+            if not _plain(linear):
+                continue
+            weight, bias = linear.weight, linear.bias
+            for term, into_input in terms:
+                if isinstance(term, LowRankSignal):
+                    weight = term.folded_weight(weight, into_input)
+                else:
+                    weight, bias = term.folded(weight, bias)
+            folded[name] = (weight, bias)
+        return folded
 
-    @property
-    def _folds_lora(self) -> bool:
-        """In inference (evaluation, no gradients) a relaxed level runs every linear with its
-        LoRA and bias delta folded into the weight and bias (:meth:`LowRankDelta.folded`),
-        kept while nothing changes: a decoding step then costs what an unshared layer's
-        does, for a copy of the block's weights per level held in memory."""
-        return self.lora is not None and not self.training and not torch.is_grad_enabled()
-
-    def _lora_linear(self, name: str) -> LinearReplacement:
-        return self.lora[name].folded
-
-    def attention_terms(self, h: Tensor) -> AttentionTerms | None:
+    def attention_terms(
+        self, h: Tensor, folded: Mapping[str, LinearReplacement] = NOTHING
+    ) -> AttentionTerms | None:
         """This level's terms for the self-attention on h (B x T x C): Q/K/V signals
         (RingFormer eq. 6), the LoRA on Q/K/V and on the output (Relaxed Recursive
-        Transformers eq. 3) and group slicing (SReT sec. 4)."""
-        terms = AttentionTerms(slicing=self.slicing) if self.slicing is not None else None
-        if self._folds(self.attn_signal):
-            fold = functools.partial(self.attn_signal.fold, into_input=self.attn_place == "before")
-            terms = combine_terms(terms, AttentionTerms(qkv_linear=_folded_weight(fold)))
-        elif self.attn_signal is not None:
-            delta = self.attn_signal(h)  # B x T x 3C
-            if self.attn_place == "after":
-                signal = AttentionTerms(qkv_delta=delta)
-            else:
-                signal = AttentionTerms(qkv_input_delta=delta.unflatten(-1, (3, h.size(-1))))
-            terms = combine_terms(terms, signal)
-        if self._folds_lora:
-            lora = AttentionTerms(
-                qkv_linear=self._lora_linear("qkv"), out_linear=self._lora_linear("out")
-            )
-            terms = combine_terms(terms, lora)
-        elif self.lora is not None:
-            lora = AttentionTerms(qkv_delta=self.lora["qkv"](h), out_delta=self.lora["out"])
-            terms = combine_terms(terms, lora)
-        return terms
+        Transformers eq. 3) and group slicing (SReT sec. 4); a linear in ``folded``
+        (:meth:`fold_linears`) carries its terms in its weights."""
+        qkv, out = folded.get("qkv"), folded.get("out")
+        qkv_delta = qkv_input_delta = out_delta = None
+        if qkv is None:
+            if self.attn_signal is not None:
+                delta = self.attn_signal(h)  # B x T x 3C
+                if self.attn_place == "after":
+                    qkv_delta = delta
+                else:
+                    qkv_input_delta = delta.unflatten(-1, (3, h.size(-1)))
+            if self.lora is not None:
+                lora = self.lora["qkv"](h)
+                qkv_delta = lora if qkv_delta is None else qkv_delta + lora
+        if out is None and self.lora is not None:
+            out_delta = self.lora["out"]
+        if qkv is qkv_delta is qkv_input_delta is out is out_delta is self.slicing is None:
+            return None
+        return AttentionTerms(
+            qkv_delta=qkv_delta,
+            qkv_input_delta=qkv_input_delta,
+            qkv_linear=qkv,
+            out_delta=out_delta,
+            out_linear=out,
+            slicing=self.slicing,
+        )
 
-    def cross_attention_terms(self, h: Tensor) -> AttentionTerms | None:
+    def cross_attention_terms(
+        self, h: Tensor, folded: Mapping[str, LinearReplacement] = NOTHING
+    ) -> AttentionTerms | None:
         """This level's terms for the cross-attention from h (B x T x C): the LoRA on the
-        query and output projections (Relaxed Recursive Transformers eq. 3); its keys and
-        values come from :meth:`level_memory`."""
+        query and output projections (Relaxed Recursive Transformers eq. 3), folded into
+        them where ``folded`` has them; its keys and values come from :meth:`level_memory`."""
         if self.lora is None or "cross_q" not in self.lora:
             return None
-        if self._folds_lora:
-            return AttentionTerms(
-                q_linear=self._lora_linear("cross_q"), out_linear=self._lora_linear("cross_out")
-            )
-        return AttentionTerms(q_delta=self.lora["cross_q"](h), out_delta=self.lora["cross_out"])
+        q, out = folded.get("cross_q"), folded.get("cross_out")
+        return AttentionTerms(
+            q_delta=self.lora["cross_q"](h) if q is None else None,
+            q_linear=q,
+            out_delta=self.lora["cross_out"] if out is None else None,
+            out_linear=out,
+        )
 
     @property
     def relaxes_memory(self) -> bool:
@@ -193,28 +222,30 @@ class LevelParts(nn.Module):
             return kv
         return add_to_memory(kv, self.lora["cross_kv"](states))  # B x S x 2C
 
-    def ffn_deltas(self, h: Tensor) -> dict[str, object]:
+    def ffn_deltas(
+        self, h: Tensor, folded: Mapping[str, LinearReplacement] = NOTHING
+    ) -> dict[str, object]:
         """FFN keyword arguments carrying this level's FFN signal (RingFormer eq. 7) and its
-        LoRA on the two projections (Relaxed Recursive Transformers eq. 3)."""
+        LoRA on the two projections (Relaxed Recursive Transformers eq. 3), as replaced
+        weights where ``folded`` has them."""
         deltas: dict[str, object] = {}
-        if self._folds(self.ffn_signal):
-            into_input = self.ffn_place == "input"
-            fold = functools.partial(self.ffn_signal.fold, into_input=into_input)
-            deltas["linears"] = {"up": _folded_weight(fold)}
-        elif self.ffn_signal is not None:
-            key = "input_delta" if self.ffn_place == "input" else "hidden_delta"
-            deltas[key] = self.ffn_signal(h)
-        if self.lora is not None and "ffn_up" in self.lora:
-            if self._folds_lora:
-                up, down = self._lora_linear("ffn_up"), self._lora_linear("ffn_down")
-                deltas["linears"] = {"up": up, "down": down}
-            else:
+        up, down = folded.get("ffn_up"), folded.get("ffn_down")
+        if up is not None or down is not None:
+            deltas["linears"] = {k: v for k, v in (("up", up), ("down", down)) if v is not None}
+        if up is None:
+            if self.ffn_signal is not None:
+                key = "input_delta" if self.ffn_place == "input" else "hidden_delta"
+                deltas[key] = self.ffn_signal(h)
+            if self.lora is not None and "ffn_up" in self.lora:
                 deltas["up_delta"] = self.lora["ffn_up"]
-                deltas["down_delta"] = self.lora["ffn_down"]
+        if down is None and self.lora is not None and "ffn_down" in self.lora:
+            deltas["down_delta"] = self.lora["ffn_down"]
         return deltas
 
 
-def _folded_weight(fold: Callable[[Tensor], Tensor]) -> LinearReplacement:
-    """A replacement of a linear's weight by ``fold(weight)``, its bias kept (a RingFormer
-    signal folded into its projection, :meth:`LowRankSignal.fold`)."""
-    return lambda linear: (fold(linear.weight), linear.bias)
+def _plain(linear: nn.Module) -> bool:
+    """``linear`` is an ``nn.Linear`` (not a subclass: a quantized or wrapped linear keeps its
+    own forward) with no forward hook of its own or global: a replacement would skip both."""
+    hooks = (linear._forward_hooks, linear._forward_pre_hooks)
+    global_hooks = (_module._global_forward_hooks, _module._global_forward_pre_hooks)
+    return type(linear) is nn.Linear and not any(hooks) and not any(global_hooks)

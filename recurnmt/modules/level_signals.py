@@ -27,15 +27,17 @@ Several signals of one level that read the same input (Q, K and V, eq. 6) are co
 one module with ``groups`` > 1: a single down-projection to ``groups * r`` values, then one
 batched up-projection per group.
 
-In evaluation a low-rank signal is folded into the weight of the projection it feeds
-(:meth:`LowRankSignal.fold`): a signal added after a projection W gives W x + A B^T x =
+For decoding a low-rank signal is folded into the weight of the projection it feeds
+(:meth:`LowRankSignal.folded_weight`): a signal added after a projection W gives W x + A B^T x =
 (W + A B^T) x, one on its input gives W (x + A B^T x) = (W + (W A) B^T) x, the same linear map
 by associativity (eq. 5-7 unchanged), computed as one matrix product per level. The folded
-weight is kept while no weight changes (inference, ``torch.no_grad``), so a decoding step
-runs a RingFormer level with the operations of a plain shared block. On a GPU a beam-search
-step is bound by the host's dispatch of small operations (docs/gpu.md): at base size on an
-H100 the fold took RingFormer's step from 264 to 221 kernels (fairseq's transformer: 291;
-``scripts/profile_decoding.py``). Training keeps the rank-space products.
+weight is made when a decoding session starts and lives as long as it
+(:mod:`recurnmt.modules.session`), so a decoding step runs a RingFormer level with the
+operations of a plain shared block. On a GPU a beam-search step is bound by the host's dispatch
+of small operations (docs/gpu.md): at base size on an H100 the fold took RingFormer's step from
+264 to 221 kernels (fairseq's transformer: 291; ``scripts/profile_decoding.py``). Every other
+pass (training, evaluation passes, scoring) keeps the rank-space products: nothing derived
+from the weights is ever kept on the module.
 """
 
 from __future__ import annotations
@@ -90,44 +92,19 @@ class LowRankSignal(nn.Module):
             nn.init.normal_(self.down, std=down_std)
         else:
             nn.init.kaiming_uniform_(self.down, a=math.sqrt(5))
-        self._folded: tuple | None = None  # (key, sources, weight) of the last fold
 
-    def fold(self, weight: Tensor, into_input: bool) -> Tensor:
+    def folded_weight(self, weight: Tensor, into_input: bool) -> Tensor:
         """``weight`` (``groups * out`` x in) with the signals folded in (module docstring).
 
         Args:
             weight: the projection's weight W, its rows grouped as the signals' outputs.
             into_input: the signal is added to the projection's input (W (I + A B^T), so
                 the signal's width is W's input width), else to its output (W + A B^T).
-
-        Without gradients the result is kept and returned again while ``weight`` and both
-        factors are the same tensors at the same version (no in-place change since).
         """
-        sources = (weight, self.up, self.down)
-        caching = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        if caching:
-            # a list comprehension: a generator resumes (a Python call) once per source
-            key = (into_input, *[(t.data_ptr(), t._version) for t in sources])
-            if self._folded is not None and self._folded[0] == key:
-                return self._folded[2]
-        folded = self.folded_weight(weight, into_input)
-        if caching:
-            # the sources' storage is held, so no other tensor can take their addresses while
-            # the key lives; an in-place change (an optimizer step, load_state_dict) bumps
-            # the version counter, which detached views share
-            self._folded = (key, tuple(t.detach() for t in sources), folded)
-        return folded
-
-    def folded_weight(self, weight: Tensor, into_input: bool) -> Tensor:
-        """:meth:`fold`'s product, computed at every call (no cache)."""
         g = self.groups
         w = weight.view(g, weight.size(0) // g, weight.size(1))  # G x out x in
         up = torch.bmm(w, self.up) if into_input else self.up  # G x out x r: W A or A
         return torch.baddbmm(w, up, self.down.view(g, self.rank, -1)).view_as(weight)
-
-    def train(self, mode: bool = True) -> LowRankSignal:
-        self._folded = None  # training changes the weights: drop the folded one
-        return super().train(mode)
 
     def forward(self, x: Tensor) -> Tensor:
         # flattened to N x in: two plain matrix products (a 3-D matmul adds a view and a copy

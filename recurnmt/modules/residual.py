@@ -110,7 +110,7 @@ class ResidualCoefficients(nn.Module):
         """``main_coef[index] * main + skip_coef[index] * skip`` (SReT eq. 9)."""
         if self.mode == "none":  # the plain residual of every other family's blocks
             return skip + main
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
             skip_coef = self.skip[index] if self.skip is not None else None
             main_coef = self.main[index] if self.main is not None else None
         else:
@@ -121,8 +121,11 @@ class ResidualCoefficients(nn.Module):
     def _inference(self) -> tuple[list[Tensor | None], list[Tensor | None]]:
         """The coefficients as 0-dim views, skip then main, without autograd: indexing a
         parameter dispatches a ``select`` at every call (four per level and decoding step
-        in a block of two sub-layers). Views see in-place updates; a new storage (``to``,
-        ``half``) makes new ones."""
+        in a block of two sub-layers). The views alias the parameters' storage, nothing is
+        copied: they see every in-place write (``.data`` and fused optimizers included), and a
+        new storage (``to``, ``half``, ``.data = ...``, ``vector_to_parameters``) has another
+        address, since the views keep the old one alive, and makes new ones. Under
+        ``torch.compile`` the parameters are indexed (an address is no graph input)."""
         skip, main = self.skip, self.main
         # spelled out: a decoding step asks four times a level (SReT), and a generator here
         # made 24 of the 417 Python calls of a level

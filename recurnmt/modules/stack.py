@@ -39,6 +39,7 @@ from recurnmt.modules.halting import HaltingAccumulator, HaltingUnit
 from recurnmt.modules.hooks import LevelHook
 from recurnmt.modules.level_parts import LevelParts
 from recurnmt.modules.memory import Memory, level_memory
+from recurnmt.modules.session import DecodingSession
 from recurnmt.modules.untie import untie
 
 
@@ -107,8 +108,7 @@ class RecurrentStack(nn.Module):
         self.checkpoint_segment = segment if self.grad_checkpointing else 0
 
     def set_compile(self, settings: CompileSettings | None) -> None:
-        """Runs full passes through ``torch.compile`` from now on (None: eagerly again); see
-        :mod:`recurnmt.modules.compile`."""
+        """Full passes through ``torch.compile`` from now on (None: eagerly), modules/compile.py."""
         self.compile_settings = settings
 
     def set_depth(self, depth: int | None) -> None:
@@ -178,14 +178,14 @@ class RecurrentStack(nn.Module):
         hooks: Sequence[LevelHook],
     ) -> StackOutput:
         """The pass of :meth:`forward`, which may compile it."""
-        kv = {}
-        if memory is not None:
-            kv = level_memory(self.blocks, self.levels, self.plan, memory, cache)
+        kv = level_memory(self.blocks, self.levels, self.plan, memory, cache) if memory else {}
         order = self.active_levels if levels is None else levels
         act = self.halting  # with a cache (incremental decoding) no ponder cost is asked
         halting = HaltingAccumulator(x, act.threshold, ponder=cache is None) if act else None
-        # with a cache every level must fill its keys/values for later steps
-        may_stop = cache is None and not any(hook.needs_all_levels for hook in hooks)
+        session = None if cache is None else DecodingSession.of(self, cache)
+        # a cache needs every level's keys/values; compiled, all run (no test, no graph break)
+        stops = cache is None and not torch.compiler.is_compiling()
+        may_stop = stops and not any(hook.needs_all_levels for hook in hooks)
         segment = 0 if cache is not None else self._segment_length(x, len(order), hooks)
         if segment:
             level = partial(self._level, padding_mask=padding_mask, cache=None, hooks=hooks)
@@ -195,7 +195,7 @@ class RecurrentStack(nn.Module):
             order = ()
         for step, i in enumerate(order):
             last = halting is not None and step == len(order) - 1  # ACT: the last level takes R
-            x = self._level(i, x, kv, padding_mask, cache, hooks, halting, last)
+            x = self._level(i, x, kv, padding_mask, cache, hooks, halting, last, session)
             if halting is not None and may_stop and halting.all_halted():
                 break
         ponder = None
@@ -215,15 +215,16 @@ class RecurrentStack(nn.Module):
         hooks: Sequence[LevelHook],
         halting: HaltingAccumulator | None = None,
         last: bool = False,
+        session: DecodingSession | None = None,
     ) -> Tensor:
-        """Level ``i``: its input (level embedding, hooks), ACT's weights, its block (under a
-        checkpoint in training when asked), the hooks on its output."""
-        parts = self.levels[i]
+        """Level ``i`` (or a decoding ``session``'s): its input (level embedding, hooks), ACT's
+        weights, its block (under a checkpoint in training when asked), the output hooks."""
+        parts = self.levels[i] if session is None else session.levels[i]
         x = parts.enter(x)
         for hook in hooks:
             x = hook.before_level(i, x)
         if halting is not None:
-            weights = halting.weights(self.halting(x), last=last)
+            weights = halting.weights(self.halting(x, session and session.halting), last=last)
         block = self.blocks[self.plan.block_of_level[i]]
         level_cache = None if cache is None else cache.level(i)
         kwargs = dict(padding_mask=padding_mask, memory=kv.get(i), cache=level_cache, hooks=hooks)
