@@ -55,6 +55,7 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             add_positions=not stack_cfg.coordinates.positions_every_level,
         )
         self.padding_idx = self.embed.padding_idx
+        self._stateful: list[nn.Module] | None = None  # submodules with their own state
         self.stack_cfg = stack_cfg  # what the stack was built from (analysis, tests)
         self.positions_every_level = stack_cfg.coordinates.positions_every_level
         self.stack = build_stack(stack_cfg)
@@ -183,11 +184,26 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
 
         fairseq's walks every submodule and reorders each that has a
         ``reorder_incremental_state``, as its attention modules own their states. Here the
-        decoder holds the whole stack's state (the module docstring) and no submodule has
-        one, so the walk is skipped: 0.1-0.5 ms a step at six levels on a CPU, host time,
-        which a beam-search step on a GPU is bound by.
+        decoder holds the whole stack's state (the module docstring), and the walk, 0.1-0.5
+        ms a step at six levels on a CPU (host time, which a beam-search step on a GPU is
+        bound by), runs once per mode switch: the submodules with a state of their own (none
+        of recurnmt's; a subclass may add some) are found then and reordered at every step.
         """
         self.reorder_incremental_state(incremental_state, new_order)
+        if self._stateful is None:
+            self._stateful = [
+                m
+                for m in self.modules()
+                if m is not self and hasattr(m, "reorder_incremental_state")
+            ]
+        for module in self._stateful:
+            result = module.reorder_incremental_state(incremental_state, new_order)
+            if result is not None:  # fairseq's protocol: a module may return a new state
+                incremental_state = result
+
+    def train(self, mode: bool = True) -> RecurrentDecoder:
+        self._stateful = None  # modules may have been added: found again at the next reorder
+        return super().train(mode)
 
 
 def rows_per_sentence(encoder_out: dict[str, list[Tensor]]) -> int:
