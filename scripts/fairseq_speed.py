@@ -21,15 +21,16 @@ translates every N-th batch of the test set (fairseq-generate's ``--distributed-
     python scripts/fairseq_speed.py --device cpu --dtype fp32 --embed-dim 32 --ffn-dim 64 \\
         --heads 2 --levels 2 --max-tokens 1024 --max-train 300 --gen-shards 25   # a smoke run
 
-``make gpu-check`` runs it as its first measurement. ``--sdpa no-cudnn-anywhere`` runs every
-command with cuDNN's attention off for every model, fairseq's ``transformer`` included
-(``RECURNMT_SDPA``, recurnmt/modules/sdpa.py): its first epoch then meets no cuDNN plan either.
+``make gpu-check`` runs it as its first measurement. By default every command runs with cuDNN's
+attention last in torch's order for every model, fairseq's ``transformer`` included (torch's
+``TORCH_CUDNN_SDPA_DEPRIORITIZED``, which the plugin sets: recurnmt/modules/sdpa.py); ``--sdpa
+torch`` runs them with torch's own order (cuDNN first on Hopper), for the first epoch with
+cuDNN's per-shape plans.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -38,8 +39,9 @@ import sys
 from pathlib import Path
 
 from recurnmt.cli import UserError, entry_point
-from recurnmt.modules.sdpa import ENV, POLICIES, parse_policy
+from recurnmt.modules.sdpa import ENV, POLICIES, parse_policy, set_policy
 from recurnmt.nmt.quiet import quiet_env
+from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.commands import generate_command, run_logged, train_command
 from recurnmt.runs.experiment import decoding_flags, recipe_flags, run_flags, size_flags
 from recurnmt.runs.fairseq_log import epoch_stats, generation_speed
@@ -181,8 +183,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--sdpa",
         choices=POLICIES,
-        help=f"{ENV} for every command (default: this environment's, else no-cudnn): which "
-        "attention kernels recurnmt's models may take; no-cudnn-anywhere: every model's",
+        help=f"{ENV} for every command (default: this environment's, else no-cudnn): "
+        "no-cudnn leaves cuDNN's attention last in torch's order for every model, torch "
+        "keeps torch's (cuDNN first on Hopper)",
     )
     args = parser.parse_args(argv)
     if args.gen_len < 0:
@@ -204,6 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
         check_arch(arch)
     if args.sdpa:  # the commands' environment (run_logged passes this process's on)
         os.environ[ENV] = args.sdpa
+        set_policy(args.sdpa)  # and torch's switches, which importing recurnmt set here
     data = prepare_data(args)
     settings = {k: str(v) for k, v in vars(args).items() if k != "json"}
     doc = {"device": args.device, "dtype": args.dtype, "settings": settings, "results": []}
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
         doc["complete"] = len(doc["results"]) == len(args.archs)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+            write_json(args.json, doc)
     print(table(doc["results"]))
     return doc
 

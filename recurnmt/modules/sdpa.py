@@ -1,51 +1,64 @@
-"""Which fused kernel ``scaled_dot_product_attention`` may take on a GPU, for recurnmt's attention.
+"""Which fused kernel ``scaled_dot_product_attention`` takes for recurnmt's attention.
 
-On Hopper GPUs (H100, H200) torch tries cuDNN's attention first for fp16 and bf16. cuDNN
-builds an execution plan for every new problem shape (batch, heads, query and key lengths,
-mask) the first time it meets it, and a plan costs milliseconds of host time, much more than
-the call itself (``scripts/sdpa_first_call.py`` measures both; docs/gpu.md has the figures).
-Where shapes repeat, the plans are built once and cached (``TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT``
-plans); where they keep changing, every call may pay one. Beam search is the extreme case: the
-keys of the self-attention cache grow by one at every step and the batch shrinks as sentences
-finish, so nearly every decoding step meets a shape never seen before. fairseq's own
-incremental attention is not on SDPA and never pays this.
+On Hopper and Blackwell GPUs torch 2.10 and later try cuDNN's attention first for fp16 and
+bf16. cuDNN builds an execution plan for every new problem shape (batch, heads, query and key
+lengths, mask) the first time it meets it, and a plan costs milliseconds of host time, much more
+than the call itself (``scripts/sdpa_first_call.py`` measures both; docs/gpu.md has the
+figures). Beam search is the extreme case: the keys of the self-attention cache grow by one at
+every step and the batch shrinks as sentences finish, so nearly every step meets a new shape.
+Flash attention and the memory-efficient kernel build nothing per shape, and on an H100 they
+were as fast or faster on shapes already seen (docs/gpu.md).
 
-``RECURNMT_SDPA`` (an environment variable, read once at import; :func:`set_policy` in a
-program) chooses, for recurnmt's attention calls only:
+What is chosen, and how to change it (``docs/gpu.md``, "Attention kernels"):
 
-* ``no-cudnn`` (default): cuDNN's kernels are left out; flash attention or the memory-efficient
-  kernel take the call (the math path where neither can), and they build nothing per shape.
-  Measured on an H100 (fp16, docs/gpu.md): a new shape cost cuDNN 40-55 ms in decoding and
-  120-145 ms in a training step against under 0.1 ms for flash and memory-efficient, and on
-  shapes already seen flash and memory-efficient were as fast or faster (decoding 0.054 vs
-  0.053-0.061 ms per call, cross-attention 0.095 vs 0.106-0.113, training 0.34 vs 0.57-0.70);
-* ``torch``: torch's own choice (recurnmt changes nothing);
-* ``no-cudnn-anywhere``: cuDNN's attention switched off for the whole process when the policy
-  is set (at import, or by :func:`set_policy`; switched back on when another policy is set), so
-  that every model's attention, fairseq's own ``transformer`` included, goes without it: for
-  comparing fairseq's models with recurnmt's on equal terms, or a first epoch with and without
-  cuDNN's plans (``RECURNMT_SDPA=no-cudnn-anywhere fairseq-train --user-dir user_dir ...``, or
-  ``scripts/fairseq_speed.py --sdpa no-cudnn-anywhere``).
+* **By default** recurnmt asks torch itself to put cuDNN's attention last in its priority
+  order, with torch's own switch: ``TORCH_CUDNN_SDPA_DEPRIORITIZED=1`` (and
+  ``TORCH_CUDNN_SDPA_PREFERRED=0``, the spelling of the releases before it), set in the
+  environment when recurnmt is imported, unless the user set either. torch reads it once, at
+  the process's first attention call on a GPU, for every model in the process (fairseq's
+  ``transformer`` too: comparisons are on equal terms). cuDNN's attention stays enabled: a call
+  that only cuDNN may take (``sdpa_kernel(SDPBackend.CUDNN_ATTENTION)``) takes it.
+* ``RECURNMT_SDPA=torch`` (the environment, or :func:`set_policy` before the first GPU
+  attention call) sets nothing: torch's own order. ``no-cudnn-anywhere``, a policy of earlier
+  releases, is the default's old name.
+* **An explicit choice of the user wins**: ``torch.nn.attention.sdpa_kernel([...])`` (the
+  backends it enables, and with ``set_priority=True`` their order),
+  ``torch.backends.cuda.enable_*_sdp``, the two environment variables. recurnmt never changes
+  torch's backend flags or priority order, per call or otherwise, so there is nothing to race
+  with in other threads (until 2026-11 it switched cuDNN's flag off around each call, which
+  could disable every backend inside a user's ``sdpa_kernel([CUDNN_ATTENTION])``, and undo or
+  leave switched another thread's choice).
+* **A choice for one thread**: torch's ``sdpa_kernel`` and flags are process-wide, so two
+  threads cannot run attention on different kernels with them. :func:`kernel` is a context
+  variable (each thread and asyncio task its own) that recurnmt's attention honours by calling
+  the chosen backend's own operator: the first of the given backends that takes the call.
 
-On a CPU, under ``torch.compile`` (whose generated code picks its own kernels) and where cuDNN's
-attention is switched off already, both policies are torch's choice. Leaving cuDNN out is one
-process-wide flag switched off around the call and back on after it, as torch's own
-``sdpa_kernel`` does: another thread's attention call in that instant also goes without cuDNN,
-which changes its kernel, not its result beyond rounding. fairseq's own models (its
-``transformer``) keep torch's choice: their training pays cuDNN's plans once per batch shape,
-mostly in the first epoch.
+``TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1`` is torch's opt-in to reuse cuDNN's plans across sequence
+lengths (calls without a mask or bias); recurnmt neither sets nor needs it. Under
+``torch.compile`` the compiled code picks its kernels, and :func:`kernel` is not consulted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import logging
 import os
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend
+from torch.nn.attention.bias import CausalBias
+
+logger = logging.getLogger(__name__)
 
 ENV = "RECURNMT_SDPA"
 POLICIES = ("no-cudnn", "torch", "no-cudnn-anywhere")
+# torch's switches (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp): the first is read
+# by torch 2.10 and later, the second by the releases that preferred cuDNN before it
+TORCH_SWITCHES = {"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1", "TORCH_CUDNN_SDPA_PREFERRED": "0"}
 
 
 def parse_policy(value: str | None) -> str:
@@ -53,11 +66,11 @@ def parse_policy(value: str | None) -> str:
     name = (value or "no-cudnn").strip().lower()
     if name not in POLICIES:
         raise ValueError(f"{ENV}={value!r}: one of {', '.join(POLICIES)}")
-    return name
+    return "no-cudnn" if name == "no-cudnn-anywhere" else name
 
 
 _policy = "no-cudnn"
-_switched_off = False  # cuDNN's attention switched off process-wide by no-cudnn-anywhere
+_ours: set[str] = set()  # the switches recurnmt put in the environment (and may take back)
 
 
 def get_policy() -> str:
@@ -65,20 +78,62 @@ def get_policy() -> str:
 
 
 def set_policy(name: str) -> str:
-    """Sets the policy (one of :data:`POLICIES`); returns the previous one."""
-    global _policy, _switched_off
+    """Sets the policy (one of :data:`POLICIES`) by putting torch's switches in the
+    environment, or taking back the ones recurnmt put there; a switch the user set is never
+    touched. torch reads them at the process's first attention call on a GPU: a later change
+    has no effect. Returns the previous policy."""
+    global _policy
     previous, _policy = _policy, parse_policy(name)
-    anywhere = _policy == "no-cudnn-anywhere"
-    if anywhere and not _switched_off and torch.backends.cuda.cudnn_sdp_enabled():
-        torch.backends.cuda.enable_cudnn_sdp(False)
-        _switched_off = True
-    elif not anywhere and _switched_off:  # only what this module switched off
-        torch.backends.cuda.enable_cudnn_sdp(True)
-        _switched_off = False
+    users = [k for k in TORCH_SWITCHES if k in os.environ and k not in _ours]
+    for key, value in TORCH_SWITCHES.items():
+        if users:
+            break
+        if _policy == "no-cudnn":
+            os.environ[key] = value
+            _ours.add(key)
+        elif key in _ours:
+            del os.environ[key]
+            _ours.discard(key)
     return previous
 
 
 set_policy(os.environ.get(ENV))
+if _policy == "no-cudnn" and _ours:
+    _order = getattr(torch._C, "_get_sdp_priority_order", lambda: ())()
+    if _order and _order[0] == int(SDPBackend.CUDNN_ATTENTION):
+        logger.warning(
+            "torch put cuDNN's attention first before recurnmt was imported (an attention "
+            "call on the GPU came first): set TORCH_CUDNN_SDPA_DEPRIORITIZED=1 in the "
+            "environment to leave it last (recurnmt/modules/sdpa.py)"
+        )
+
+# the backends the calling thread (or task) chose for recurnmt's attention (kernel())
+_KERNELS: contextvars.ContextVar[tuple[SDPBackend, ...] | None] = contextvars.ContextVar(
+    "recurnmt_sdpa_kernels", default=None
+)
+
+
+@contextlib.contextmanager
+def kernel(*backends: SDPBackend) -> Iterator[None]:
+    """Runs recurnmt's attention calls of this thread (or asyncio task) on the first of
+    ``backends`` that takes each call, by that backend's own operator: no process-wide flag
+    is read or changed, so other threads keep theirs. ``MATH`` takes every call; on a CPU
+    ``FLASH_ATTENTION`` too; on CUDA flash, memory-efficient and cuDNN attention take what torch
+    says they can (``torch.backends.cuda.can_use_*``).
+
+    Raises:
+        ValueError: no backend given, or a backend recurnmt cannot call by itself.
+    """
+    if not backends:
+        raise ValueError("kernel(): name at least one SDPBackend")
+    unknown = [b for b in backends if b not in _CALLERS]
+    if unknown:
+        raise ValueError(f"kernel(): {unknown} not one of {list(_CALLERS)}")
+    token = _KERNELS.set(tuple(backends))
+    try:
+        yield
+    finally:
+        _KERNELS.reset(token)
 
 
 def scaled_dot_product_attention(
@@ -89,20 +144,93 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     is_causal: bool = False,
 ) -> Tensor:
-    """``torch.nn.functional.scaled_dot_product_attention`` under the policy (same arguments,
-    same result up to the rounding of the kernel taken)."""
-    leave_out = (
-        q.is_cuda
-        and _policy == "no-cudnn"
-        and not torch.compiler.is_compiling()
-        and torch.backends.cuda.cudnn_sdp_enabled()
-    )
-    if leave_out:
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    try:
+    """``torch.nn.functional.scaled_dot_product_attention`` (same arguments, same result up
+    to the rounding of the kernel taken): torch's choice, or the calling thread's
+    (:func:`kernel`)."""
+    chosen = _KERNELS.get()
+    if chosen is None or torch.compiler.is_compiling():
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
         )
-    finally:
-        if leave_out:
-            torch.backends.cuda.enable_cudnn_sdp(True)
+    for backend in chosen:
+        out = _CALLERS[backend](q, k, v, attn_mask, dropout_p, is_causal)
+        if out is not None:
+            return out
+    names = ", ".join(b.name for b in chosen)
+    raise RuntimeError(f"none of the attention kernels chosen ({names}) takes this call")
+
+
+def _float_mask(mask: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
+    """``mask`` as an additive float mask in q's dtype (True keeps a key, as in torch)."""
+    if mask is None:
+        return None
+    if isinstance(mask, CausalBias):  # causal queries on top of a cache: the lower-right band
+        t, s = q.size(-2), k.size(-2)
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+            ~mask, float("-inf")
+        )
+    return mask.to(q.dtype)
+
+
+def _math(q, k, v, mask, dropout_p, is_causal) -> Tensor:
+    return torch.ops.aten._scaled_dot_product_attention_math(
+        q, k, v, _float_mask(mask, q, k), dropout_p, is_causal
+    )[0]
+
+
+def _flash(q, k, v, mask, dropout_p, is_causal) -> Tensor | None:
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, dropout_p, is_causal, attn_mask=_float_mask(mask, q, k)
+        )[0]
+    if not q.is_cuda or mask is not None or not _can_use("flash", q, k, v, None, dropout_p):
+        return None
+    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal)[0]
+
+
+def _efficient(q, k, v, mask, dropout_p, is_causal) -> Tensor | None:
+    bias = _aligned_bias(_float_mask(mask, q, k), q, k)
+    if not q.is_cuda or not _can_use("efficient", q, k, v, bias, dropout_p):
+        return None
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, _needs_grad(q, k, v), dropout_p, is_causal
+    )[0]
+
+
+def _cudnn(q, k, v, mask, dropout_p, is_causal) -> Tensor | None:
+    bias = _float_mask(mask, q, k)
+    bias = None if bias is None else bias.expand(q.size(0), q.size(1), q.size(2), k.size(2))
+    if not q.is_cuda or not _can_use("cudnn", q, k, v, bias, dropout_p):
+        return None
+    return torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, bias, _needs_grad(q, k, v), dropout_p, is_causal, False
+    )[0]
+
+
+def _needs_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _aligned_bias(bias: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
+    """B x H x T x S, its rows 16-element aligned, as the memory-efficient kernel reads them
+    (what ``F.scaled_dot_product_attention`` prepares for it)."""
+    if bias is None:
+        return None
+    b, h, t, s = q.size(0), q.size(1), q.size(2), k.size(2)
+    padded = bias.new_empty(b, h, t, s + (-s) % 16)[..., :s]
+    return padded.copy_(bias.expand(b, h, t, s))
+
+
+def _can_use(which: str, q, k, v, mask, dropout_p) -> bool:
+    params = torch.backends.cuda.SDPAParams(q, k, v, mask, dropout_p, False, False)
+    return getattr(torch.backends.cuda, f"can_use_{which}_attention")(params, False)
+
+
+_CALLERS = {
+    SDPBackend.MATH: _math,
+    SDPBackend.FLASH_ATTENTION: _flash,
+    SDPBackend.EFFICIENT_ATTENTION: _efficient,
+    SDPBackend.CUDNN_ATTENTION: _cudnn,
+}
