@@ -320,14 +320,52 @@ def test_a_run_stopped_half_way_leaves_a_readable_report(data, tmp_path):
                 break
             time.sleep(0.5)
         assert proc.poll() is None, "the run ended before it could be stopped half-way"
+        children = _descendants(proc.pid)
+        assert children, "no step was running"
+        proc.send_signal(signal.SIGTERM)  # as a scheduler or `kill` stops it
+        proc.wait(timeout=60)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # no chance to write anything more
-        proc.wait()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert not [pid for pid in children if _alive(pid)], "processes outlived the stopped check"
     report = out.read_text()
     assert "**In progress** when this report was written" in report
     assert "Steps done: nmt bf16." in report and "Not reached yet: vision bf16." in report
     assert "| `ringformer` |" in report and "## Images" not in report
     assert not list(tmp_path.glob("*.part"))  # whole files or none
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux's /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [p for p, pp in parents.items() if pp == parent]
+        found += kids
+        frontier += kids
+    return found
+
+
+def _alive(pid: int, seconds: float = 20) -> bool:
+    """``pid`` still runs after ``seconds`` (a zombie has ended)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        if state == "Z":
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def test_steps_share_the_budget_and_those_left_too_little_are_not_run(tmp_path, monkeypatch):

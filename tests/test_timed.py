@@ -4,12 +4,17 @@ at its time limit; a budget shared among the steps still to come."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from recurnmt.runs.timed import Budget, run_streamed
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_output_is_streamed_to_the_terminal_and_the_log(tmp_path, capfd):
@@ -42,6 +47,47 @@ def test_a_command_past_its_limit_is_stopped_with_its_children(tmp_path):
         for _ in range(50):
             os.kill(pid, 0)
             time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_run_stops_its_command_and_the_commands_children(tmp_path, sig):
+    """The command runs in a process group of its own (so that its time limit stops its
+    workers too), out of reach of a signal sent to the run's: a run stopped by SIGTERM or
+    Ctrl-C stops the command's group before it ends, and no process is left."""
+    pids = tmp_path / "pids"
+    inner = (
+        "import os, subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{p.pid}}')\n"
+        "p.wait()\n"
+    )
+    outer = (
+        "import sys\nfrom pathlib import Path\nfrom recurnmt.runs.timed import run_streamed\n"
+        f"run_streamed([sys.executable, '-c', {inner!r}], Path({str(tmp_path / 'log')!r}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.Popen([sys.executable, "-c", outer], env=env, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        assert time.monotonic() < deadline and run.poll() is None, "the command never started"
+        time.sleep(0.1)
+    run.send_signal(sig)
+    assert run.wait(timeout=30) != 0
+    for pid in map(int, pids.read_text().split()):
+        assert _gone(pid, 15), f"process {pid} outlived the stopped run"
+
+
+def _gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if Path(f"/proc/{pid}/stat").exists() and " Z " in Path(f"/proc/{pid}/stat").read_text():
+            return True  # a zombie: ended, waiting for its (init) parent to reap it
+        time.sleep(0.1)
+    return False
 
 
 def test_the_budget_is_shared_among_the_steps_still_to_come():

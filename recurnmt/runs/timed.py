@@ -3,7 +3,8 @@
 A check on a rented GPU has minutes, and a command that prints nothing until it ends tells
 nothing when it is stopped. :func:`run_streamed` passes every line a child prints to the
 terminal and to a log file as it comes (the child runs unbuffered), and stops the child with
-its whole process group (benchmark workers included) at its time limit, keeping what it printed.
+its whole process group (benchmark workers included) at its time limit, or when this process is
+stopped by Ctrl-C or SIGTERM, keeping what it printed.
 :class:`Budget` shares the time left among the steps still to come, in proportion to their
 weights, so that an early step that runs long shortens the later ones instead of pushing the
 last ones past the end.
@@ -78,8 +79,9 @@ def run_streamed(
     tail_lines: int = 40,
 ) -> Streamed:
     """Runs ``cmd``, its stdout and stderr written line by line to this process's stdout and
-    appended to ``log`` as they come; at ``timeout`` seconds it stops the command's process
-    group (SIGTERM, then SIGKILL after 10 s)."""
+    appended to ``log`` as they come; at ``timeout`` seconds, or when this process gets
+    SIGINT or SIGTERM (then raised again here), it stops the command's process group (SIGTERM,
+    then SIGKILL after 10 s)."""
     env = {**(env if env is not None else os.environ), "PYTHONUNBUFFERED": "1"}
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -113,14 +115,37 @@ def run_streamed(
         reader.start()
         timed_out = False
         try:
-            proc.wait(timeout=timeout)
+            with _terminate_raises():
+                proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
             _stop(proc)
+        except BaseException:  # Ctrl-C or SIGTERM: the command's children go with this process
+            _stop(proc)
+            raise
         reader.join(timeout=10)
         note = f"(stopped at its time limit, {timeout:.0f} s)\n" if timed_out else ""
         sink.write(note)
     return Streamed(proc.returncode, timed_out, round(time.monotonic() - start, 1), "".join(tail))
+
+
+@contextlib.contextmanager
+def _terminate_raises():
+    """While inside, SIGTERM raises ``SystemExit(143)`` in the main thread, as Ctrl-C raises
+    ``KeyboardInterrupt``, so that a stopped run stops the command it waits for (which runs in
+    a process group of its own, out of reach of a signal sent to this one's)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _stop(proc: subprocess.Popen) -> None:
