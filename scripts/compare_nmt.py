@@ -30,6 +30,7 @@ from typing import Any
 from data_prep.embedded import data_dir
 from recurnmt.cli import UserError, entry_point
 from recurnmt.nmt.quiet import quiet_env
+from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.commands import generate_command, run_logged, train_command
 from recurnmt.runs.experiment import (
     SCHEDULES,
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     plot = doc.with_suffix(".png")
     plot_bleu_vs_pstar(results, plot)
     doc.write_text(markdown(results, args, plot), encoding="utf-8")
-    (doc.with_suffix(".json")).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_json(doc.with_suffix(".json"), results)
     print(f"wrote {doc.relative_to(ROOT)}, {plot.relative_to(ROOT)}")
 
 

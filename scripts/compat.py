@@ -35,6 +35,9 @@ from pathlib import Path
 import setup_env  # scripts/ is this script's own directory, so its first import path
 
 ROOT = setup_env.ROOT
+sys.path.insert(0, str(ROOT))
+from recurnmt.runs.artifacts import write_json  # noqa: E402  (standard library only)
+
 PROG = "python scripts/compat.py"
 RESULTS = ROOT / "docs" / "compat"
 SHOWN = (
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{result['name']}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_json(out, result, indent=1)
     print(f"\nwrote {out.relative_to(ROOT)}\n{table([result])}")
     return 0 if result["passed"] else 1
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from recurnmt.cli import entry_point, split_extra_args
+from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.commands import generate_command, run_logged, train_command
 from recurnmt.runs.experiment import (
     add_recipe_arguments,
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     plot_sweep(args.task, results, plot)
     command = shlex.join([*PROG.split(), *argv])
     doc.write_text(markdown(args.task, results, max_levels, command, plot.name), "utf-8")
-    doc.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_json(doc.with_suffix(".json"), results)
     print(doc.read_text(encoding="utf-8"))
     print(f"wrote {doc}, {plot}")
 

@@ -76,6 +76,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recurnmt.cli import UserError, entry_point  # standard library only
+from recurnmt.runs.artifacts import portable  # standard library only
 from recurnmt.runs.timed import Budget, run_streamed  # standard library only
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -764,7 +765,7 @@ class Report:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         for path, text in (
             (self.out, render_report(self.check)),
-            (self.out.with_suffix(".json"), json.dumps(self.check, indent=2) + "\n"),
+            (self.out.with_suffix(".json"), json.dumps(portable(self.check), indent=2) + "\n"),
         ):
             part = path.with_name(path.name + ".part")
             part.write_text(text, encoding="utf-8")

@@ -48,6 +48,7 @@ import torch
 
 from recurnmt.cli import entry_point
 from recurnmt.device import resolve_device
+from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.benchmark import (
     MixedPrecision,
     device_name,
@@ -282,7 +283,7 @@ def write(opts: argparse.Namespace, results: list[dict]) -> None:
             "settings": {k: str(v) for k, v in vars(opts).items()},
             "results": results,
         }
-        opts.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        write_json(opts.json, doc, indent=1)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -48,6 +48,7 @@ from typing import Any
 
 from data_prep.embedded import data_dir
 from recurnmt.cli import UserError, entry_point
+from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.commands import (
     fairseq_tool,
     generate_command,
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     plot = args.doc.with_suffix(".png")
     plot_bleu(results, plot)
     args.doc.write_text(markdown(results, args, plot), encoding="utf-8")
-    args.doc.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n", "utf-8")
+    write_json(args.doc.with_suffix(".json"), results)
     print(verdict(results))
     print(f"wrote {args.doc}, {plot}, {args.doc.with_suffix('.json')}")
     return results

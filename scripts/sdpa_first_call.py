@@ -26,7 +26,6 @@ and the median later call (ms), and their difference, the cost of a new shape.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from recurnmt.cli import entry_point
 from recurnmt.device import resolve_device
+from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.benchmark import device_name
 
 PROG = "python scripts/sdpa_first_call.py"
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
                 doc = {"device": device_name(opts.device), "torch": torch.__version__,
                        "dtype": opts.dtype, "settings": vars(opts) | {"device": str(opts.device),
                        "json": str(opts.json)}, "results": rows}  # fmt: skip
-                opts.json.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+                write_json(opts.json, doc, indent=1)
     print(f"{device_name(opts.device)}, torch {torch.__version__}, {opts.dtype}")
     print(table(rows))
 

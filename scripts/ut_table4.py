@@ -23,7 +23,6 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import subprocess
@@ -37,6 +36,7 @@ from typing import Any
 from data_prep.embedded import data_dir
 from recurnmt.cli import UserError, entry_point
 from recurnmt.nmt.quiet import quiet_env
+from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.commands import train_command
 from recurnmt.runs.experiment import recipe_flags, size_flags
 from recurnmt.runs.fairseq_log import log_records
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
     plot(results, doc.with_suffix(".png"))
     doc.write_text(markdown(results, rows, data, args.out), encoding="utf-8")
-    doc.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    write_json(doc.with_suffix(".json"), results, indent=1)
     print(f"wrote {args.doc} (and .json, .png)")
 
 

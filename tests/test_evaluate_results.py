@@ -78,3 +78,13 @@ def test_command_line_writes_markdown_and_png(tmp_path, capsys):
     assert "no result.json" in capsys.readouterr().err
     assert results.cli([str(tmp_path / "missing")]) == 2
     assert "No such file" in capsys.readouterr().err
+
+
+def test_every_family_is_in_the_tables_and_benchmarks_order():
+    """The results table, the NMT benchmark, the decoding profiler and the GPU check take their
+    families from FAMILY_ORDER: a family missing there is measured by none of them."""
+    from recurnmt.nmt.architectures import FAMILIES
+    from recurnmt.runs.results import FAMILY_ORDER
+
+    assert FAMILY_ORDER[0] == "transformer"
+    assert sorted(FAMILY_ORDER[1:]) == sorted(FAMILIES)

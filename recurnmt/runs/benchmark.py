@@ -32,6 +32,7 @@ import torch
 
 from recurnmt.cli import UserError
 from recurnmt.device import resolve_device
+from recurnmt.runs.artifacts import write_json as write_document
 from recurnmt.runs.experiment import size_flags
 
 RESULT = "RESULT "
@@ -536,5 +537,4 @@ def write_json(
         "settings": {name: str(getattr(opts, name)) for name in settings},
         "results": list(results),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    write_document(path, document)

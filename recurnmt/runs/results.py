@@ -34,6 +34,7 @@ FAMILY_ORDER = (
     "universal_transformer_act",
     "owf",
     "sret",
+    "relaxed_transformer",
 )
 # size suffixes of fairseq's and recurnmt's architecture names, longest first
 SIZE_SUFFIXES = ("vaswani_wmt_en_de_big", "wmt_en_de_big", "wmt_en_de", "iwslt_de_en", "tiny")
