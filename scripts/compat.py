@@ -35,9 +35,6 @@ from pathlib import Path
 import setup_env  # scripts/ is this script's own directory, so its first import path
 
 ROOT = setup_env.ROOT
-sys.path.insert(0, str(ROOT))
-from recurnmt.runs.artifacts import write_json  # noqa: E402  (standard library only)
-
 PROG = "python scripts/compat.py"
 RESULTS = ROOT / "docs" / "compat"
 SHOWN = (
@@ -185,7 +182,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--name", help="environment and result name (default from the versions)")
     parser.add_argument("--table", action="store_true", help="print the saved runs' table")
     opts = parser.parse_args(argv)
-    opts.make_args = [f"PY={opts.python}"]
+    # the interpreter by its name: a path of this machine runs nowhere else
+    opts.make_args = [f"PY={Path(opts.python).name}"]
     opts.make_args += [f"TORCH={opts.torch}"] if opts.torch else []
     opts.make_args += ["LOWEST=1"] if opts.lowest else []
     opts.make_args += ["LOCKED=1"] if opts.lock else []
@@ -206,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{result['name']}.json"
-    write_json(out, result, indent=1)
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(f"\nwrote {out.relative_to(ROOT)}\n{table([result])}")
     return 0 if result["passed"] else 1
 

@@ -374,10 +374,13 @@ def render_report(check: dict) -> str:
             f"| torch | {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']}) |",
         ]
         lines += [f"| {k} | {v or 'not installed'} |" for k, v in env["packages"].items()]
-        lines.append(
-            f"| attention | recurnmt's: `RECURNMT_SDPA={check.get('sdpa', 'no-cudnn')}`; "
-            "fairseq's `transformer`: torch's choice (cuDNN first on Hopper in fp16/bf16) |"
+        policy = check.get("sdpa", "no-cudnn")
+        order = (
+            "torch's own order (cuDNN first on Hopper in fp16/bf16)"
+            if policy == "torch"
+            else "cuDNN's attention last in torch's order (`TORCH_CUDNN_SDPA_DEPRIORITIZED`)"
         )
+        lines.append(f"| attention | `RECURNMT_SDPA={policy}`: {order}, every model alike |")
     if check["setup"]:
         source = check["setup"]["wheels"] or "the package index"
         lines.append(f"| set-up (`.venv-gpu`) | {check['setup']['seconds']:.0f} s, from {source} |")
@@ -750,7 +753,7 @@ class Report:
             "skipped": {},
             "log": str(opts.log),
             "environment": {},
-            # recurnmt's attention kernels (recurnmt/modules/sdpa.py); fairseq's keep torch's
+            # the attention kernels' order, every model's (recurnmt/modules/sdpa.py)
             "sdpa": os.environ.get("RECURNMT_SDPA") or "no-cudnn",
             "setup": None,
             "tests": None,

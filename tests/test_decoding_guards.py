@@ -72,20 +72,20 @@ WARM_UP = 3  # steps before the measured one
 OPS_PER_LEVEL_BOUND = 0.90
 # Calls the interpreter makes (Python functions and built-ins from Python; measured, torch
 # 2.14.1, fairseq 0.12.3): fairseq's transformer 485 per decoder layer and 162 besides in a step;
-# per level owf 225, recurrent_transformer 303, universal_transformer 308, ringformer 321,
-# universal_transformer_act 339, relaxed_transformer 384, sret 393 (0.81x), and 166-179
-# besides; in a step at six levels 0.49-0.82x of fairseq's (sret 417 and relaxed 414 while
-# their coefficients' and LoRA folds' cache keys were built by generators: a Python call per
-# resumption). Before the decoder reordered its cache itself, beam search's walk over every
-# submodule made sret 513 per level and 649 besides, relaxed_transformer 684 per level,
-# recurrent_transformer 548, ringformer 3004 in a step.
+# per level owf 213, relaxed_transformer 268, ringformer 278, recurrent_transformer 291,
+# universal_transformer 296, universal_transformer_act 322, sret 389, and 174-187 besides. Before
+# a decoding session held the folds (recurnmt/modules/session.py), each linear checked its kept
+# fold's key at every level: ringformer 321, relaxed_transformer 384 (414 while the keys were
+# built by generators: a Python call per resumption). Before the decoder reordered its cache
+# itself, beam search's walk over every submodule made sret 513 per level and 649 besides,
+# relaxed_transformer 684 per level, recurrent_transformer 548, ringformer 3004 in a step.
 PYTHON_CALLS_BOUND = 0.90
 # A relaxed level (Relaxed Recursive Transformers) has a LoRA on six linears of a step (Q/K/V,
 # the attention output, the cross-attention's query and output, the FFN's two projections; the
 # memory's K/V term is cached at the first step). Computed beside the shared linears it cost
 # 109 operations per level, 57 more than the same stack at rank 0; in inference each level now
 # runs its linears with the LoRA folded into the weights (LowRankDelta.folded): 52, the bound
-# holds it as every family.
+# holds it as every family (a decoding session folds them: recurnmt/modules/session.py).
 
 
 def _ids(case):

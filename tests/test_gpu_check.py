@@ -97,9 +97,9 @@ def test_the_report_of_a_real_tiny_cpu_run(tiny_run):
     assert "| timm | 1.0 |" in report and "| triton | not installed |" in report
     assert "| tests (`pytest -m cuda`) | not run (test) |" in report
     # which attention kernels each side may take (the fixture predates the field: the default)
-    assert "| attention | recurnmt's: `RECURNMT_SDPA=no-cudnn`; fairseq's" in report
+    assert "| attention | `RECURNMT_SDPA=no-cudnn`: cuDNN's attention last" in report
     torch_choice = gpu_check.render_report({**tiny_run, "sdpa": "torch"})
-    assert "| attention | recurnmt's: `RECURNMT_SDPA=torch`;" in torch_choice
+    assert "| attention | `RECURNMT_SDPA=torch`: torch's own order" in torch_choice
     lines = report.splitlines()
     assert "## Translation, bf16" in lines and "## Images, bf16" in lines
     ut_row = next(line for line in lines if line.startswith("| `universal_transformer`"))
