@@ -252,8 +252,12 @@ def attention_logits(
         bias: float, broadcastable to B x H x T x S.
 
     Returns:
-        B x H x T x S.
+        B x H x T x S, in float32 for half-precision inputs.
     """
+    if q.dtype in (torch.float16, torch.bfloat16):
+        # in float32, as SDPA's kernels and fairseq's attention compute logits and softmax: a
+        # half-precision logit of 100 is 0.06 coarse, which moved decoding's logits by up to 1
+        q, k = q.float(), k.float()
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))  # B x H x T x S
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
@@ -313,7 +317,7 @@ class _Attention(nn.Module):
         for probe in probes:
             probe(logits if group == 1 else _ungroup_rows(logits, group))
         probs = F.dropout(logits.softmax(-1), p) if p > 0 else logits.softmax(-1)
-        return self._project_out(_merge_heads(probs @ v, group), terms)
+        return self._project_out(_merge_heads(probs.to(v.dtype) @ v, group), terms)
 
 
 class SelfAttention(_Attention):
