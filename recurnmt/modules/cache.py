@@ -51,6 +51,12 @@ class StackCache:
             self.levels[index] = KVCache()
         return self.levels[index]
 
+    def truncate(self, length: int) -> None:
+        """Every level keeps its first ``length`` positions (speculative decoding: what was
+        accepted); the projected memory is the sentence's and stays."""
+        for kv in self.levels.values():
+            kv.truncate(length)
+
     def reorder(self, new_order: Tensor) -> StackCache:
         """The cache with its batch rows selected by ``new_order`` (beam search).
 

@@ -98,6 +98,15 @@ class KVCache:
         keys, values = self.buffer.narrow(3, 0, end).unbind(0)
         return keys, values
 
+    def truncate(self, length: int) -> None:
+        """Keeps the first ``length`` positions (speculative decoding drops the rejected drafts'
+        keys and values): the buffer stays, later appends overwrite the rest."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
+        if self.buffer is None:
+            self._check_not_moved()
+        self.length = length
+
     def _grow(self, k: Tensor, needed: int) -> None:
         if self.buffer is None:
             self._check_not_moved()

@@ -45,11 +45,13 @@ from recurnmt.modules.untie import untie
 
 @dataclass
 class StackOutput:
-    """What one pass of a stack returns: its ``output`` (B x T x C, after the final norm) and
-    ACT's ``ponder`` cost N + R per position (B x T; None without halting or with a cache)."""
+    """One pass's ``output`` (B x T x C, final norm applied), ACT's ``ponder`` cost N + R per
+    position (B x T; None without ACT or with a cache), and the ``hidden`` state before the final
+    norm: the next level's input (:mod:`recurnmt.modules.speculative`)."""
 
     output: Tensor
     ponder: Tensor | None = None
+    hidden: Tensor | None = None
 
 
 class RecurrentStack(nn.Module):
@@ -118,8 +120,7 @@ class RecurrentStack(nn.Module):
         if depth is None:
             self.run_levels = None
             return
-        last = self.levels[-1]
-        levels = self.plan.depth_levels(depth, extendable=last.parameter_free)
+        levels = self.plan.depth_levels(depth, extendable=self.levels[-1].parameter_free)
         for i in range(self.num_levels, depth):  # only reached where definable
             self.levels.append(self.levels[-1].continued(i))
         if depth > self.plan.num_levels:
@@ -201,9 +202,8 @@ class RecurrentStack(nn.Module):
         ponder = None
         if halting is not None:
             x, ponder = halting.output, halting.ponder_cost if halting.ponder else None
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return StackOutput(x, ponder)
+        out = x if self.final_norm is None else self.final_norm(x)
+        return StackOutput(out, ponder, hidden=x)
 
     def _level(
         self,

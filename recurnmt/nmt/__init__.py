@@ -14,7 +14,12 @@ silence_fairseq_noise()  # before fairseq composes its config (fairseq-train imp
 stop_prefetch_at_exit()
 
 with unconfigured_logging_kept():  # fairseq's import configures the root logger otherwise
-    from recurnmt.nmt import architectures, checkpoint_safety, criterion  # noqa: F401
+    from recurnmt.nmt import (  # noqa: F401
+        architectures,
+        checkpoint_safety,
+        criterion,
+        speculative,  # noqa: F401  (the speculative_translation task)
+    )
     from recurnmt.nmt.model import RecurrentTransformerModel
 
 __all__ = ["RecurrentTransformerModel"]

@@ -1,0 +1,326 @@
+"""Lossless self-speculative decoding: a recursive decoder drafts with its own first levels.
+
+A weight-shared decoder's first r levels, followed by its final norm and output projection, are a
+complete, cheaper model made of the same weights: the model a mixed-depth-trained decoder runs at
+depth r (``--mixed-depth-levels``; SReT appendix B's mixed depth, LayerSkip's early exit). Its
+per-level keys and values *are* the full model's for those levels. So each iteration of
+:meth:`SelfSpeculation.run`:
+
+1. drafts k tokens with levels 1..r, one position at a time, appending to those levels' caches,
+   and runs the last drafted token through them too (k + 1 positions);
+2. verifies all k + 1 positions with levels r+1..N in one pass that starts from the draft's
+   level-r states (no level is run twice) and appends to those levels' caches;
+3. accepts the longest prefix of drafts the full model agrees with and takes the full model's
+   token after it (its correction, or a bonus token when every draft was accepted), then
+   truncates every level's cache to what was accepted (:meth:`StackCache.truncate`, a length).
+
+Greedy: a draft is accepted where it is the full model's argmax, so the output is token for token
+the full model's greedy output (up to the rounding of a pass over several positions at once).
+Sampling: speculative rejection sampling (Leviathan et al. 2023, "Fast Inference from
+Transformers via Speculative Decoding", Algorithm 1; Chen et al. 2023): draft d ~ q is accepted
+with probability min(1, p(d) / q(d)), else a token is drawn from norm(max(0, p - q)); after k
+accepted drafts one more is drawn from p. The emitted tokens are distributed exactly as the
+full model's samples.
+
+A batch advances by the smallest acceptance of its rows: the rows that accepted more emit the
+full model's own token at that position as well (greedy: their draft; sampling: their accepted
+draft), so every row stays exact and all rows keep one cache length. Finished rows leave the
+batch.
+
+The front end supplies a :class:`DraftingDecoder` (the token embedding, the stack, the memory,
+the output layer) and a :class:`TokenRule` (how log-probabilities become the distribution a
+token is chosen from at a step: fairseq's forbidden pad, unk penalty, minimum and maximum
+length; temperature, top-k and top-p). Stacks whose levels are not a computation from the first
+level on refuse: ACT's halting mixes every level's output, so the state after r levels is not the
+input of level r + 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from recurnmt.modules.cache import StackCache
+from recurnmt.modules.hooks import LevelHook
+from recurnmt.modules.stack import RecurrentStack, StackOutput
+
+
+class DraftingDecoder(Protocol):
+    """What a front end's decoder gives the speculative loop."""
+
+    stack: RecurrentStack
+
+    def embed(self, prefix: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The last token of ``prefix`` (B x L) embedded at its position (B x 1 x C), and its
+        position embedding (or None)."""
+
+    def hooks(self, positions: Tensor | None) -> list[LevelHook]:
+        """The level hooks of positions (the Universal Transformer's at every level)."""
+
+    def run(self, x: Tensor, levels: Sequence[int], cache: StackCache, hooks) -> StackOutput:
+        """The stack's ``levels`` on ``x`` (new positions) with the decoding ``cache``."""
+
+    def logits(self, features: Tensor) -> Tensor:
+        """The output layer: B x T x C -> B x T x V."""
+
+    def select(self, rows: Tensor) -> None:
+        """Keeps the batch rows ``rows`` (finished sentences leave)."""
+
+
+@dataclass
+class TokenRule:
+    """How the log-probabilities at a step become the distribution a token is chosen from.
+
+    Attributes:
+        adjust: ``adjust(lprobs, step)`` changes B x T x V log-probabilities in place for
+            the steps ``step`` .. ``step + T - 1`` (fairseq: pad never, unk penalty, eos
+            forbidden before the minimum length and forced at the maximum).
+        sampling: sample instead of the argmax.
+        temperature: divides the logits (sampling and greedy alike, as fairseq does).
+        topk: sample among the k most likely (0: all).
+        topp: sample among the smallest set whose probability exceeds p (0: all).
+    """
+
+    adjust: Callable[[Tensor, int], None] | None = None
+    sampling: bool = False
+    temperature: float = 1.0
+    topk: int = 0
+    topp: float = 0.0
+
+    def lprobs(self, logits: Tensor, step: int) -> Tensor:
+        """Adjusted log-probabilities (float32), B x T x V, for steps ``step`` onwards."""
+        lprobs = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+        if self.adjust is not None:
+            self.adjust(lprobs, step)
+        return lprobs
+
+    def probs(self, lprobs: Tensor) -> Tensor:
+        """The sampling distribution: exp(lprobs) restricted to top-k / top-p, normalised."""
+        probs = lprobs.exp()
+        if self.topk > 0:
+            kth = probs.topk(min(self.topk, probs.size(-1)), dim=-1).values[..., -1:]
+            probs = probs.masked_fill(probs < kth, 0.0)
+        if self.topp > 0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the tokens before each
+            keep = before < self.topp
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+        return probs / probs.sum(-1, keepdim=True)
+
+
+@dataclass
+class Statistics:
+    """What speculation did (the log's acceptance statistics)."""
+
+    verifications: int = 0
+    drafted: int = 0
+    accepted: int = 0  # the batch's: its rows' smallest, summed over verifications
+    emitted: int = 0
+    rows_accepted: int = 0  # every row's own, summed over rows and verifications
+    rows_verified: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted drafts per verification (the batch's smallest)."""
+        return self.accepted / max(self.verifications, 1)
+
+    @property
+    def row_accepted(self) -> float:
+        """Drafts a row's own verification accepted, on average (a batch advances by its
+        rows' smallest: at batch 1 the two agree)."""
+        return self.rows_accepted / max(self.rows_verified, 1)
+
+    @property
+    def tokens_per_verification(self) -> float:
+        return self.emitted / max(self.verifications, 1)
+
+    def add(self, other: Statistics) -> None:
+        for name in (
+            "verifications", "drafted", "accepted", "emitted", "rows_accepted", "rows_verified",
+            "draft_seconds", "verify_seconds",
+        ):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def summary(self) -> str:
+        return (
+            f"speculation: {self.verifications} verifications, {self.mean_accepted:.2f} drafts "
+            f"accepted and {self.tokens_per_verification:.2f} tokens per verification (a row "
+            f"accepted {self.row_accepted:.2f}), "
+            f"draft {self.draft_seconds:.2f} s, verify {self.verify_seconds:.2f} s"
+        )
+
+
+@dataclass
+class Decoded:
+    """One batch's output: per row its tokens (ending at eos where it stopped) and the full
+    model's log-probability of each, in the rows' original order."""
+
+    tokens: list[Tensor]
+    scores: list[Tensor]
+    stats: Statistics
+
+
+def check_draft(
+    stack: RecurrentStack, levels: int, tokens: int, flags=("--draft-levels", "--draft-tokens")
+) -> None:
+    """Refuses a draft depth or length the stack cannot run, naming the flag."""
+    n = stack.num_levels
+    if stack.halting is not None:
+        raise ValueError(
+            f"{flags[0]}: ACT's halting mixes the outputs of every level (--act), so the first "
+            "levels are no draft of the model; decode without speculation"
+        )
+    if not isinstance(levels, int) or not 1 <= levels < n:
+        raise ValueError(f"{flags[0]} {levels}: the draft runs 1 to {n - 1} of the {n} levels")
+    if not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"{flags[1]} {tokens}: at least 1 drafted token per verification")
+
+
+class SelfSpeculation:
+    """Greedy or sampled decoding of a stack with drafts from its own first ``draft_levels``
+    levels, ``draft_tokens`` at a time (module docstring).
+
+    Args:
+        decoder: the front end's decoder.
+        draft_levels: r, the levels the draft runs (1 <= r < N).
+        draft_tokens: k, tokens drafted per verification.
+        rule: how a token is chosen from the log-probabilities.
+    """
+
+    def __init__(
+        self, decoder: DraftingDecoder, draft_levels: int, draft_tokens: int, rule: TokenRule
+    ) -> None:
+        stack = decoder.stack
+        check_draft(stack, draft_levels, draft_tokens)
+        order = list(stack.active_levels)
+        self.shallow, self.deep = order[:draft_levels], order[draft_levels:]
+        self.decoder, self.k, self.rule = decoder, draft_tokens, rule
+
+    @torch.no_grad()
+    def run(
+        self,
+        prefix: Tensor,
+        max_len: int,
+        eos: int,
+        generator: torch.Generator | None = None,
+    ) -> Decoded:
+        """Decodes from ``prefix`` (B x 1: the first target token, fairseq's eos) for at most
+        ``max_len`` tokens besides it (the rule forces eos at step ``max_len``), with a cache of
+        its own."""
+        decoder, rule = self.decoder, self.rule
+        stats = Statistics()
+        cache = StackCache()
+        rows = torch.arange(prefix.size(0), device=prefix.device)  # original row of each
+        tokens, scores = prefix, torch.zeros(prefix.shape, device=prefix.device)
+        done: dict[int, tuple[Tensor, Tensor]] = {}
+        step = 0  # tokens generated so far; the caches hold as many positions
+        while True:
+            k = min(self.k, max_len - step)
+            start = time.perf_counter()
+            drafts, draft_probs, states, positions = [], [], [], []
+            current = tokens
+            for j in range(k + 1):  # k drafts, and the last one through the draft's levels
+                x, pos = decoder.embed(current)
+                out = decoder.run(x, self.shallow, cache, decoder.hooks(pos))
+                states.append(out.hidden)
+                positions.append(pos)
+                if j == k:
+                    break
+                lprobs = rule.lprobs(decoder.logits(out.output), step + j)[:, 0]
+                if rule.sampling:
+                    q = rule.probs(lprobs)
+                    draft = torch.multinomial(q, 1, generator=generator)
+                    draft_probs.append(q)
+                else:
+                    draft = lprobs.argmax(-1, keepdim=True)
+                drafts.append(draft)
+                current = torch.cat([current, draft], 1)
+            stats.draft_seconds += time.perf_counter() - start
+            start = time.perf_counter()
+            pos = None if positions[0] is None else torch.cat(positions, 1)
+            out = decoder.run(torch.cat(states, 1), self.deep, cache, decoder.hooks(pos))
+            lprobs = rule.lprobs(decoder.logits(out.output), step)  # B x (k + 1) x V
+            drafted = torch.cat(drafts, 1) if drafts else tokens[:, :0]
+            agree = self._agreement(lprobs, drafted, draft_probs, generator)  # per row
+            accepted, agreed = torch.stack([agree.min(), agree.sum()]).tolist()  # one read
+            emitted = self._emit(lprobs, drafted, draft_probs, agree, accepted, generator)
+            n = emitted.size(1)
+            cache.truncate(step + n)
+            stats.verify_seconds += time.perf_counter() - start
+            stats.verifications += 1
+            stats.drafted += k
+            stats.accepted += accepted
+            stats.emitted += n
+            stats.rows_accepted += agreed
+            stats.rows_verified += agree.numel()
+            tokens = torch.cat([tokens, emitted], 1)
+            chosen = lprobs[:, :n].gather(-1, emitted.unsqueeze(-1))[..., 0]
+            scores = torch.cat([scores, chosen], 1)
+            step += n
+            ended = emitted.eq(eos)
+            finished = ended.any(1)
+            if step > max_len:  # max_len + 1 tokens: the last is eos where the rule forces it
+                finished.fill_(True)
+            if not bool(finished.any()):  # the verification's second host read
+                continue
+            # the rows that end here, and where (their first eos): one read
+            ends = torch.where(ended.any(1), ended.long().argmax(1), n - 1) + step - n + 1
+            index = finished.nonzero()[:, 0]
+            for i, row, end in zip(
+                *torch.stack([index, rows[index], ends[index]]).tolist(), strict=True
+            ):
+                done[row] = (tokens[i, 1 : end + 1], scores[i, 1 : end + 1])
+            keep = (~finished).nonzero()[:, 0]
+            if keep.numel() == 0:
+                break
+            cache = cache.reorder(keep)
+            decoder.select(keep)
+            rows, tokens, scores = rows[keep], tokens[keep], scores[keep]
+        order = sorted(done)
+        return Decoded([done[r][0] for r in order], [done[r][1] for r in order], stats)
+
+    def _agreement(self, lprobs, drafted, draft_probs, generator) -> Tensor:
+        """How many drafts each row's verification accepts (B): greedy, while the draft is
+        the full model's argmax; sampling, while u q(d) <= p(d), u uniform (Leviathan et al.
+        2023, Algorithm 1: accepted with probability min(1, p(d) / q(d)))."""
+        k = drafted.size(1)
+        if k == 0:
+            return drafted.new_zeros(drafted.size(0))
+        if not self.rule.sampling:
+            agree = drafted == lprobs[:, :k].argmax(-1)
+        else:
+            p = self.rule.probs(lprobs[:, :k])
+            q = torch.stack(draft_probs, 1)  # B x k x V
+            pd = p.gather(-1, drafted.unsqueeze(-1))[..., 0]
+            qd = q.gather(-1, drafted.unsqueeze(-1))[..., 0]
+            u = torch.rand(pd.shape, generator=generator, device=pd.device)
+            agree = u * qd <= pd
+        return agree.long().cumprod(1).sum(1)
+
+    def _emit(self, lprobs, drafted, draft_probs, agree, accepted: int, generator) -> Tensor:
+        """The tokens every row emits: the first ``accepted`` drafts (the rows' smallest
+        acceptance), then the full model's token at the next position. Greedy: its argmax.
+        Sampling: a row that accepted its draft there emits it; one that rejected it draws from
+        norm(max(0, p - q)); after k accepted drafts a row draws from p."""
+        k = drafted.size(1)
+        if not self.rule.sampling:
+            last = lprobs[:, accepted].argmax(-1, keepdim=True)
+        else:
+            p = self.rule.probs(lprobs[:, accepted])  # B x V
+            if accepted < k:
+                residual = (p - draft_probs[accepted]).clamp_min(0)
+                mass = residual.sum(-1, keepdim=True)
+                # a row whose residual is empty (p == q) cannot have rejected: p is as good
+                p = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
+            last = torch.multinomial(p, 1, generator=generator)
+            if accepted < k:  # the rows that accepted their draft here emit it
+                took = (agree > accepted).unsqueeze(1)
+                last = torch.where(took, drafted[:, accepted : accepted + 1], last)
+        return torch.cat([drafted[:, :accepted], last], 1)

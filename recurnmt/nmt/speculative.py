@@ -1,0 +1,271 @@
+"""Self-speculative decoding in ``fairseq-generate`` and ``fairseq-interactive``.
+
+``--task speculative_translation --draft-levels R --draft-tokens K`` (with ``--beam 1``, greedy
+or ``--sampling``) decodes a recurnmt model with drafts from its own first R decoder levels
+(:mod:`recurnmt.modules.speculative`): greedy output token for token the plain decoding's,
+samples distributed as the plain sampler's. ``--draft-levels auto`` times every R on the first
+batch and keeps the fastest. The task is fairseq's ``translation`` with those two options; every
+other option of ``fairseq-generate`` keeps its meaning (``--max-len-a/b``, ``--min-len``,
+``--unkpen``, ``--lenpen``, ``--temperature``, ``--sampling-topk/-topp``), and a setting
+speculation cannot honour is refused at once, naming its flag. The log says how many drafts each
+verification accepted and what drafting and verifying took.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from fairseq import search
+from fairseq.sequence_generator import SequenceGenerator
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from torch import Tensor
+
+from recurnmt.modules import Memory, positions_hooks
+from recurnmt.modules.cache import StackCache
+from recurnmt.modules.hooks import LevelHook
+from recurnmt.modules.speculative import (
+    SelfSpeculation,
+    Statistics,
+    TokenRule,
+    check_draft,
+)
+from recurnmt.modules.stack import StackOutput
+from recurnmt.nmt.decoder import RecurrentDecoder
+
+logger = logging.getLogger(__name__)
+TASK = "speculative_translation"
+
+
+class FairseqDraftingDecoder:
+    """A :class:`RecurrentDecoder` and one batch's encoder output, as the speculative loop
+    asks them (:class:`~recurnmt.modules.speculative.DraftingDecoder`)."""
+
+    def __init__(self, decoder: RecurrentDecoder, encoder_out: dict[str, list[Tensor]]) -> None:
+        self.decoder, self.stack = decoder, decoder.stack
+        pad = None
+        if encoder_out.get("encoder_padding_mask"):
+            pad = encoder_out["encoder_padding_mask"][0]
+            pad = pad if bool(pad.any()) else None
+        self.memory = Memory(encoder_out["encoder_out"][0].transpose(0, 1), pad, 1)
+
+    def embed(self, prefix: Tensor) -> tuple[Tensor, Tensor | None]:
+        # incrementally: the last token at position len(prefix), read from no tensor (fairseq's
+        # full-pass positions read the device several times a call)
+        x, _, positions = self.decoder.embed(prefix, incremental_state={})
+        return x, positions
+
+    def hooks(self, positions: Tensor | None) -> list[LevelHook]:
+        return positions_hooks(self.decoder.stack_cfg.coordinates, positions)
+
+    def run(self, x: Tensor, levels, cache: StackCache, hooks) -> StackOutput:
+        return self.stack(x, memory=self.memory, cache=cache, levels=levels, hooks=hooks)
+
+    def logits(self, features: Tensor) -> Tensor:
+        return self.decoder.output_layer(features)
+
+    def select(self, rows: Tensor) -> None:
+        m = self.memory
+        pad = None if m.padding_mask is None else m.padding_mask[rows]
+        self.memory = Memory(m.states[rows], pad, m.group)
+
+
+class SpeculativeSequenceGenerator(SequenceGenerator):
+    """fairseq's ``SequenceGenerator`` (its constructor, its hypotheses) whose greedy and
+    sampled decoding is self-speculative.
+
+    Args:
+        draft_levels: the levels the draft runs (1 .. N-1), or ``"auto"``.
+        draft_tokens: tokens drafted per verification (>= 1).
+        models, tgt_dict, **kwargs: as fairseq's ``SequenceGenerator``.
+
+    Raises:
+        ValueError: a setting speculation cannot honour, naming its flag.
+    """
+
+    def __init__(self, models, tgt_dict, draft_levels, draft_tokens: int = 4, **kwargs) -> None:
+        super().__init__(models, tgt_dict, **kwargs)
+        if len(models) != 1:
+            raise ValueError(f"--path: speculative decoding runs one model, not {len(models)}")
+        decoder = models[0].decoder
+        if not isinstance(decoder, RecurrentDecoder):
+            raise ValueError(
+                "--draft-levels: the draft is a recurnmt decoder's first levels; this model's "
+                f"decoder is a {type(decoder).__name__}"
+            )
+        if self.beam_size != 1:
+            raise ValueError(
+                f"--beam {self.beam_size}: speculative decoding decodes greedily or samples "
+                "(--beam 1); see docs/speculative.md for beam search"
+            )
+        refused = {
+            "--no-repeat-ngram-size": self.repeat_ngram_blocker is not None,
+            "--match-source-len": self.match_source_len,
+            "--lm-path": self.lm_model is not None,
+            "--diverse-beam-groups, --diversity-rate, --constraints, --prefix-allowed-tokens": (
+                type(self.search) not in (search.BeamSearch, search.Sampling)
+            ),
+        }
+        for flag, bad in refused.items():
+            if bad:
+                raise ValueError(f"{flag}: not with speculative decoding (--draft-levels)")
+        self.stack = decoder.stack
+        n = self.stack.num_levels
+        self.auto = draft_levels == "auto"
+        self.draft_levels = 1 if self.auto else _levels(draft_levels)
+        check_draft(self.stack, self.draft_levels if not self.auto else 1, draft_tokens)
+        if self.auto and n < 2:
+            raise ValueError(f"--draft-levels auto: the decoder has {n} level, nothing to draft")
+        self.draft_tokens = draft_tokens
+        sampling = isinstance(self.search, search.Sampling)
+        self.rule_settings = dict(
+            sampling=sampling,
+            temperature=self.temperature,
+            topk=max(getattr(self.search, "sampling_topk", -1), 0) if sampling else 0,
+            topp=max(getattr(self.search, "sampling_topp", -1.0), 0.0) if sampling else 0.0,
+        )
+        self.stats = Statistics()
+        self.batches = 0
+        atexit.register(self.log_summary)
+
+    def log_summary(self) -> None:
+        if self.stats.verifications:
+            logger.info(f"draft levels {self.draft_levels}, tokens {self.draft_tokens}: "
+                        + self.stats.summary())  # fmt: skip
+
+    def _adjust(self, max_len: int):
+        """fairseq's changes to the log-probabilities at a step (``SequenceGenerator``): no
+        pad, the unk penalty, eos forbidden before ``--min-len`` and forced at the maximum."""
+        pad, unk, eos, min_len = self.pad, self.unk, self.eos, self.min_len
+        unk_penalty, suppressed = self.unk_penalty, self.token_indices_to_suppress
+
+        def adjust(lprobs: Tensor, step: int) -> None:  # B x T x V for steps step, step + 1...
+            # views and fill_, not indexing with a Python number (which makes a host tensor)
+            lprobs.masked_fill_(lprobs.isnan(), -math.inf)
+            lprobs.select(-1, pad).fill_(-math.inf)
+            lprobs.select(-1, unk).sub_(unk_penalty)
+            if suppressed is not None:  # --tokens-to-suppress
+                lprobs.index_fill_(-1, suppressed.to(lprobs.device), -math.inf)
+            early = min(min_len - step, lprobs.size(1))  # positions before the minimum length
+            if early > 0:
+                lprobs.narrow(1, 0, early).select(-1, eos).fill_(-math.inf)
+            last = max(max_len - step, 0)  # positions from the maximum length on
+            if last < lprobs.size(1):
+                forced = lprobs.narrow(1, last, lprobs.size(1) - last)
+                forced.narrow(-1, 0, eos).fill_(-math.inf)
+                forced.narrow(-1, eos + 1, forced.size(-1) - eos - 1).fill_(-math.inf)
+
+        return adjust
+
+    @torch.no_grad()
+    def _generate(
+        self,
+        sample: dict[str, dict[str, Tensor]],
+        prefix_tokens: Tensor | None = None,
+        constraints: Tensor | None = None,
+        bos_token: int | None = None,
+    ) -> list[list[dict[str, Tensor]]]:
+        if prefix_tokens is not None:
+            raise ValueError("--prefix-size: not with speculative decoding (--draft-levels)")
+        if constraints is not None:
+            raise ValueError("--constraints: not with speculative decoding (--draft-levels)")
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        bsz, src_len = src_tokens.shape[:2]
+        max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_len - 1)
+        if self.min_len > max_len:
+            raise ValueError(f"--min-len {self.min_len} exceeds the maximum length {max_len}")
+        (encoder_out,) = self.model.forward_encoder(net_input)
+        prefix = src_tokens.new_full((bsz, 1), self.eos if bos_token is None else bos_token)
+        rule = TokenRule(adjust=self._adjust(max_len), **self.rule_settings)
+        model = self.model.models[0]
+        if self.auto:
+            self.draft_levels = self._calibrate(model, encoder_out, rule, prefix, max_len)
+            self.auto = False
+        decoded = self._speculate(model, encoder_out, rule, prefix, max_len, self.draft_levels)
+        self.stats.add(decoded.stats)
+        self.batches += 1
+        logger.debug(decoded.stats.summary())
+        hypos = []
+        for tokens, scores in zip(decoded.tokens, decoded.scores, strict=True):
+            score = scores.sum()
+            if self.normalize_scores:
+                score = score / tokens.numel() ** self.len_penalty
+            hypos.append(
+                [
+                    {
+                        "tokens": tokens,
+                        "score": score,
+                        "attention": torch.empty(0),
+                        "alignment": torch.empty(0),
+                        "positional_scores": scores,
+                    }
+                ]
+            )
+        return hypos
+
+    def _speculate(self, model, encoder_out, rule, prefix, max_len, levels):
+        drafting = FairseqDraftingDecoder(model.decoder, encoder_out)
+        speculation = SelfSpeculation(drafting, levels, self.draft_tokens, rule)
+        return speculation.run(prefix, max_len, self.eos)
+
+    def _calibrate(self, model, encoder_out, rule, prefix, max_len) -> int:
+        """``--draft-levels auto``: the draft depth that decodes the first batch fastest."""
+        times = {}
+        for levels in range(1, self.stack.num_levels):
+            start = time.perf_counter()
+            self._speculate(model, encoder_out, rule, prefix, max_len, levels)
+            times[levels] = time.perf_counter() - start
+        best = min(times, key=times.get)
+        spent = ", ".join(f"{r}: {t:.2f} s" for r, t in times.items())
+        logger.info(f"--draft-levels auto: {best} (the first batch with each: {spent})")
+        return best
+
+
+def _levels(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--draft-levels {value!r}: a number of levels, or auto") from None
+
+
+@dataclass
+class SpeculativeTranslationConfig(TranslationConfig):
+    draft_levels: str | None = field(
+        default=None,
+        metadata={
+            "help": "decode with drafts from the decoder's first R levels (1 .. N-1; auto: the "
+            "fastest R on the first batch); greedy (--beam 1) or --sampling"
+        },
+    )
+    draft_tokens: int = field(default=4, metadata={"help": "tokens drafted per verification"})
+
+
+@register_task(TASK, dataclass=SpeculativeTranslationConfig)
+class SpeculativeTranslationTask(TranslationTask):
+    """fairseq's ``translation`` task whose generator drafts with the model's own first levels
+    when ``--draft-levels`` is given (:class:`SpeculativeSequenceGenerator`)."""
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        levels = self.cfg.draft_levels
+        if levels is None or getattr(args, "score_reference", False):
+            return super().build_generator(
+                models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs
+            )
+        if getattr(args, "print_alignment", False):
+            raise ValueError("--print-alignment: not with speculative decoding (--draft-levels)")
+        extra = {
+            **(extra_gen_cls_kwargs or {}),
+            "draft_levels": levels,
+            "draft_tokens": self.cfg.draft_tokens,
+        }
+        return super().build_generator(models, args, SpeculativeSequenceGenerator, extra, **kwargs)
+
+
+__all__ = ["SpeculativeSequenceGenerator", "SpeculativeTranslationTask", "TASK"]

@@ -1,0 +1,282 @@
+"""Self-speculative decoding (recurnmt/modules/speculative.py, recurnmt/nmt/speculative.py):
+greedy output equals fairseq's own beam-1 search token for token, samples follow the plain
+sampler's distribution, bad settings fail at once naming their flag, and a verification asks
+the host for nothing per level."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+from recurnmt.analysis.dispatch import SimulatedDevice, count_dispatch
+from recurnmt.modules.kv_cache import KVCache
+from recurnmt.modules.speculative import TokenRule
+from recurnmt.nmt.architectures import FAMILIES
+from recurnmt.nmt.speculative import SpeculativeSequenceGenerator
+from tests.nmt_helpers import DICT, batch, build, train_signals
+
+DRAFTING = [f for f in FAMILIES if f != "universal_transformer_act"]  # ACT is refused
+
+
+def _model(arch: str, *extra: str, levels: int = 4, seed: int = 0):
+    torch.manual_seed(seed)
+    model, _, _ = build(arch, "--decoder-layers", str(levels), *extra)
+    train_signals(model)
+    return model.eval()
+
+
+def _eos_likelier(model, factor: float = 3.0) -> None:
+    """Scales eos's output embedding: sentences of random models then end, at various steps."""
+    decoder = model.decoder
+    out = decoder.output_projection
+    weight = decoder.embed_tokens.weight if out is None else out.weight
+    with torch.no_grad():
+        weight[DICT.eos()] *= factor
+
+
+def _quiet_deep_levels(model, draft_levels: int, scale: float) -> None:
+    """Scales the residual branches of the levels after the draft's (unique blocks: a
+    recurrent_transformer), so that the full model agrees with the draft (scale 0) or mostly
+    does (a small scale): every acceptance path is taken."""
+    stack = model.decoder.stack
+    with torch.no_grad():
+        for i in range(draft_levels, stack.num_levels):
+            block = stack.block_of_level(i)
+            for linear in (block.self_attn.out_proj, block.cross_attn.out_proj, block.ffn.down):
+                linear.weight.mul_(scale)
+                linear.bias.mul_(scale)
+
+
+def _sample(bsz: int = 5, seed: int = 1):
+    src, lengths, _ = batch(seed=seed, bsz=bsz)
+    return {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+
+
+def _hypos(generator, model, sample):
+    return [(h[0]["tokens"], h[0]["positional_scores"], h[0]["score"]) for h in
+            generator.generate([model], sample)]  # fmt: skip
+
+
+def _assert_same(got, want):
+    assert len(got) == len(want)
+    for (tokens, scores, score), (want_tokens, want_scores, want_score) in zip(
+        got, want, strict=True
+    ):
+        assert tokens.tolist() == want_tokens.tolist()
+        torch.testing.assert_close(scores, want_scores, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(score, want_score, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", DRAFTING)
+def test_greedy_equals_fairseqs_beam_one_for_every_family(family):
+    model = _model(f"{family}_tiny")
+    sample = _sample()
+    want = _hypos(SequenceGenerator([model], DICT, beam_size=1, max_len_b=12), model, sample)
+    for levels, tokens in itertools.product((1, 2, 3), (1, 4)):
+        spec = SpeculativeSequenceGenerator(
+            [model], DICT, beam_size=1, max_len_b=12, draft_levels=levels, draft_tokens=tokens
+        )
+        _assert_same(_hypos(spec, model, sample), want)
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.05, 0.3], ids=["agrees", "mostly", "often not"])
+@pytest.mark.parametrize("tokens", [1, 3, 8])
+def test_greedy_is_exact_through_every_acceptance(scale, tokens):
+    """A draft the full model agrees with (every draft accepted, the bonus token taken), one it
+    mostly agrees with (rows accepting different numbers, the batch advancing by the least)
+    and one it often does not: the output is fairseq's beam-1 search's, with its scores, and
+    the options that change the log-probabilities (min length, unk penalty, temperature,
+    length penalty) are honoured."""
+    model = _model("recurrent_transformer_tiny")
+    _quiet_deep_levels(model, 1, scale)
+    _eos_likelier(model)
+    sample = _sample(bsz=6, seed=3)
+    options = dict(beam_size=1, max_len_b=14, min_len=3, unk_penalty=0.5, temperature=0.7,
+                   len_penalty=1.3)  # fmt: skip
+    want = _hypos(SequenceGenerator([model], DICT, **options), model, sample)
+    spec = SpeculativeSequenceGenerator(
+        [model], DICT, draft_levels=1, draft_tokens=tokens, **options
+    )
+    _assert_same(_hypos(spec, model, sample), want)
+    stats = spec.stats
+    assert stats.verifications > 0
+    if scale == 0.0:  # all accepted: k + 1 tokens a verification, but where sentences end
+        assert stats.mean_accepted > 0.6 * tokens
+    lengths = {len(t) for t, _, _ in want}
+    assert len(lengths) > 1  # rows finished at different steps
+
+
+def test_a_long_max_length_is_forced_to_end():
+    model = _model("ringformer_tiny")
+    for max_len_b in (1, 2, 5):
+        options = dict(beam_size=1, max_len_a=0, max_len_b=max_len_b)
+        want = _hypos(SequenceGenerator([model], DICT, **options), model, _sample())
+        spec = SpeculativeSequenceGenerator([model], DICT, draft_levels=2, draft_tokens=4,
+                                            **options)  # fmt: skip
+        got = _hypos(spec, model, _sample())
+        _assert_same(got, want)
+        assert max(len(t) for t, _, _ in got) <= max_len_b + 1
+
+
+def test_draft_levels_auto_picks_one_and_decodes_the_same():
+    model = _model("universal_transformer_tiny")
+    want = _hypos(SequenceGenerator([model], DICT, beam_size=1, max_len_b=10), model, _sample())
+    spec = SpeculativeSequenceGenerator(
+        [model], DICT, beam_size=1, max_len_b=10, draft_levels="auto", draft_tokens=3
+    )
+    _assert_same(_hypos(spec, model, _sample()), want)
+    assert 1 <= spec.draft_levels < 4 and not spec.auto
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"draft_levels": 4}, "--draft-levels 4: the draft runs 1 to 3 of the 4 levels"),
+        ({"draft_levels": 0}, "--draft-levels 0"),
+        ({"draft_levels": "two"}, "--draft-levels 'two': a number of levels, or auto"),
+        ({"draft_levels": 1, "draft_tokens": 0}, "--draft-tokens 0: at least 1"),
+        ({"draft_levels": 1, "beam_size": 4}, "--beam 4: speculative decoding decodes"),
+        ({"draft_levels": 1, "no_repeat_ngram_size": 2}, "--no-repeat-ngram-size"),
+    ],
+)
+def test_bad_settings_fail_at_once_naming_the_flag(kwargs, message):
+    model = _model("ringformer_tiny")
+    options = {"beam_size": 1, **kwargs}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        SpeculativeSequenceGenerator([model], DICT, **options)
+
+
+def test_models_that_cannot_draft_are_refused():
+    act = _model("universal_transformer_act_tiny")
+    with pytest.raises(ValueError, match="--draft-levels: ACT's halting mixes"):
+        SpeculativeSequenceGenerator([act], DICT, beam_size=1, draft_levels=1)
+    fairseq_model, _, _ = build("transformer", "--decoder-layers", "2")
+    with pytest.raises(ValueError, match="this model's decoder is a TransformerDecoder"):
+        SpeculativeSequenceGenerator([fairseq_model], DICT, beam_size=1, draft_levels=1)
+    with pytest.raises(ValueError, match="--path: speculative decoding runs one model, not 2"):
+        SpeculativeSequenceGenerator([act, act], DICT, beam_size=1, draft_levels=1)
+
+
+def test_a_cache_truncates_to_what_was_accepted():
+    cache = KVCache()
+    kv = torch.randn(2, 3, 2, 5, 4)
+    cache.append_pair(kv)
+    cache.truncate(2)
+    torch.testing.assert_close(cache.keys, kv[0, :, :, :2])
+    more = torch.randn(2, 3, 2, 1, 4)
+    keys, values = cache.append_pair(more)
+    torch.testing.assert_close(values[:, :, 2], more[1, :, :, 0])
+    with pytest.raises(ValueError, match="cannot truncate a cache of 3 positions to 4"):
+        cache.truncate(4)
+
+
+# ---- sampling ------------------------------------------------------------------------------
+
+
+def _distributions(model, src, lengths, rule: TokenRule, steps: int = 2) -> list[torch.Tensor]:
+    """The exact distributions of the first ``steps`` tokens of the full model's sampler,
+    marginalised over the earlier ones (every prefix enumerated)."""
+    eos, vocab = DICT.eos(), len(DICT)
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        first = model.decoder(torch.tensor([[eos]]), enc)[0][:, -1:]
+        p1 = rule.probs(rule.lprobs(first, 0))[0, 0]
+        prefixes = torch.stack([torch.full((vocab,), eos), torch.arange(vocab)], 1)
+        enc2 = model.encoder.reorder_encoder_out(enc, torch.zeros(vocab, dtype=torch.long))
+        second = model.decoder(prefixes, enc2)[0][:, -1:]
+        p2 = rule.probs(rule.lprobs(second, 1))[:, 0]  # V (first token) x V
+    return [p1, p1 @ p2]
+
+
+@pytest.mark.parametrize(
+    "topk,topp", [(0, 0.0), (8, 0.0), (0, 0.7)], ids=["full", "top-8", "top-0.7"]
+)
+def test_sampling_is_distributed_as_the_full_models(topk, topp):
+    """Speculative rejection sampling: the first two tokens of 6,000 speculative samples
+    (drafts from 1 of 4 levels, 3 at a time) against the full model's exact distributions, in
+    total variation; a rule that accepted every draft would be far off (checked here too)."""
+    torch.manual_seed(0)
+    model = _model("ringformer_tiny", levels=4)
+    src, lengths, _ = batch(seed=2, bsz=1)
+    rule = TokenRule(sampling=True, temperature=1.3, topk=topk, topp=topp)
+    exact = _distributions(model, src, lengths, rule)
+    n = 6000
+    sample = {"net_input": {"src_tokens": src.expand(n, -1), "src_lengths": lengths.expand(n)}}
+    generator = SpeculativeSequenceGenerator(
+        [model], DICT, beam_size=1, max_len_b=3, min_len=3, draft_levels=1, draft_tokens=3,
+        temperature=1.3, search_strategy=_sampling(topk, topp),
+    )  # fmt: skip
+    hypos = generator.generate([model], sample)
+    tokens = torch.stack([h[0]["tokens"][:2] for h in hypos])  # n x 2
+    for step, p in enumerate(exact):
+        seen = torch.bincount(tokens[:, step], minlength=len(DICT)).float() / n
+        tv = 0.5 * (seen - p).abs().sum().item()
+        assert tv < 0.045, f"token {step + 1}: total variation {tv:.3f} from the exact distribution"
+    # each row accepted some drafts and rejected others (the batch advances by the least)
+    assert 0 < generator.stats.row_accepted < 3
+
+
+def _sampling(topk: int, topp: float):
+    from fairseq import search
+
+    return search.Sampling(DICT, topk if topk else -1, topp if topp else -1.0)
+
+
+def test_a_wrong_acceptance_rule_would_fail_the_sampling_test(monkeypatch):
+    """The test above has the power to see a wrong rule: accepting every draft gives the
+    draft's distribution, which is far from the full model's here."""
+    from recurnmt.modules import speculative
+
+    def accept_all(self, lprobs, drafted, draft_probs, generator):
+        return drafted.new_full((drafted.size(0),), drafted.size(1))
+
+    monkeypatch.setattr(speculative.SelfSpeculation, "_agreement", accept_all)
+    with pytest.raises(AssertionError, match="total variation"):
+        test_sampling_is_distributed_as_the_full_models(0, 0.0)
+
+
+# ---- the host's work --------------------------------------------------------------------------
+
+
+def _speculate_once(model, sim: SimulatedDevice):
+    """One batch decoded with speculation on the simulated device, every row to the maximum
+    length; returns the dispatch log and the number of verifications."""
+    spec = SpeculativeSequenceGenerator(
+        [model], DICT, beam_size=1, max_len_a=0, max_len_b=9, min_len=9, draft_levels=1,
+        draft_tokens=3,
+    )  # fmt: skip
+    sample = _sample(bsz=3)
+    with torch.no_grad(), sim:
+        sim.module(model)
+        sample = {"net_input": {k: sim.tensor(v) for k, v in sample["net_input"].items()}}
+        with count_dispatch() as log:
+            spec.generate([model], sample)
+    return log, spec.stats.verifications
+
+
+@pytest.mark.parametrize("family", ["ringformer", "relaxed_transformer", "universal_transformer"])
+def test_a_verification_waits_on_the_device_twice_and_copies_nothing_to_it(family, monkeypatch):
+    """On a (simulated) CUDA device the host waits on the device twice a verification (the
+    acceptance, the rows that ended), the same at 4 and 8 levels (none per level or drafted
+    token), plus a few times a batch; no tensor made on the CPU is copied to the device.
+    torch's lower-right causal bias (a tensor subclass) cannot be made under a dispatch mode:
+    the same band as a boolean mask takes its place here."""
+    from recurnmt.modules import attention
+
+    sim = SimulatedDevice("cuda")
+    if not sim.supported():
+        pytest.skip("this torch's Python indexing takes a CUDA device guard, which needs a GPU")
+
+    def band(t, s):
+        return torch.ones(t, s, dtype=torch.bool, device="cuda").tril(s - t)
+
+    monkeypatch.setattr(attention, "causal_lower_right", band)
+    extra = {}
+    for levels in (4, 8):
+        log, verifications = _speculate_once(_model(f"{family}_tiny", levels=levels), sim)
+        assert not log.to_device, [(e.op, e.where) for e in log.to_device]
+        extra[levels] = len(log.syncs) - 2 * verifications
+    assert extra[4] == extra[8] <= 8, extra
