@@ -129,6 +129,52 @@ def test_mixed_depth_adds_the_shallow_branch_loss():
     torch.testing.assert_close(loss, deep + shallow)
 
 
+@pytest.mark.parametrize("levels", ["1", "2", "random"])
+def test_mixed_depth_levels_trains_the_decoders_first_levels_as_a_draft(levels):
+    """--mixed-depth-levels R: the shallow pass is the decoder's first R levels over the full
+    encoder (what --draft-levels R decodes with); random draws R for every batch."""
+    model, _, task = build(
+        "ringformer_tiny", "--mixed-depth", "on", "--mixed-depth-levels", levels,
+        "--decoder-layers", "4",
+    )  # fmt: skip
+    sample = _sample(model)
+    model.train()
+    runs = {"encoder": [], "decoder": []}
+    for side in runs:
+        stack = getattr(model, side).stack
+        real = stack.forward
+
+        def record(x, *, _real=real, _side=side, **kwargs):
+            out = _real(x, **kwargs)
+            runs[_side].append(list(getattr(model, _side).stack.active_levels))
+            return out
+
+        stack.forward = record
+    drawn = set()
+    for seed in range(8):
+        torch.manual_seed(seed)
+        loss, _, log = _criterion(task)(model, sample)
+        assert "shallow_loss" in log
+        deep, shallow = runs["decoder"][-2:]
+        assert deep == [0, 1, 2, 3] and runs["encoder"][-1] == [0, 1, 2]  # encoder: full
+        drawn.add(len(shallow))
+        assert shallow == list(range(len(shallow)))
+    assert drawn == ({1, 2, 3} if levels == "random" else {int(levels)})
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (("--mixed-depth-levels", "1"), "--mixed-depth-levels='1': trains the shallow pass"),
+        (("--mixed-depth", "on", "--mixed-depth-levels", "3"), "levels 1 .. 2"),
+        (("--mixed-depth", "on", "--mixed-depth-levels", "deep"), "first-loop, random or"),
+    ],
+)
+def test_impossible_mixed_depth_levels_fail_naming_the_flag(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        build("ringformer_tiny", *flags)
+
+
 def test_lrc_coefficients_are_logged_in_training():
     model, _, task = build("sret_tiny")
     _, _, log = _criterion(task)(model.train(), _sample(model))

@@ -23,6 +23,19 @@ from recurnmt.modules.stack import RecurrentStack
 
 
 @contextmanager
+def first_levels(stack: RecurrentStack, levels: int) -> Iterator[RecurrentStack]:
+    """Within the ``with`` block ``stack`` runs its first ``levels`` active levels only (the
+    draft of self-speculative decoding, :mod:`recurnmt.modules.speculative`: mixed-depth
+    training at a draft depth); afterwards as before."""
+    before = stack.shallow_levels
+    stack.shallow_levels = list(stack.active_levels)[:levels]
+    try:
+        yield stack
+    finally:
+        stack.shallow_levels = before
+
+
+@contextmanager
 def shallow_branch(model: nn.Module) -> Iterator[nn.Module]:
     """Within the ``with`` block every :class:`RecurrentStack` of ``model`` runs each of its
     blocks once (its first-loop levels); afterwards each runs as before.

@@ -26,7 +26,6 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.dataclass import ChoiceEnum
 from torch import Tensor
 
-from recurnmt.modules import shallow_branch
 from recurnmt.nmt.model import RECURRENT_CRITERION
 from recurnmt.nmt.registry import register_criterion_once
 
@@ -128,7 +127,7 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
                 sample["net_input"]["src_tokens"].ne(self.padding_idx).sum()
             )
         if model.training and getattr(model, "mixed_depth", False):
-            with shallow_branch(model):  # every block once, the same weights
+            with model.shallow_pass():  # the same weights, fewer levels (--mixed-depth-levels)
                 shallow_output = model(**sample["net_input"])
             shallow_loss, _ = self.compute_loss(model, shallow_output, sample, reduce=reduce)
             loss = loss + shallow_loss

@@ -8,14 +8,18 @@ only the encoder and decoder are ours. Architectures (``ringformer_wmt_en_de``, 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import torch
 from fairseq import utils
 from fairseq.models.transformer import TransformerModel
 from torch import nn
 
-from recurnmt.modules import ConfigError
+from recurnmt.modules import ConfigError, shallow_branch
 from recurnmt.modules.compile import from_flags
+from recurnmt.modules.mixed_depth import first_levels
 from recurnmt.nmt.decoder import RecurrentDecoder
 from recurnmt.nmt.defaults import fill_arch_defaults
 from recurnmt.nmt.distributed_checks import check_distributed
@@ -105,6 +109,7 @@ class RecurrentTransformerModel(TransformerModel):
                 side.stack.set_depth(depth)
             except ConfigError as err:
                 raise err.renamed({"levels": "--" + name.replace("_", "-")}) from None
+        mixed_depth_levels(args, decoder.stack.num_levels)  # checked now, named in the error
         criterion = getattr(args, "criterion", None)
         on = [
             f"--{f.replace('_', '-')} on"
@@ -124,6 +129,21 @@ class RecurrentTransformerModel(TransformerModel):
     def mixed_depth(self) -> bool:
         """SReT mixed-depth training is on (appendix B)."""
         return getattr(self.args, "mixed_depth", "off") == "on"
+
+    @contextmanager
+    def shallow_pass(self) -> Iterator[RecurrentTransformerModel]:
+        """The mixed-depth loss's shallow pass (``--mixed-depth-levels``): SReT's branch (every
+        block once, both sides), or the decoder's first R levels over the full encoder (the
+        draft of self-speculative decoding, R fixed or drawn for every batch)."""
+        levels = mixed_depth_levels(self.args, self.decoder.stack.num_levels)
+        if levels == "first-loop":
+            with shallow_branch(self):
+                yield self
+            return
+        if levels == "random":  # fairseq seeds torch's generator for every update
+            levels = int(torch.randint(1, len(self.decoder.stack.active_levels), ()))
+        with first_levels(self.decoder.stack, levels):
+            yield self
 
     def forward(
         self,
@@ -153,3 +173,25 @@ class RecurrentTransformerModel(TransformerModel):
         if encoder_out["ponder"]:
             extra["encoder_ponder"] = encoder_out["ponder"]  # for the ACT criterion
         return x, extra
+
+
+def mixed_depth_levels(args: Any, levels: int) -> int | str:
+    """``--mixed-depth-levels`` as ``first-loop``, ``random`` or a number of decoder levels.
+
+    Raises:
+        ConfigError: a value other than these, a depth not in 1 .. ``levels`` - 1, or a setting
+            other than first-loop without ``--mixed-depth on``.
+    """
+    value = str(getattr(args, "mixed_depth_levels", "first-loop"))
+    flag = "--mixed-depth-levels"
+    if value != "first-loop" and getattr(args, "mixed_depth", "off") != "on":
+        raise ConfigError(flag, value, "trains the shallow pass of --mixed-depth on; add it")
+    if value in ("first-loop", "random"):
+        if value == "random" and levels < 2:
+            raise ConfigError(flag, value, f"the decoder has {levels} level: nothing shallower")
+        return value
+    if not value.isdigit() or not 1 <= int(value) < levels:
+        raise ConfigError(
+            flag, value, f"first-loop, random or a number of decoder levels 1 .. {levels - 1}"
+        )
+    return int(value)

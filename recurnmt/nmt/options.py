@@ -72,8 +72,20 @@ MODEL_FLAGS = (
         "off",
         dict(
             choices=("on", "off"),
-            help="SReT mixed-depth training (appendix B): also train the shallow branch (every "
-            "block once) under the same loss; needs the recurrent criterion",
+            help="SReT mixed-depth training (appendix B): also train a shallow pass under the "
+            "same loss (--mixed-depth-levels: SReT's branch, every block once, by default); "
+            "needs the recurrent criterion",
+        ),
+    ),
+    Flag(
+        "--mixed-depth-levels",
+        "first-loop",
+        dict(
+            metavar="R",
+            help="with --mixed-depth on, the shallow pass: first-loop (SReT's branch, every "
+            "block once on both sides), R (the decoder's first R levels over the full "
+            "encoder: the draft that --draft-levels R decodes with) or random (R drawn from "
+            "1 .. N-1 for every batch, as LayerSkip's early exits)",
         ),
     ),
     Flag(
