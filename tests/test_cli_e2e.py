@@ -355,3 +355,56 @@ def test_mixed_precision_training_and_generation_on_cuda(data, tmp_path, device,
     out = generate(data, tmp_path / "checkpoint_last.pt", *half, device="cuda")
     assert len(re.findall(r"^H-\d+\t", out, flags=re.M)) == SIZES["test"]
     assert "BLEU" in out
+
+
+def test_speculative_decoding_through_fairseq_generate_and_interactive(data, tmp_path):
+    """``fairseq-generate --task speculative_translation --draft-levels R --draft-tokens K``
+    (and ``auto``) translates the test set exactly as plain greedy decoding does, logs its
+    acceptance, refuses a beam and a depth it cannot draft naming the flag; ``fairseq-interactive``
+    takes the same flags. A RingFormer trained with --mixed-depth-levels random."""
+    train(data, tmp_path, "ringformer_tiny", 9, "--decoder-layers", "4", "--mixed-depth", "on",
+          "--mixed-depth-levels", "random")  # fmt: skip
+    checkpoint = tmp_path / "checkpoint_last.pt"
+
+    def hypotheses(out: str) -> dict[str, str]:
+        return dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", out, flags=re.M))
+
+    plain = generate(data, checkpoint, "--beam", "1")
+    for levels, tokens in (("1", "3"), ("3", "6"), ("auto", "2")):
+        out = generate(data, checkpoint, "--beam", "1", "--task", "speculative_translation",
+                       "--draft-levels", levels, "--draft-tokens", tokens)  # fmt: skip
+        assert hypotheses(out) == hypotheses(plain)
+        assert len(hypotheses(out)) == SIZES["test"]
+        assert re.search(r"speculation: \d+ verifications, [\d.]+ drafts accepted", out)
+    with pytest.raises(AssertionError, match="--beam 3: speculative decoding decodes greedily"):
+        generate(data, checkpoint, "--task", "speculative_translation", "--draft-levels", "1")
+    with pytest.raises(AssertionError, match="--draft-levels 4: the draft runs 1 to 3"):
+        generate(data, checkpoint, "--beam", "1", "--task", "speculative_translation",
+                 "--draft-levels", "4")  # fmt: skip
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    sources = (data / "test.raw.de").read_text(encoding="utf-8").splitlines()[:3]
+    stdin = "".join(" ".join(sp.encode(s, out_type=str)) + "\n" for s in sources)
+    outputs = [
+        fairseq(
+            "interactive",
+            str(data),
+            "--user-dir",
+            "user_dir",
+            "--cpu",
+            "--beam",
+            "1",
+            "--path",
+            str(checkpoint),
+            "--source-lang",
+            "de",
+            "--target-lang",
+            "en",
+            *extra,
+            stdin=stdin,
+        )  # fmt: skip
+        for extra in ((), ("--task", "speculative_translation", "--draft-levels", "2"))
+    ]
+    translations = [re.findall(r"^D-\d+\t\S+\t(.*)$", out, flags=re.M) for out in outputs]
+    assert translations[0] == translations[1] and len(translations[0]) == 3

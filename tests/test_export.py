@@ -285,3 +285,31 @@ def test_a_torchaudio_that_does_not_load_is_named_before_transformers_imports_it
         check_torchaudio()
     with pytest.raises(ImportError, match=r"pip uninstall torchaudio, or install the torchaudio"):
         check_torchaudio()
+
+
+@pytest.mark.parametrize("arch", ["ringformer_tiny", "relaxed_transformer_tiny"])
+def test_generate_with_drafts_gives_the_same_output(arch):
+    """``generate(draft_levels=R, draft_tokens=K)``: self-speculative greedy decoding of the
+    exported model, token for token its plain ``generate()`` (and fairseq's search)."""
+    _, hf, _ = _exported(arch)
+    src, _, _ = batch(seed=1, bsz=4)
+    mask = src.ne(DICT.pad()).long()
+    with torch.no_grad():
+        plain = hf.generate(input_ids=src, attention_mask=mask, num_beams=1)
+        for levels, tokens in ((1, 2), (2, 4), (2, 1)):
+            drafted = hf.generate(
+                input_ids=src, attention_mask=mask, num_beams=1, draft_levels=levels,
+                draft_tokens=tokens,
+            )  # fmt: skip
+            width = min(plain.size(1), drafted.size(1))
+            assert torch.equal(drafted[:, :width], plain[:, :width])
+            assert (drafted[:, width:] == DICT.pad()).all() and (
+                plain[:, width:] == DICT.pad()
+            ).all()
+    assert hf.last_speculation.verifications > 0
+    with pytest.raises(ValueError, match="num_beams=4; greedy or do_sample"):
+        hf.generate(input_ids=src, num_beams=4, draft_levels=1)
+    with pytest.raises(ValueError, match="repetition_penalty=1.2 is not supported"):
+        hf.generate(input_ids=src, num_beams=1, draft_levels=1, repetition_penalty=1.2)
+    with pytest.raises(ValueError, match="draft_levels 9: the draft runs 1 to"):
+        hf.generate(input_ids=src, num_beams=1, draft_levels=9)

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from fairseq import search
@@ -237,7 +237,9 @@ def _levels(value: Any) -> int:
 
 @dataclass
 class SpeculativeTranslationConfig(TranslationConfig):
-    draft_levels: str | None = field(
+    # typing.Optional, not "str | None": fairseq reads these types to build its parser, and the
+    # module's postponed annotations would hand it strings (__annotations__ set below)
+    draft_levels: Optional[str] = field(  # noqa: UP045
         default=None,
         metadata={
             "help": "decode with drafts from the decoder's first R levels (1 .. N-1; auto: the "
@@ -245,6 +247,10 @@ class SpeculativeTranslationConfig(TranslationConfig):
         },
     )
     draft_tokens: int = field(default=4, metadata={"help": "tokens drafted per verification"})
+
+
+for _name, _type in (("draft_levels", Optional[str]), ("draft_tokens", int)):  # noqa: UP045
+    SpeculativeTranslationConfig.__dataclass_fields__[_name].type = _type
 
 
 @register_task(TASK, dataclass=SpeculativeTranslationConfig)
