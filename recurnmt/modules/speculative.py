@@ -99,6 +99,16 @@ class TokenRule:
             self.adjust(lprobs, step)
         return lprobs
 
+    def argmax(self, logits: Tensor, step: int) -> Tensor:
+        """The greedy choice, B x T: the argmax of :meth:`lprobs`, taken on the adjusted
+        logits (a log-softmax moves every logit of a position by one constant)."""
+        scores = logits.float()
+        if self.temperature != 1.0:
+            scores = scores / self.temperature
+        if self.adjust is not None:
+            self.adjust(scores, step)
+        return scores.argmax(-1)
+
     def probs(self, lprobs: Tensor) -> Tensor:
         """The sampling distribution: exp(lprobs) restricted to top-k / top-p, normalised."""
         probs = lprobs.exp()
@@ -233,13 +243,13 @@ class SelfSpeculation:
                 positions.append(pos)
                 if j == k:
                     break
-                lprobs = rule.lprobs(decoder.logits(out.output), step + j)[:, 0]
+                logits = decoder.logits(out.output)
                 if rule.sampling:
-                    q = rule.probs(lprobs)
+                    q = rule.probs(rule.lprobs(logits, step + j)[:, 0])
                     draft = torch.multinomial(q, 1, generator=generator)
                     draft_probs.append(q)
                 else:
-                    draft = lprobs.argmax(-1, keepdim=True)
+                    draft = rule.argmax(logits, step + j)  # B x 1
                 drafts.append(draft)
                 current = torch.cat([current, draft], 1)
             stats.draft_seconds += time.perf_counter() - start

@@ -1,0 +1,292 @@
+"""The measurements of ``scripts/speculative.py``: self-speculative decoding of trained models
+on the embedded test set, against plain decoding and fairseq's transformer (docs/speculative.md).
+
+Every figure is measured in this process on the CPU, one thread, the models taking turns:
+BLEU at full depth and of the drafts alone, identical outputs of speculative and plain greedy
+decoding, tokens/s at batch 1 and in batches, and how often a draft reproduces a beam-search
+step (the bound on exact beam speculation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from fairseq import search
+from fairseq.sequence_generator import SequenceGenerator
+
+from recurnmt.modules.mixed_depth import first_levels
+from recurnmt.runs.artifacts import write_json
+from recurnmt.runs.benchmark import generation_batches, translation_task
+from recurnmt.runs.scoring import corpus_bleu
+
+BEAM, LENPEN = 4, 1.5  # the demo's decoding (docs/demo.md)
+
+
+def load(checkpoint: Path):
+    """The trained model (evaluation mode, float32, CPU) and its task."""
+    from fairseq import checkpoint_utils
+
+    import recurnmt.nmt  # noqa: F401  (the plugin)
+
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
+    return models[0].float().eval(), task
+
+
+class TestSet:
+    """The embedded test set as fairseq batches it, with its raw references."""
+
+    def __init__(self, data: Path) -> None:
+        task = translation_task(data, "test")
+        self.dataset = task.dataset("test")
+        self.pad = task.source_dictionary.pad()
+        self.left_pad = task.cfg.left_pad_source
+        self.tgt_dict = task.target_dictionary
+        self.references = (data / "test.raw.en").read_text(encoding="utf-8").splitlines()
+        self.by_length = sorted(range(len(self.dataset)), key=lambda i: self.dataset.src_sizes[i])
+
+    def batches(self, ids: Sequence[int], size: int) -> list[tuple[list[int], dict]]:
+        """``ids`` in batches of ``size`` (sorted by length, as fairseq-generate batches)."""
+        ordered = sorted(ids, key=lambda i: self.dataset.src_sizes[i])
+        out = []
+        for start in range(0, len(ordered), size):
+            chunk = ordered[start : start + size]
+            sample = self.dataset.collater([self.dataset[i] for i in chunk])
+            (net,) = generation_batches(sample, len(chunk), len(chunk), self.pad, self.left_pad)
+            out.append((sample["id"].tolist(), {"net_input": net}))
+        return out
+
+    def spread(self, n: int) -> list[int]:
+        """``n`` sentences spread over the lengths of the test set."""
+        step = max(1, len(self.by_length) // n)
+        return self.by_length[::step][:n]
+
+    def detokenized(self, tokens: torch.Tensor) -> str:
+        return self.tgt_dict.string(tokens, "sentencepiece")
+
+
+def decode(generator, model, batches) -> tuple[dict[int, torch.Tensor], float, int]:
+    """Every sentence's best hypothesis, the wall time and the tokens generated."""
+    out, tokens = {}, 0
+    start = time.perf_counter()
+    with torch.no_grad():
+        for ids, sample in batches:
+            for i, hypos in zip(ids, generator.generate([model], sample), strict=True):
+                out[i] = hypos[0]["tokens"]
+                tokens += hypos[0]["tokens"].numel()
+    return out, time.perf_counter() - start, tokens
+
+
+def bleu(test: TestSet, hypotheses: dict[int, torch.Tensor]) -> float:
+    ids = sorted(hypotheses)
+    refs = [test.references[i] for i in ids]
+    score, _ = corpus_bleu([test.detokenized(hypotheses[i]) for i in ids], refs)
+    return round(score.score, 2)
+
+
+def greedy(model, tgt_dict, **kwargs) -> SequenceGenerator:
+    return SequenceGenerator([model], tgt_dict, beam_size=1, max_len_a=1.5, max_len_b=10, **kwargs)
+
+
+def speculative(model, tgt_dict, levels: int, tokens: int):
+    from recurnmt.nmt.speculative import SpeculativeSequenceGenerator
+
+    return SpeculativeSequenceGenerator(
+        [model], tgt_dict, beam_size=1, max_len_a=1.5, max_len_b=10, draft_levels=levels,
+        draft_tokens=tokens,
+    )  # fmt: skip
+
+
+def beam(model, tgt_dict) -> SequenceGenerator:
+    return SequenceGenerator(
+        [model], tgt_dict, beam_size=BEAM, len_penalty=LENPEN, max_len_a=1.5, max_len_b=10
+    )
+
+
+def can_draft(model) -> bool:
+    stack = getattr(model.decoder, "stack", None)
+    return stack is not None and stack.halting is None
+
+
+def quality(test: TestSet, models: dict[str, Any], log: Callable[[str], None]) -> dict:
+    """BLEU of every model at full depth (beam 4) and greedy, of its drafts alone (greedy at
+    their first R levels), and how many sentences speculative greedy decodes as plain greedy
+    does, for every R (K = 4), on the whole test set in batches of 64."""
+    everything = test.batches(range(len(test.dataset)), 64)
+    out = {}
+    for name, model in models.items():
+        row: dict[str, Any] = {}
+        hyps, _, _ = decode(beam(model, test.tgt_dict), model, everything)
+        row["beam4"] = bleu(test, hyps)
+        plain, _, _ = decode(greedy(model, test.tgt_dict), model, everything)
+        row["greedy"] = bleu(test, plain)
+        log(f"{name}: BLEU beam 4 {row['beam4']}, greedy {row['greedy']}")
+        if can_draft(model):
+            stack = model.decoder.stack
+            row["draft"], row["identical"] = {}, {}
+            for r in range(1, stack.num_levels):
+                with first_levels(stack, r):
+                    drafted, _, _ = decode(greedy(model, test.tgt_dict), model, everything)
+                row["draft"][r] = bleu(test, drafted)
+                spec, _, _ = decode(speculative(model, test.tgt_dict, r, 4), model, everything)
+                same = sum(torch.equal(spec[i], plain[i]) for i in plain)
+                row["identical"][r] = {"same": same, "of": len(plain)}
+                log(f"  R={r}: draft alone {row['draft'][r]} BLEU; speculative greedy "
+                    f"identical to greedy on {same} of {len(plain)}")  # fmt: skip
+        out[name] = row
+    return out
+
+
+def speed(
+    test: TestSet, models: dict[str, Any], args: argparse.Namespace, log: Callable[[str], None]
+) -> dict:
+    """Tokens/s and sentences/s at batch 1 (``args.sentences`` sentences spread over the test
+    set) and in batches of ``args.batch``: plain greedy and beam 4 of every model, speculative
+    greedy for every R and K; every configuration once a round, the fastest round kept."""
+    one = test.batches(test.spread(args.sentences), 1)
+    batched = test.batches(test.spread(args.sentences), args.batch)
+    configs: list[tuple[str, str, Callable[[], Any], Any]] = []
+    for name, model in models.items():
+        tgt = test.tgt_dict
+        configs.append((name, "greedy", lambda m=model, t=tgt: greedy(m, t), model))
+        configs.append((name, "beam4", lambda m=model, t=tgt: beam(m, t), model))
+        if can_draft(model):
+            for r in range(1, model.decoder.stack.num_levels):
+                for k in args.draft_tokens:
+                    run = f"spec R={r} K={k}"
+                    make = lambda m=model, t=tgt, r=r, k=k: speculative(m, t, r, k)  # noqa: E731
+                    configs.append((name, run, make, model))
+    results: dict[tuple[str, str, str], dict] = {}
+    for round_ in range(args.rounds):
+        for name, run, make, model in configs:
+            for setting, batches in (("batch 1", one), (f"batch {args.batch}", batched)):
+                if run == "beam4" and setting != "batch 1":
+                    continue
+                generator = make()
+                _, seconds, tokens = decode(generator, model, batches)
+                key = (name, run, setting)
+                best = results.get(key)
+                if best is None or seconds < best["seconds"]:
+                    stats = getattr(generator, "stats", None)
+                    results[key] = {
+                        "model": name, "run": run, "setting": setting,
+                        "seconds": round(seconds, 3), "tokens": tokens,
+                        "sentences": sum(len(ids) for ids, _ in batches),
+                        "accepted": None if stats is None else round(stats.row_accepted, 3),
+                        "tokens_per_verification": None if stats is None
+                        else round(stats.tokens_per_verification, 3),
+                    }  # fmt: skip
+        log(f"speed: round {round_ + 1} of {args.rounds} done")
+    rows = list(results.values())
+    for row in rows:
+        row["tokens_per_s"] = round(row["tokens"] / row["seconds"], 1)
+        row["sentences_per_s"] = round(row["sentences"] / row["seconds"], 2)
+    return {"rows": rows}
+
+
+def beam_agreement(test: TestSet, models: dict[str, Any], args: argparse.Namespace) -> dict:
+    """How often the draft (the first R levels) would select the beam-4 step the full model
+    selects (the same 2 x 4 candidates, tokens and beams, in order), and the mean run of
+    consecutive agreeing steps: the bound on what exact beam speculation could accept."""
+    out = {}
+    ids = test.spread(min(args.sentences, 60))
+    for name, model in models.items():
+        if not can_draft(model):
+            continue
+        stack = model.decoder.stack
+        out[name] = {}
+        for r in range(1, stack.num_levels):
+            agree = _beam_steps(model, test, ids, r)
+            runs = [len(run) for seq in agree for run in "".join("1" if a else "0"
+                    for a in seq).split("0")]  # fmt: skip
+            steps = [a for seq in agree for a in seq]
+            out[name][r] = {
+                "steps": len(steps),
+                "agreeing": round(sum(steps) / max(len(steps), 1), 3),
+                "mean_run": round(statistics.mean(runs), 3) if runs else 0.0,
+            }
+    return out
+
+
+def _beam_steps(model, test: TestSet, ids: Sequence[int], levels: int) -> list[list[bool]]:
+    """For every sentence, whether each beam-search step's candidates from the draft's
+    log-probabilities equal the full model's (both from the same hypotheses)."""
+    decoder = model.decoder
+    stack = decoder.stack
+    drafts: list[torch.Tensor] = []
+    real_forward = decoder.forward
+
+    def forward(prev, encoder_out=None, incremental_state=None, **kwargs):
+        x, extra = real_forward(prev, encoder_out, incremental_state, return_all_hiddens=True)
+        hidden = extra["inner_states"][levels - 1].transpose(0, 1)  # B x T x C, level R
+        norm = stack.final_norm
+        drafts.append(decoder.output_layer(hidden if norm is None else norm(hidden)))
+        return x, extra
+
+    bs = search.BeamSearch(test.tgt_dict)
+    real_step = bs.step
+    agreement: dict[int, list[bool]] = {}
+
+    def step(step_, lprobs, scores, *args, **kwargs):
+        full = real_step(step_, lprobs, scores, *args, **kwargs)
+        draft = torch.log_softmax(drafts[-1][:, -1].float(), -1).view_as(lprobs)
+        draft[..., test.tgt_dict.pad()] = -float("inf")
+        mine = real_step(step_, draft, scores, *args, **kwargs)
+        same = (full[1] == mine[1]) & (full[2] == mine[2])  # tokens and beams, in order
+        for row, ok in enumerate(same.all(1).tolist()):
+            agreement.setdefault(current[row], []).append(ok)
+        return full
+
+    bs.step = step
+    generator = SequenceGenerator([model], test.tgt_dict, beam_size=BEAM, len_penalty=LENPEN,
+                                  max_len_a=1.5, max_len_b=10, search_strategy=bs)  # fmt: skip
+    decoder.forward = forward
+    try:
+        for batch_ids, sample in test.batches(ids, 1):
+            current = batch_ids
+            drafts.clear()
+            with torch.no_grad():
+                generator.generate([model], sample)
+    finally:
+        decoder.forward = real_forward
+    return list(agreement.values())
+
+
+def measure(args: argparse.Namespace, specs: dict[str, tuple[str, tuple[str, ...], str]]) -> None:
+    """Runs every measurement of the trained models of ``args.models`` (those trained), writes
+    the JSON beside ``args.doc`` after each part, then the page and its plot."""
+    torch.set_num_threads(args.threads)
+    doc = args.doc
+    raw = doc.with_suffix(".json")
+    results = json.loads(raw.read_text()) if raw.exists() else {}
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    test = TestSet(args.data)
+    models = {}
+    for name in args.models:
+        path = args.out / name / "checkpoints" / "checkpoint_last.pt"
+        if path.exists():
+            models[name] = load(path)[0]
+    results["models"] = {n: specs[n][2] for n in models}
+    results["settings"] = {k: str(v) for k, v in vars(args).items() if k not in ("step",)}
+    for part, fn in (
+        ("quality", lambda: quality(test, models, log)),
+        ("speed", lambda: speed(test, models, args, log)),
+        ("beam", lambda: beam_agreement(test, models, args)),
+    ):
+        if part in results and not getattr(args, "again", False):
+            log(f"{part}: measured already ({raw})")
+            continue
+        results[part] = fn()
+        write_json(raw, results)
+    from recurnmt.runs.speculation_report import write_report
+
+    write_report(doc, json.loads(raw.read_text()))  # the keys as the JSON has them

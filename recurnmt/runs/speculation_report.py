@@ -1,0 +1,236 @@
+"""docs/speculative.md and its plot, from the figures of :mod:`recurnmt.runs.speculation`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+USAGE = """\
+A recursive decoder's first R levels, with its final norm and output layer, are a complete,
+cheaper model made of the same weights, and their keys and values are the full model's for those
+levels. recurnmt decodes with them as a draft (`recurnmt/modules/speculative.py`): it drafts K
+tokens with levels 1..R, verifies them with levels R+1..N in one pass that starts from the
+draft's level-R states, keeps the longest prefix the full model agrees with plus the full
+model's next token, and truncates every level's cache to what was kept. Greedy output is the
+full model's greedy output token for token; sampling is speculative rejection sampling
+(Leviathan et al. 2023), distributed exactly as the full model's samples.
+
+```bash
+fairseq-generate data-bin/lohelp_de_en_spm4000 --user-dir user_dir --path work/speculative/ringformer-random/checkpoints/checkpoint_last.pt \\
+    --task speculative_translation --draft-levels 2 --draft-tokens 4 --beam 1 \\
+    --gen-subset test --post-process sentencepiece    # or --draft-levels auto; or --sampling
+```
+
+`fairseq-interactive` takes the same flags; an exported model takes
+`generate(..., draft_levels=2, draft_tokens=4)` (`recurnmt-export`). The log says how many
+drafts each verification accepted and what drafting and verifying took. A draft is good when
+the model was trained for it: `fairseq-train ... --mixed-depth on --mixed-depth-levels R`
+(the decoder's first R levels under the same loss) or `random` (R drawn for every batch).
+Every family drafts but ACT (its halting mixes the outputs of every level: refused, naming
+`--draft-levels`); SReT's and One Wide FFN's first levels are a valid draft, exact as any, but
+their mixed-depth branch is not a prefix of their levels. Beam search does not speculate
+(`--beam` above 1 is refused): the last table says why. A batch advances by its rows' smallest
+acceptance, so speculation pays most sentence by sentence.""".splitlines()
+MAIN = "ringformer-random"  # the model whose R x K grid is tabled and plotted
+REFERENCE = "transformer"  # fairseq's transformer
+
+
+def _rows(results: dict, setting: str) -> dict[tuple[str, str], dict]:
+    return {(r["model"], r["run"]): r for r in results["speed"]["rows"] if r["setting"] == setting}
+
+
+def _spec_runs(rows: dict, model: str) -> dict[tuple[int, int], dict]:
+    out = {}
+    for (name, run), row in rows.items():
+        if name == model and run.startswith("spec"):
+            r, k = (int(part.split("=")[1]) for part in run.split()[1:])
+            out[r, k] = row
+    return out
+
+
+def speed_table(results: dict, setting: str) -> list[str]:
+    """Per model: plain greedy, its best speculative setting, beam 4 (batch 1 only)."""
+    rows = _rows(results, setting)
+    ref = rows.get((REFERENCE, "greedy"))
+    lines = [
+        "| model | greedy tokens/s | speculative greedy: best R, K | tokens/s | x plain | "
+        "x fairseq's transformer | drafts accepted per verification | beam 4 tokens/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for model in results["models"]:
+        plain = rows.get((model, "greedy"))
+        if plain is None:
+            continue
+        spec = _spec_runs(rows, model)
+        beam = rows.get((model, "beam4"))
+        beam_cell = f"{beam['tokens_per_s']:.0f}" if beam else "-"
+        if not spec:
+            lines.append(
+                f"| {model} | {plain['tokens_per_s']:.0f} | - | - | - | - | - | {beam_cell} |"
+            )
+            continue
+        (r, k), best = max(spec.items(), key=lambda item: item[1]["tokens_per_s"])
+        versus = f"{best['tokens_per_s'] / ref['tokens_per_s']:.2f}" if ref else "-"
+        lines.append(
+            f"| {model} | {plain['tokens_per_s']:.0f} | R={r}, K={k} | {best['tokens_per_s']:.0f} "
+            f"| {best['tokens_per_s'] / plain['tokens_per_s']:.2f} | {versus} | "
+            f"{best['accepted']:.2f} | {beam_cell} |"
+        )
+    return lines
+
+
+def grid_table(results: dict, model: str, setting: str = "batch 1") -> list[str]:
+    rows = _rows(results, setting)
+    plain = rows.get((model, "greedy"))
+    spec = _spec_runs(rows, model)
+    if not spec or plain is None:
+        return []
+    ks = sorted({k for _, k in spec})
+    lines = [
+        "| R \\ K | " + " | ".join(str(k) for k in ks) + " |",
+        "| --- | " + " | ".join("---" for _ in ks) + " |",
+    ]
+    for r in sorted({r for r, _ in spec}):
+        cells = []
+        for k in ks:
+            row = spec.get((r, k))
+            cells.append(
+                "-" if row is None
+                else f"{row['tokens_per_s'] / plain['tokens_per_s']:.2f} ({row['accepted']:.2f})"
+            )  # fmt: skip
+        lines.append(f"| {r} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def quality_table(results: dict) -> list[str]:
+    quality = results["quality"]
+    levels = max((len(q.get("draft", {})) for q in quality.values()), default=0)
+    head = "| model | beam 4 | greedy | " + " | ".join(f"draft R={r}" for r in range(1, levels + 1))
+    lines = [head + " |", "| --- | --- | --- |" + " --- |" * levels]
+    for model, q in quality.items():
+        drafts = [f"{q['draft'][str(r)]:.2f}" if str(r) in q.get("draft", {}) else "-"
+                  for r in range(1, levels + 1)]  # fmt: skip
+        lines.append(
+            f"| {model} | {q['beam4']:.2f} | {q['greedy']:.2f} | " + " | ".join(drafts) + " |"
+        )
+    return lines
+
+
+def identical_table(results: dict) -> list[str]:
+    lines = ["| model | R | identical to plain greedy |", "| --- | --- | --- |"]
+    for model, q in results["quality"].items():
+        for r, same in q.get("identical", {}).items():
+            lines.append(f"| {model} | {r} | {same['same']} of {same['of']} |")
+    return lines
+
+
+def beam_table(results: dict) -> list[str]:
+    lines = [
+        "| model | R | beam steps | draft selects the full model's step | mean run of agreeing steps |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for model, by_r in results.get("beam", {}).items():
+        for r, row in by_r.items():
+            lines.append(
+                f"| {model} | {r} | {row['steps']} | {row['agreeing']:.2f} | {row['mean_run']:.2f} |"
+            )
+    return lines
+
+
+def plot(results: dict, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = _rows(results, "batch 1")
+    plain = rows.get((MAIN, "greedy"))
+    spec = _spec_runs(rows, MAIN)
+    if not spec or plain is None:
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for r in sorted({r for r, _ in spec}):
+        ks = sorted(k for rr, k in spec if rr == r)
+        left.plot(ks, [spec[r, k]["tokens_per_s"] / plain["tokens_per_s"] for k in ks], "o-",
+                  label=f"R={r}")  # fmt: skip
+        right.plot(ks, [spec[r, k]["accepted"] for k in ks], "o-", label=f"R={r}")
+    left.axhline(1.0, color="grey", lw=0.8)
+    left.set(xlabel="drafted tokens K", ylabel="tokens/s vs plain greedy",
+             title=f"{MAIN}, batch 1, CPU")  # fmt: skip
+    right.set(xlabel="drafted tokens K", ylabel="drafts accepted per verification",
+              title="acceptance")  # fmt: skip
+    left.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_report(doc: Path, results: dict[str, Any]) -> None:
+    settings = results["settings"]
+    batch = f"batch {settings['batch']}"
+    counts = [v["of"] for q in results["quality"].values() for v in q.get("identical", {}).values()]
+    sentences = f"{counts[0]:,}" if counts else "all"
+    figure = doc.with_suffix(".png")
+    lines = [
+        "# Self-speculative decoding",
+        "",
+        *USAGE,
+        "",
+        "## Measured",
+        "",
+        "Written by `python scripts/speculative.py measure` from the models "
+        f"`python scripts/speculative.py train` trained (H={settings['embed_dim']}, "
+        f"FF={settings['ffn_dim']}, {settings['heads']} heads, {settings['levels']} levels on "
+        f"each side unless said, pre-LN, the demo's recipe: {settings['max_update']} updates on "
+        "the embedded corpus). "
+        f"CPU, {settings['threads']} thread(s), float32; speed on {settings['sentences']} test "
+        "sentences spread over its lengths, each configuration once a round, the fastest of "
+        f"{settings['rounds']} rounds. tokens/s counts generated tokens, eos included.",
+        "",
+        "Models:",
+        "",
+        *[f"- `{name}`: {title}" for name, title in results["models"].items()],
+        "",
+        "## Speed at batch 1 (sentence by sentence)",
+        "",
+        *speed_table(results, "batch 1"),
+        "",
+        f"## Speed in batches of {settings['batch']}",
+        "",
+        *speed_table(results, batch),
+        "",
+        f"## `{MAIN}`: every draft depth R and length K at batch 1",
+        "",
+        "tokens/s against the same model's plain greedy decoding (drafts accepted per "
+        "verification):",
+        "",
+        *grid_table(results, MAIN),
+        "",
+        f"![speed and acceptance against K]({figure.name})" if plot(results, figure) else "",
+        "",
+        "## What training for drafts costs and buys",
+        "",
+        f"sacreBLEU on the {sentences} test sentences: every model at full depth (beam 4, length "
+        "penalty 1.5; greedy), and its draft alone (greedy with its first R levels):",
+        "",
+        *quality_table(results),
+        "",
+        "## Identical outputs",
+        "",
+        "Speculative greedy decoding (K = 4) against plain greedy decoding, all "
+        f"{sentences} test sentences in batches of 64, float32:",
+        "",
+        *identical_table(results),
+        "",
+        "## Beam search",
+        "",
+        "Exact beam speculation would accept drafted steps while the draft's beam selection "
+        "(the 2 x 4 candidates, their tokens and beams, in order) equals the full model's. "
+        "How often it does, from the same hypotheses at every step of the full model's beam "
+        "search:",
+        "",
+        *beam_table(results),
+        "",
+    ]
+    doc.write_text("\n".join(lines), encoding="utf-8")

@@ -1,0 +1,156 @@
+"""Self-speculative decoding measured: trained models, with and without drafts from their own
+first levels, against fairseq's transformer of the same width and depth (docs/speculative.md).
+
+Two steps, each resumable (a model already trained or a measurement already made is kept):
+
+    python scripts/speculative.py train      # the models of MODELS on the embedded corpus
+    python scripts/speculative.py measure    # the tables, the JSON and the plot
+
+``train`` runs ``fairseq-train`` on the CPU (two data-parallel processes) for each model of
+:data:`MODELS` at one size (H=128, FF=512, 4 heads, 6 levels, pre-LN: ``--embed-dim`` ...),
+with the demo's recipe (Adam at 3e-3, linear decay over 1,400 updates, no dropout). The
+RingFormers differ in how the draft is trained (``--mixed-depth-levels``: not at all, every
+batch at a random depth, at 2 levels, at 1 level) and one runs 12 decoder levels (the same
+parameters: a 1-level draft costs a twelfth of a token's levels there).
+
+``measure`` decodes the embedded test set in this process, every model taking turns (one
+thread, ``--threads``), and reports:
+
+* sacreBLEU of every model at full depth (beam 4), and of the drafts alone (their first R
+  levels, greedy): what training for drafts costs and buys;
+* identical outputs: speculative greedy against plain greedy on all 1,555 test sentences, in
+  batches (``--batch``), for every draft depth R;
+* speed at batch 1 (sentence by sentence, as interactive use) on ``--sentences`` sentences,
+  greedy, for R = 1 .. N-1 and K = 2 .. 8: tokens/s and sentences/s, the mean accepted drafts
+  per verification, as ratios to the same model's plain greedy and to fairseq's transformer;
+* speed in batches of ``--batch`` sentences;
+* beam search: the fraction of beam-4 steps whose selection the draft would reproduce (the
+  bound on exact beam speculation), measured on the same sentences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from recurnmt.cli import entry_point
+from recurnmt.runs.artifacts import write_json
+from recurnmt.runs.commands import run_logged, train_command
+from recurnmt.runs.experiment import recipe_flags, run_flags, size_flags
+from recurnmt.runs.launch import cpu_train_command
+
+ROOT = Path(__file__).resolve().parent.parent
+PROG = "python scripts/speculative.py"
+# name -> (architecture, extra training flags, title)
+MODELS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "ringformer-random": (
+        "ringformer",
+        ("--mixed-depth", "on", "--mixed-depth-levels", "random"),
+        "RingFormer, drafts trained at a random depth every batch",
+    ),
+    "transformer": ("transformer", (), "fairseq's transformer"),
+    "ringformer": ("ringformer", (), "RingFormer, no draft training"),
+    "ringformer-r2": (
+        "ringformer",
+        ("--mixed-depth", "on", "--mixed-depth-levels", "2"),
+        "RingFormer, drafts trained at 2 levels",
+    ),
+    "ringformer-r1": (
+        "ringformer",
+        ("--mixed-depth", "on", "--mixed-depth-levels", "1"),
+        "RingFormer, drafts trained at 1 level",
+    ),
+    "ringformer-12-r1": (
+        "ringformer",
+        ("--decoder-layers", "12", "--mixed-depth", "on", "--mixed-depth-levels", "1"),
+        "RingFormer with 12 decoder levels (the same parameters), drafts trained at 1 level",
+    ),
+    "universal_transformer-random": (
+        "universal_transformer",
+        ("--mixed-depth", "on", "--mixed-depth-levels", "random"),
+        "Universal Transformer, drafts at a random depth",
+    ),
+    "relaxed_transformer-random": (
+        "relaxed_transformer",
+        ("--mixed-depth", "on", "--mixed-depth-levels", "random"),
+        "relaxed recursion (2 blocks, rank 8), drafts at a random depth",
+    ),
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", choices=("train", "measure"))
+    parser.add_argument("--data", type=Path, default=ROOT / "data-bin" / "lohelp_de_en_spm4000")
+    parser.add_argument("--out", type=Path, default=ROOT / "work" / "speculative")
+    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "speculative.md")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--embed-dim", type=int, default=128)
+    parser.add_argument("--ffn-dim", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--levels", type=int, default=6)
+    parser.add_argument("--max-update", type=int, default=1400)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--sentences", type=int, default=150, help="batch-1 timing sentences")
+    parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=2, help="timing rounds (best kept)")
+    parser.add_argument("--draft-tokens", type=int, nargs="+", default=[2, 3, 4, 6, 8])
+    args = parser.parse_args(argv)
+    if args.levels < 2:
+        parser.error(f"--levels {args.levels}: a draft needs at least 2 levels")
+    return args
+
+
+def recipe(args: argparse.Namespace) -> SimpleNamespace:
+    """The demo's recipe (docs/demo.md) at this script's size."""
+    return SimpleNamespace(
+        dropout=0.0, lr=3e-3, lr_scheduler="polynomial_decay", warmup=200, max_tokens=2048,
+        nproc=args.nproc, max_update=args.max_update, seed=args.seed,
+    )  # fmt: skip
+
+
+def checkpoint(args: argparse.Namespace, name: str) -> Path:
+    return args.out / name / "checkpoints" / "checkpoint_last.pt"
+
+
+def train(args: argparse.Namespace) -> None:
+    size = SimpleNamespace(
+        embed_dim=args.embed_dim, ffn_dim=args.ffn_dim, heads=args.heads, levels=args.levels,
+        pre_ln=True,
+    )  # fmt: skip
+    for name in args.models:
+        arch, extra, title = MODELS[name]
+        if checkpoint(args, name).exists():
+            print(f"{name}: trained already ({checkpoint(args, name)})", flush=True)
+            continue
+        run_dir = args.out / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        flags = [*size_flags(size, arch), *recipe_flags(recipe(args)), *extra]
+        if arch == "relaxed_transformer":
+            flags += ["--encoder-unique-layers", "2", "--decoder-unique-layers", "2"]
+        flags += run_flags(run_dir / "checkpoints")
+        cmd = train_command(args.data, arch, flags, start=cpu_train_command(args.nproc))
+        print(f"{name}: {title}\n  {shlex.join(cmd)}", flush=True)
+        seconds = run_logged(cmd, run_dir / "train.log", cwd=ROOT)
+        write_json(run_dir / "train.json", {"command": shlex.join(cmd), "seconds": seconds})
+        print(f"  trained in {seconds / 60:.1f} min", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.step == "train":
+        train(args)
+        return 0
+    from recurnmt.runs.speculation import measure  # torch and fairseq: not for training
+
+    measure(args, MODELS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(entry_point(main, PROG)())

@@ -1,0 +1,39 @@
+"""scripts/speculative.py end to end on the tiny corpus: two tiny models trained by its own
+``train`` step, measured by ``measure``, the page and its plot written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests import nmt_fixtures
+from tests.script_modules import load_script
+
+data = nmt_fixtures.data  # the shared fixture
+
+pytestmark = pytest.mark.e2e
+
+
+def test_train_then_measure_writes_the_page(data, tmp_path):
+    script = load_script("speculative")
+    common = ["--data", str(data), "--out", str(tmp_path / "runs"), "--doc", str(tmp_path / "s.md"),
+              "--models", "ringformer-random", "transformer", "--embed-dim", "16", "--ffn-dim",
+              "32", "--heads", "2", "--levels", "3", "--max-update", "6", "--nproc", "1"]  # fmt: skip
+    assert script.main(["train", *common]) == 0
+    assert script.main(["train", *common]) == 0  # resumed: nothing trained again
+    measure = ["--sentences", "6", "--batch", "4", "--rounds", "1", "--draft-tokens", "2", "3"]
+    assert script.main(["measure", *common, *measure]) == 0
+    results = json.loads((tmp_path / "s.json").read_text())
+    quality = results["quality"]["ringformer-random"]
+    assert set(quality["identical"]) == {"1", "2"}
+    assert all(v["same"] == v["of"] for v in quality["identical"].values())  # exact
+    runs = {(r["model"], r["run"], r["setting"]) for r in results["speed"]["rows"]}
+    assert ("ringformer-random", "spec R=2 K=3", "batch 1") in runs
+    assert ("transformer", "greedy", "batch 4") in runs and ("transformer", "beam4", "batch 1") in runs
+    assert set(results["beam"]["ringformer-random"]) == {"1", "2"}
+    page = (tmp_path / "s.md").read_text()
+    for heading in ("## Speed at batch 1", "## Identical outputs", "## Beam search"):
+        assert heading in page
+    assert (tmp_path / "s.png").exists() and "![speed and acceptance against K](s.png)" in page
+    assert str(tmp_path) not in (tmp_path / "s.json").read_text()  # portable paths only
