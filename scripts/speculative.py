@@ -103,6 +103,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.levels < 2:
         parser.error(f"--levels {args.levels}: a draft needs at least 2 levels")
+    if not (args.data / "dict.en.txt").exists():
+        parser.error(
+            f"--data {args.data}: no binarized corpus there (python -m data_prep.embedded "
+            "prepare --vocab-size 4000 makes data-bin/lohelp_de_en_spm4000)"
+        )
     return args
 
 

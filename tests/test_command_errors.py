@@ -208,6 +208,10 @@ BAD_INPUTS: dict[str, BadInput] = {
         "no_lock.txt",
     ),
     "python scripts/fairseq_speed.py": lambda tmp: (["--archs", "no_such_arch"], "no_such_arch"),
+    "python scripts/speculative.py": lambda tmp: (
+        ["measure", "--data", str(tmp / "no_corpus")],
+        "no_corpus: no binarized corpus there",
+    ),
     "python scripts/make_vision_fixtures.py": lambda tmp: (
         ["--out", str(tmp / "bad_input.py")],
         "bad_input.py",

@@ -6,6 +6,7 @@ the host for nothing per level."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -121,14 +122,32 @@ def test_a_long_max_length_is_forced_to_end():
         assert max(len(t) for t, _, _ in got) <= max_len_b + 1
 
 
-def test_draft_levels_auto_picks_one_and_decodes_the_same():
+def test_draft_levels_auto_picks_the_fastest_and_decodes_the_same(monkeypatch):
+    """``--draft-levels auto`` times every depth and plain decoding on the first batch and
+    keeps the fastest; plain decoding when it is the fastest (then nothing speculates)."""
     model = _model("universal_transformer_tiny")
     want = _hypos(SequenceGenerator([model], DICT, beam_size=1, max_len_b=10), model, _sample())
     spec = SpeculativeSequenceGenerator(
         [model], DICT, beam_size=1, max_len_b=10, draft_levels="auto", draft_tokens=3
     )
     _assert_same(_hypos(spec, model, _sample()), want)
-    assert 1 <= spec.draft_levels < 4 and not spec.auto
+    assert 0 <= spec.draft_levels < 4 and not spec.auto
+    import recurnmt.nmt.speculative as nmt_speculative
+
+    slow = nmt_speculative.SpeculativeSequenceGenerator._speculate
+
+    def slower(self, *args):
+        time.sleep(0.2)  # every speculative run slower than plain decoding
+        return slow(self, *args)
+
+    monkeypatch.setattr(nmt_speculative.SpeculativeSequenceGenerator, "_speculate", slower)
+    spec = SpeculativeSequenceGenerator(
+        [model], DICT, beam_size=1, max_len_b=10, draft_levels="auto", draft_tokens=3
+    )
+    _assert_same(_hypos(spec, model, _sample()), want)
+    assert spec.draft_levels == 0
+    _assert_same(_hypos(spec, model, _sample()), want)  # later batches: plain
+    assert spec.stats.verifications == 0
 
 
 @pytest.mark.parametrize(

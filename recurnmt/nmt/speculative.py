@@ -3,8 +3,8 @@
 ``--task speculative_translation --draft-levels R --draft-tokens K`` (with ``--beam 1``, greedy
 or ``--sampling``) decodes a recurnmt model with drafts from its own first R decoder levels
 (:mod:`recurnmt.modules.speculative`): greedy output token for token the plain decoding's,
-samples distributed as the plain sampler's. ``--draft-levels auto`` times every R on the first
-batch and keeps the fastest. The task is fairseq's ``translation`` with those two options; every
+samples distributed as the plain sampler's. ``--draft-levels auto`` times every R and plain
+decoding on the first batch and keeps the fastest. The task is fairseq's ``translation`` with those two options; every
 other option of ``fairseq-generate`` keeps its meaning (``--max-len-a/b``, ``--min-len``,
 ``--unkpen``, ``--lenpen``, ``--temperature``, ``--sampling-topk/-topp``), and a setting
 speculation cannot honour is refused at once, naming its flag. The log says how many drafts each
@@ -186,8 +186,10 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         rule = TokenRule(adjust=self._adjust(max_len), **self.rule_settings)
         model = self.model.models[0]
         if self.auto:
-            self.draft_levels = self._calibrate(model, encoder_out, rule, prefix, max_len)
+            self.draft_levels = self._calibrate(sample, model, encoder_out, rule, prefix, max_len)
             self.auto = False
+        if self.draft_levels == 0:  # auto found plain decoding faster
+            return super()._generate(sample, bos_token=bos_token)
         decoded = self._speculate(model, encoder_out, rule, prefix, max_len, self.draft_levels)
         self.stats.add(decoded.stats)
         self.batches += 1
@@ -215,16 +217,22 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         speculation = SelfSpeculation(drafting, levels, self.draft_tokens, rule)
         return speculation.run(prefix, max_len, self.eos)
 
-    def _calibrate(self, model, encoder_out, rule, prefix, max_len) -> int:
-        """``--draft-levels auto``: the draft depth that decodes the first batch fastest."""
+    def _calibrate(self, sample, model, encoder_out, rule, prefix, max_len) -> int:
+        """``--draft-levels auto``: the draft depth that decodes the first batch fastest, or 0
+        where plain decoding is faster still (then no batch speculates: in a large batch, which
+        advances by its rows' smallest acceptance, or where the draft is poor)."""
         times = {}
-        for levels in range(1, self.stack.num_levels):
+        for levels in range(self.stack.num_levels):
             start = time.perf_counter()
-            self._speculate(model, encoder_out, rule, prefix, max_len, levels)
+            if levels == 0:
+                super()._generate(sample)
+            else:
+                self._speculate(model, encoder_out, rule, prefix, max_len, levels)
             times[levels] = time.perf_counter() - start
         best = min(times, key=times.get)
-        spent = ", ".join(f"{r}: {t:.2f} s" for r, t in times.items())
-        logger.info(f"--draft-levels auto: {best} (the first batch with each: {spent})")
+        spent = ", ".join(f"{r or 'plain'}: {t:.2f} s" for r, t in times.items())
+        choice = f"{best} levels" if best else "plain decoding"
+        logger.info(f"--draft-levels auto: {choice} (the first batch with each: {spent})")
         return best
 
 
