@@ -1,7 +1,8 @@
 """Self-speculative decoding measured: trained models, with and without drafts from their own
 first levels, against fairseq's transformer of the same width and depth (docs/speculative.md).
 
-Two steps, each resumable (a model already trained or a measurement already made is kept):
+Two steps, each resumable (a model already trained or a measurement already made is kept; a
+training stopped half-way resumes from its last checkpoint):
 
     python scripts/speculative.py train      # the models of MODELS on the embedded corpus
     python scripts/speculative.py measure    # the tables, the JSON and the plot
@@ -100,6 +101,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="timing rounds (best kept)")
     parser.add_argument("--draft-tokens", type=int, nargs="+", default=[2, 3, 4, 6, 8])
+    parser.add_argument(
+        "--max-draft-levels", type=int, default=5, help="the deepest draft timed (R <= this)"
+    )
     args = parser.parse_args(argv)
     if args.levels < 2:
         parser.error(f"--levels {args.levels}: a draft needs at least 2 levels")
@@ -130,10 +134,10 @@ def train(args: argparse.Namespace) -> None:
     )  # fmt: skip
     for name in args.models:
         arch, extra, title = MODELS[name]
-        if checkpoint(args, name).exists():
+        run_dir = args.out / name
+        if (run_dir / "train.json").exists():  # written when training ended
             print(f"{name}: trained already ({checkpoint(args, name)})", flush=True)
             continue
-        run_dir = args.out / name
         run_dir.mkdir(parents=True, exist_ok=True)
         flags = [*size_flags(size, arch), *recipe_flags(recipe(args)), *extra]
         if arch == "relaxed_transformer":

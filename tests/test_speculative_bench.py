@@ -22,15 +22,21 @@ def test_train_then_measure_writes_the_page(data, tmp_path):
               "32", "--heads", "2", "--levels", "3", "--max-update", "6", "--nproc", "1"]  # fmt: skip
     assert script.main(["train", *common]) == 0
     assert script.main(["train", *common]) == 0  # resumed: nothing trained again
-    measure = ["--sentences", "6", "--batch", "4", "--rounds", "1", "--draft-tokens", "2", "3"]
+    measure = ["--sentences", "6", "--batch", "4", "--rounds", "1", "--draft-tokens", "2", "4"]
     assert script.main(["measure", *common, *measure]) == 0
     results = json.loads((tmp_path / "s.json").read_text())
     quality = results["quality"]["ringformer-random"]
     assert set(quality["identical"]) == {"1", "2"}
     assert all(v["same"] == v["of"] for v in quality["identical"].values())  # exact
     runs = {(r["model"], r["run"], r["setting"]) for r in results["speed"]["rows"]}
-    assert ("ringformer-random", "spec R=2 K=3", "batch 1") in runs
-    assert ("transformer", "greedy", "batch 4") in runs and ("transformer", "beam4", "batch 1") in runs
+    assert ("ringformer-random", "spec R=2 K=2", "batch 1") in runs
+    assert ("ringformer-random", "spec R=1 K=4", "batch 4") in runs
+    assert ("ringformer-random", "spec R=1 K=2", "batch 4") not in runs
+    assert ("transformer", "greedy", "batch 4") in runs and (
+        "transformer",
+        "beam4",
+        "batch 1",
+    ) in runs
     assert set(results["beam"]["ringformer-random"]) == {"1", "2"}
     page = (tmp_path / "s.md").read_text()
     for heading in ("## Speed at batch 1", "## Identical outputs", "## Beam search"):

@@ -132,7 +132,6 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         )
         self.stats = Statistics()
         self.batches = 0
-        atexit.register(self.log_summary)
 
     def log_summary(self) -> None:
         if self.stats.verifications:
@@ -279,7 +278,11 @@ class SpeculativeTranslationTask(TranslationTask):
             "draft_levels": levels,
             "draft_tokens": self.cfg.draft_tokens,
         }
-        return super().build_generator(models, args, SpeculativeSequenceGenerator, extra, **kwargs)
+        generator = super().build_generator(
+            models, args, SpeculativeSequenceGenerator, extra, **kwargs
+        )
+        atexit.register(generator.log_summary)  # the run's acceptance, when the command ends
+        return generator
 
 
 __all__ = ["SpeculativeSequenceGenerator", "SpeculativeTranslationTask", "TASK"]

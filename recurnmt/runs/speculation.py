@@ -114,10 +114,12 @@ def can_draft(model) -> bool:
     return stack is not None and stack.halting is None
 
 
-def quality(test: TestSet, models: dict[str, Any], log: Callable[[str], None]) -> dict:
+def quality(
+    test: TestSet, models: dict[str, Any], max_levels: int, log: Callable[[str], None]
+) -> dict:
     """BLEU of every model at full depth (beam 4) and greedy, of its drafts alone (greedy at
     their first R levels), and how many sentences speculative greedy decodes as plain greedy
-    does, for every R (K = 4), on the whole test set in batches of 64."""
+    does, for every R up to ``max_levels`` (K = 4), on the whole test set in batches of 64."""
     everything = test.batches(range(len(test.dataset)), 64)
     out = {}
     for name, model in models.items():
@@ -130,7 +132,7 @@ def quality(test: TestSet, models: dict[str, Any], log: Callable[[str], None]) -
         if can_draft(model):
             stack = model.decoder.stack
             row["draft"], row["identical"] = {}, {}
-            for r in range(1, stack.num_levels):
+            for r in range(1, min(stack.num_levels, max_levels + 1)):
                 with first_levels(stack, r):
                     drafted, _, _ = decode(greedy(model, test.tgt_dict), model, everything)
                 row["draft"][r] = bleu(test, drafted)
@@ -147,8 +149,9 @@ def speed(
     test: TestSet, models: dict[str, Any], args: argparse.Namespace, log: Callable[[str], None]
 ) -> dict:
     """Tokens/s and sentences/s at batch 1 (``args.sentences`` sentences spread over the test
-    set) and in batches of ``args.batch``: plain greedy and beam 4 of every model, speculative
-    greedy for every R and K; every configuration once a round, the fastest round kept."""
+    set) and in batches of ``args.batch``: plain greedy (and beam 4 at batch 1) of every model,
+    speculative greedy for every R up to ``args.max_draft_levels`` and K (in batches: K = 4);
+    every configuration once a round, the fastest round kept."""
     one = test.batches(test.spread(args.sentences), 1)
     batched = test.batches(test.spread(args.sentences), args.batch)
     configs: list[tuple[str, str, Callable[[], Any], Any]] = []
@@ -157,7 +160,7 @@ def speed(
         configs.append((name, "greedy", lambda m=model, t=tgt: greedy(m, t), model))
         configs.append((name, "beam4", lambda m=model, t=tgt: beam(m, t), model))
         if can_draft(model):
-            for r in range(1, model.decoder.stack.num_levels):
+            for r in range(1, min(model.decoder.stack.num_levels, args.max_draft_levels + 1)):
                 for k in args.draft_tokens:
                     run = f"spec R={r} K={k}"
                     make = lambda m=model, t=tgt, r=r, k=k: speculative(m, t, r, k)  # noqa: E731
@@ -166,7 +169,8 @@ def speed(
     for round_ in range(args.rounds):
         for name, run, make, model in configs:
             for setting, batches in (("batch 1", one), (f"batch {args.batch}", batched)):
-                if run == "beam4" and setting != "batch 1":
+                if setting != "batch 1" and (run == "beam4" or run.startswith("spec") and
+                                             not run.endswith(" K=4")):  # fmt: skip
                     continue
                 generator = make()
                 _, seconds, tokens = decode(generator, model, batches)
@@ -192,8 +196,8 @@ def speed(
 
 def beam_agreement(test: TestSet, models: dict[str, Any], args: argparse.Namespace) -> dict:
     """How often the draft (the first R levels) would select the beam-4 step the full model
-    selects (the same 2 x 4 candidates, tokens and beams, in order), and the mean run of
-    consecutive agreeing steps: the bound on what exact beam speculation could accept."""
+    selects (:func:`_same_selection`), and the mean run of consecutive agreeing steps: the
+    bound on what exact beam speculation could accept."""
     out = {}
     ids = test.spread(min(args.sentences, 60))
     for name, model in models.items():
@@ -201,20 +205,23 @@ def beam_agreement(test: TestSet, models: dict[str, Any], args: argparse.Namespa
             continue
         stack = model.decoder.stack
         out[name] = {}
-        for r in range(1, stack.num_levels):
+        for r in range(1, min(stack.num_levels, args.max_draft_levels + 1)):
             agree = _beam_steps(model, test, ids, r)
-            runs = [len(run) for seq in agree for run in "".join("1" if a else "0"
-                    for a in seq).split("0")]  # fmt: skip
-            steps = [a for seq in agree for a in seq]
-            out[name][r] = {
-                "steps": len(steps),
-                "agreeing": round(sum(steps) / max(len(steps), 1), 3),
-                "mean_run": round(statistics.mean(runs), 3) if runs else 0.0,
-            }
+            out[name][r] = {"steps": sum(len(seq) for seq in agree)}
+            for i, key in enumerate(("ordered", "as_sets")):
+                steps = [a[i] for seq in agree for a in seq]
+                runs = [len(run) for seq in agree
+                        for run in "".join("1" if a[i] else "0" for a in seq).split("0")]  # fmt: skip
+                out[name][r][key] = {
+                    "agreeing": round(sum(steps) / max(len(steps), 1), 3),
+                    "mean_run": round(statistics.mean(runs), 3) if runs else 0.0,
+                }
     return out
 
 
-def _beam_steps(model, test: TestSet, ids: Sequence[int], levels: int) -> list[list[bool]]:
+def _beam_steps(
+    model, test: TestSet, ids: Sequence[int], levels: int
+) -> list[list[tuple[bool, bool]]]:
     """For every sentence, whether each beam-search step's candidates from the draft's
     log-probabilities equal the full model's (both from the same hypotheses)."""
     decoder = model.decoder
@@ -230,16 +237,15 @@ def _beam_steps(model, test: TestSet, ids: Sequence[int], levels: int) -> list[l
         return x, extra
 
     bs = search.BeamSearch(test.tgt_dict)
-    real_step = bs.step
-    agreement: dict[int, list[bool]] = {}
+    real_step, eos = bs.step, test.tgt_dict.eos()
+    agreement: dict[int, list[tuple[bool, bool]]] = {}
 
     def step(step_, lprobs, scores, *args, **kwargs):
         full = real_step(step_, lprobs, scores, *args, **kwargs)
         draft = torch.log_softmax(drafts[-1][:, -1].float(), -1).view_as(lprobs)
         draft[..., test.tgt_dict.pad()] = -float("inf")
         mine = real_step(step_, draft, scores, *args, **kwargs)
-        same = (full[1] == mine[1]) & (full[2] == mine[2])  # tokens and beams, in order
-        for row, ok in enumerate(same.all(1).tolist()):
+        for row, ok in enumerate(_same_selection(full, mine, eos, BEAM)):
             agreement.setdefault(current[row], []).append(ok)
         return full
 
@@ -256,6 +262,27 @@ def _beam_steps(model, test: TestSet, ids: Sequence[int], levels: int) -> list[l
     finally:
         decoder.forward = real_forward
     return list(agreement.values())
+
+
+def _same_selection(full, mine, eos: int, beam: int) -> list[tuple[bool, bool]]:
+    """Per sentence, whether two beam-search steps select alike, as fairseq's
+    ``SequenceGenerator`` uses a step's 2 x beam candidates: the hypotheses that end (eos among
+    the first ``beam``) and the ``beam`` that go on (the first candidates that are not eos),
+    their tokens and beams, in order and as sets (a speculation could follow a permutation).
+    The scores do not enter: a verification recomputes them."""
+    out = []
+    for f_idx, f_beam, m_idx, m_beam in zip(full[1], full[2], mine[1], mine[2], strict=True):
+        picks = []
+        for idx, beams in ((f_idx, f_beam), (m_idx, m_beam)):
+            ends = [b for t, b in zip(idx[:beam].tolist(), beams[:beam].tolist(), strict=True)
+                    if t == eos]  # fmt: skip
+            going = [(t, b) for t, b in zip(idx.tolist(), beams.tolist(), strict=True)
+                     if t != eos][:beam]  # fmt: skip
+            picks.append((ends, going))
+        ordered = picks[0] == picks[1]
+        as_sets = all(sorted(a) == sorted(b) for a, b in zip(*picks, strict=True))
+        out.append((ordered, as_sets))
+    return out
 
 
 def measure(args: argparse.Namespace, specs: dict[str, tuple[str, tuple[str, ...], str]]) -> None:
@@ -278,7 +305,7 @@ def measure(args: argparse.Namespace, specs: dict[str, tuple[str, tuple[str, ...
     results["models"] = {n: specs[n][2] for n in models}
     results["settings"] = {k: str(v) for k, v in vars(args).items() if k not in ("step",)}
     for part, fn in (
-        ("quality", lambda: quality(test, models, log)),
+        ("quality", lambda: quality(test, models, args.max_draft_levels, log)),
         ("speed", lambda: speed(test, models, args, log)),
         ("beam", lambda: beam_agreement(test, models, args)),
     ):

@@ -126,13 +126,16 @@ def identical_table(results: dict) -> list[str]:
 
 def beam_table(results: dict) -> list[str]:
     lines = [
-        "| model | R | beam steps | draft selects the full model's step | mean run of agreeing steps |",
-        "| --- | --- | --- | --- | --- |",
+        "| model | R | beam steps | steps the draft selects alike: in order | as sets | mean run "
+        "of such steps: in order | as sets |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for model, by_r in results.get("beam", {}).items():
         for r, row in by_r.items():
+            o, s = row["ordered"], row["as_sets"]
             lines.append(
-                f"| {model} | {r} | {row['steps']} | {row['agreeing']:.2f} | {row['mean_run']:.2f} |"
+                f"| {model} | {r} | {row['steps']} | {o['agreeing']:.2f} | {s['agreeing']:.2f} | "
+                f"{o['mean_run']:.2f} | {s['mean_run']:.2f} |"
             )
     return lines
 
@@ -226,7 +229,8 @@ def write_report(doc: Path, results: dict[str, Any]) -> None:
         "## Beam search",
         "",
         "Exact beam speculation would accept drafted steps while the draft's beam selection "
-        "(the 2 x 4 candidates, their tokens and beams, in order) equals the full model's. "
+        "(the hypotheses that end and the 4 that go on, their tokens and beams, in order) "
+        "equals the full model's. "
         "How often it does, from the same hypotheses at every step of the full model's beam "
         "search:",
         "",
