@@ -64,6 +64,16 @@ MODELS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("--mixed-depth", "on", "--mixed-depth-levels", "1"),
         "RingFormer, drafts trained at 1 level",
     ),
+    "ringformer-r1-distill": (
+        "ringformer",
+        ("--mixed-depth", "on", "--mixed-depth-levels", "1", "--shallow-distill", "0.5"),
+        "RingFormer, drafts trained at 1 level, half on the full depth's predictions (KL)",
+    ),
+    "demo": (
+        "ringformer_iwslt_de_en",
+        ("--encoder-layers", "3", "--decoder-layers", "3"),
+        "the demo's RingFormer (3 levels, level-signal rank 8), no draft training",
+    ),
     "ringformer-12-r1": (
         "ringformer",
         ("--decoder-layers", "12", "--mixed-depth", "on", "--mixed-depth-levels", "1"),

@@ -162,6 +162,29 @@ def test_mixed_depth_levels_trains_the_decoders_first_levels_as_a_draft(levels):
     assert drawn == ({1, 2, 3} if levels == "random" else {int(levels)})
 
 
+def test_shallow_distillation_adds_the_kl_from_the_full_depth():
+    """--shallow-distill W: the shallow pass's loss is (1 - W) x its label loss + W x KL(full
+    depth, detached || shallow), summed over the target's tokens."""
+    model, _, task = build("ringformer_tiny", "--mixed-depth", "on", "--mixed-depth-levels", "1")
+    sample = _sample(model)
+    model.train()
+    labels_only, _, _ = _criterion(task)(model, sample)
+    loss, _, log = _criterion(task, shallow_distill=0.25)(model, sample)
+    deep_out = model(**sample["net_input"])
+    deep, _ = _criterion(task).compute_loss(model, deep_out, sample)
+    with model.shallow_pass():
+        shallow_out = model(**sample["net_input"])
+    shallow, _ = _criterion(task).compute_loss(model, shallow_out, sample)
+    p = model.get_normalized_probs(deep_out, log_probs=True)
+    q = model.get_normalized_probs(shallow_out, log_probs=True)
+    kl = ((p.exp() * (p - q)).sum(-1) * sample["target"].ne(DICT.pad())).sum()
+    torch.testing.assert_close(log["shallow_kl"], kl.detach())
+    torch.testing.assert_close(loss, deep + 0.75 * shallow + 0.25 * kl, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(labels_only, deep + shallow, rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="--shallow-distill=1.5: a weight in 0 .. 1"):
+        _criterion(task, shallow_distill=1.5)
+
+
 @pytest.mark.parametrize(
     "flags,message",
     [

@@ -42,6 +42,15 @@ class RecurrentCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
         default="first-block",
         metadata={"help": "log SReT LRC coefficients: none, first-block or all"},
     )
+    shallow_distill: float = field(
+        default=0.0,
+        metadata={
+            "help": "with --mixed-depth on: the weight (0..1) of self-distillation in the "
+            "shallow pass's loss, the KL divergence from the full depth's distribution "
+            "(detached) to the shallow pass's, beside the labels' (1 - weight): what a draft "
+            "must match to be accepted (docs/speculative.md)"
+        },
+    )
 
 
 def lrc_coefficients(model, which: str = "first-block") -> "dict[str, float]":
@@ -90,12 +99,26 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
         report_accuracy=False,
         act_loss_weight=0.01,
         log_lrc="first-block",
+        shallow_distill=0.0,
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if log_lrc not in ("none", "first-block", "all"):
             raise ValueError(f"--log-lrc={log_lrc!r}: choose none, first-block or all")
+        if not 0.0 <= shallow_distill <= 1.0:
+            raise ValueError(f"--shallow-distill={shallow_distill}: a weight in 0 .. 1")
+        self.shallow_distill = shallow_distill
         self.act_loss_weight = act_loss_weight
         self.log_lrc = log_lrc
+
+    def _distillation(self, model, deep_output, shallow_output, sample, reduce: bool) -> Tensor:
+        """KL(p_deep || p_shallow) summed over the target's tokens (the NLL's reduction),
+        p_deep detached: the shallow pass learns the full depth's predictions, which a
+        speculative draft is accepted by, not only the labels'."""
+        deep = model.get_normalized_probs(deep_output, log_probs=True).detach()
+        shallow = model.get_normalized_probs(shallow_output, log_probs=True)
+        kl = (deep.exp() * (deep - shallow)).sum(-1)  # B x T
+        kl = kl * sample["target"].ne(self.padding_idx)
+        return kl.sum() if reduce else kl.flatten()
 
     def _ponder(self, sample, net_output) -> "Tensor | None":
         """Sum of N + R over real source and target positions, or None without ACT."""
@@ -130,6 +153,11 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
             with model.shallow_pass():  # the same weights, fewer levels (--mixed-depth-levels)
                 shallow_output = model(**sample["net_input"])
             shallow_loss, _ = self.compute_loss(model, shallow_output, sample, reduce=reduce)
+            if self.shallow_distill:
+                distill = self._distillation(model, net_output, shallow_output, sample, reduce)
+                w = self.shallow_distill
+                shallow_loss = (1 - w) * shallow_loss + w * distill
+                logging_output["shallow_kl"] = distill.data
             loss = loss + shallow_loss
             logging_output["shallow_loss"] = shallow_loss.data
         if self.report_accuracy:
@@ -147,6 +175,9 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
         sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        if any("shallow_kl" in log for log in logging_outputs):
+            kl = sum(log.get("shallow_kl", 0) for log in logging_outputs)
+            metrics.log_scalar("shallow_kl", kl / sample_size, sample_size, round=4)
         if any("shallow_loss" in log for log in logging_outputs):
             shallow = sum(log.get("shallow_loss", 0) for log in logging_outputs)
             metrics.log_scalar(
