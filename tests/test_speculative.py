@@ -277,10 +277,11 @@ def _speculate_once(model, sim: SimulatedDevice):
 
 
 @pytest.mark.parametrize("family", ["ringformer", "relaxed_transformer", "universal_transformer"])
-def test_a_verification_waits_on_the_device_twice_and_copies_nothing_to_it(family, monkeypatch):
-    """On a (simulated) CUDA device the host waits on the device twice a verification (the
-    acceptance, the rows that ended), the same at 4 and 8 levels (none per level or drafted
-    token), plus a few times a batch; no tensor made on the CPU is copied to the device.
+def test_a_verification_waits_on_the_device_once_and_copies_nothing_to_it(family, monkeypatch):
+    """On a (simulated) CUDA device the host waits on the device once a greedy verification
+    (what is accepted and which rows end, read together), none per level or drafted token (at
+    4 and at 8 levels), plus a few times a batch (the encoder, the rows that leave); no tensor
+    made on the CPU is copied to the device.
     torch's lower-right causal bias (a tensor subclass) cannot be made under a dispatch mode:
     the same band as a boolean mask takes its place here."""
     from recurnmt.modules import attention
@@ -297,5 +298,5 @@ def test_a_verification_waits_on_the_device_twice_and_copies_nothing_to_it(famil
     for levels in (4, 8):
         log, verifications = _speculate_once(_model(f"{family}_tiny", levels=levels), sim)
         assert not log.to_device, [(e.op, e.where) for e in log.to_device]
-        extra[levels] = len(log.syncs) - 2 * verifications
-    assert extra[4] == extra[8] <= 8, extra
+        extra[levels] = len(log.syncs) - verifications
+    assert 0 <= extra[4] <= 6 and 0 <= extra[8] <= 6, extra

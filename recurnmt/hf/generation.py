@@ -57,8 +57,8 @@ class HFDraftingDecoder:
         self.side, self.stack, self.head = model.decoder, model.decoder.stack, model.lm_head
         self.memory = Memory(memory, padding_mask, 1)
 
-    def embed(self, prefix: Tensor) -> tuple[Tensor, Tensor | None]:
-        return self.side.embed(prefix[:, -1:], prefix.size(1) - 1)
+    def embed(self, tokens: Tensor, position: int) -> tuple[Tensor, Tensor | None]:
+        return self.side.embed(tokens, position)
 
     def hooks(self, positions: Tensor | None):
         return self.side.level_hooks(positions)

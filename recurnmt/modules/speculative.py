@@ -37,6 +37,7 @@ input of level r + 1.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,9 +56,9 @@ class DraftingDecoder(Protocol):
 
     stack: RecurrentStack
 
-    def embed(self, prefix: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The last token of ``prefix`` (B x L) embedded at its position (B x 1 x C), and its
-        position embedding (or None)."""
+    def embed(self, tokens: Tensor, position: int) -> tuple[Tensor, Tensor | None]:
+        """``tokens`` (B x 1) embedded at target position ``position`` (0: the start token),
+        B x 1 x C, and their position embedding (or None)."""
 
     def hooks(self, positions: Tensor | None) -> list[LevelHook]:
         """The level hooks of positions (the Universal Transformer's at every level)."""
@@ -93,8 +94,13 @@ class TokenRule:
     topp: float = 0.0
 
     def lprobs(self, logits: Tensor, step: int) -> Tensor:
-        """Adjusted log-probabilities (float32), B x T x V, for steps ``step`` onwards."""
-        lprobs = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+        """Adjusted log-probabilities (float32), B x T x V, for steps ``step`` onwards (a NaN
+        as -inf, as fairseq reads it)."""
+        scores = logits.float()
+        if self.temperature != 1.0:
+            scores = scores / self.temperature
+        lprobs = torch.log_softmax(scores, dim=-1)
+        lprobs.masked_fill_(lprobs.isnan(), -math.inf)
         if self.adjust is not None:
             self.adjust(lprobs, step)
         return lprobs
@@ -227,7 +233,7 @@ class SelfSpeculation:
         decoder, rule = self.decoder, self.rule
         stats = Statistics()
         cache = StackCache()
-        rows = torch.arange(prefix.size(0), device=prefix.device)  # original row of each
+        rows = list(range(prefix.size(0)))  # the original row of each row still running
         tokens, scores = prefix, torch.zeros(prefix.shape, device=prefix.device)
         done: dict[int, tuple[Tensor, Tensor]] = {}
         step = 0  # tokens generated so far; the caches hold as many positions
@@ -235,9 +241,9 @@ class SelfSpeculation:
             k = min(self.k, max_len - step)
             start = time.perf_counter()
             drafts, draft_probs, states, positions = [], [], [], []
-            current = tokens
+            last = tokens[:, -1:]
             for j in range(k + 1):  # k drafts, and the last one through the draft's levels
-                x, pos = decoder.embed(current)
+                x, pos = decoder.embed(last, step + j)
                 out = decoder.run(x, self.shallow, cache, decoder.hooks(pos))
                 states.append(out.hidden)
                 positions.append(pos)
@@ -246,21 +252,30 @@ class SelfSpeculation:
                 logits = decoder.logits(out.output)
                 if rule.sampling:
                     q = rule.probs(rule.lprobs(logits, step + j)[:, 0])
-                    draft = torch.multinomial(q, 1, generator=generator)
+                    last = torch.multinomial(q, 1, generator=generator)
                     draft_probs.append(q)
                 else:
-                    draft = rule.argmax(logits, step + j)  # B x 1
-                drafts.append(draft)
-                current = torch.cat([current, draft], 1)
+                    last = rule.argmax(logits, step + j)  # B x 1
+                drafts.append(last)
             stats.draft_seconds += time.perf_counter() - start
             start = time.perf_counter()
             pos = None if positions[0] is None else torch.cat(positions, 1)
             out = decoder.run(torch.cat(states, 1), self.deep, cache, decoder.hooks(pos))
             lprobs = rule.lprobs(decoder.logits(out.output), step)  # B x (k + 1) x V
             drafted = torch.cat(drafts, 1) if drafts else tokens[:, :0]
-            agree = self._agreement(lprobs, drafted, draft_probs, generator)  # per row
-            accepted, agreed = torch.stack([agree.min(), agree.sum()]).tolist()  # one read
-            emitted = self._emit(lprobs, drafted, draft_probs, agree, accepted, generator)
+            if rule.sampling:
+                agree = self._agreement(lprobs, drafted, draft_probs, generator)  # per row
+                accepted, agreed = torch.stack([agree.min(), agree.sum()]).tolist()  # a read
+                emitted = self._emit(lprobs, drafted, draft_probs, agree, accepted, generator)
+                first = _first(emitted.eq(eos))
+                ends = first.tolist()  # and a second
+            else:  # the full model's tokens: one read says what is accepted and what ends
+                target = lprobs.argmax(-1)  # B x (k + 1)
+                agree = (drafted == target[:, :k]).long().cumprod(1).sum(1)
+                first = _first(target.eq(eos))
+                read = torch.cat([agree.min().view(1), agree.sum().view(1), first])
+                accepted, agreed, *ends = read.tolist()
+                emitted = target[:, : accepted + 1]
             n = emitted.size(1)
             cache.truncate(step + n)
             stats.verify_seconds += time.perf_counter() - start
@@ -274,25 +289,22 @@ class SelfSpeculation:
             chosen = lprobs[:, :n].gather(-1, emitted.unsqueeze(-1))[..., 0]
             scores = torch.cat([scores, chosen], 1)
             step += n
-            ended = emitted.eq(eos)
-            finished = ended.any(1)
-            if step > max_len:  # max_len + 1 tokens: the last is eos where the rule forces it
-                finished.fill_(True)
-            if not bool(finished.any()):  # the verification's second host read
+            # a row ends at its first eos among what it emitted (the rule forces one at the
+            # maximum length: max_len + 1 tokens)
+            ending = [i for i, e in enumerate(ends) if e < n or step > max_len]
+            if not ending:
                 continue
-            # the rows that end here, and where (their first eos): one read
-            ends = torch.where(ended.any(1), ended.long().argmax(1), n - 1) + step - n + 1
-            index = finished.nonzero()[:, 0]
-            for i, row, end in zip(
-                *torch.stack([index, rows[index], ends[index]]).tolist(), strict=True
-            ):
-                done[row] = (tokens[i, 1 : end + 1], scores[i, 1 : end + 1])
-            keep = (~finished).nonzero()[:, 0]
-            if keep.numel() == 0:
+            for i in ending:
+                end = step - n + min(ends[i], n - 1) + 1  # tokens up to its eos
+                done[rows[i]] = (tokens[i, 1 : end + 1], scores[i, 1 : end + 1])
+            if len(ending) == len(ends):
                 break
+            ended = set(ending)
+            rows = [row for i, row in enumerate(rows) if i not in ended]
+            keep = (first >= n).nonzero()[:, 0]  # on the device: no host-made index
             cache = cache.reorder(keep)
             decoder.select(keep)
-            rows, tokens, scores = rows[keep], tokens[keep], scores[keep]
+            tokens, scores = tokens[keep], scores[keep]
         order = sorted(done)
         return Decoded([done[r][0] for r in order], [done[r][1] for r in order], stats)
 
@@ -334,3 +346,8 @@ class SelfSpeculation:
                 took = (agree > accepted).unsqueeze(1)
                 last = torch.where(took, drafted[:, accepted : accepted + 1], last)
         return torch.cat([drafted[:, :accepted], last], 1)
+
+
+def _first(hits: Tensor) -> Tensor:
+    """Per row the index of the first True of ``hits`` (B x T), or T where there is none."""
+    return torch.where(hits.any(1), hits.long().argmax(1), hits.size(1))

@@ -55,10 +55,26 @@ class FairseqDraftingDecoder:
             pad = pad if bool(pad.any()) else None
         self.memory = Memory(encoder_out["encoder_out"][0].transpose(0, 1), pad, 1)
 
-    def embed(self, prefix: Tensor) -> tuple[Tensor, Tensor | None]:
-        # incrementally: the last token at position len(prefix), read from no tensor (fairseq's
-        # full-pass positions read the device several times a call)
-        x, _, positions = self.decoder.embed(prefix, incremental_state={})
+    def embed(self, tokens: Tensor, position: int) -> tuple[Tensor, Tensor | None]:
+        # TokenEmbedding's incremental step with the position given: fairseq's positional
+        # modules take it from a prefix's length (sinusoidal: its weights' row padding_idx +
+        # position + 1; learned: the same row of its table), through several small operations
+        embed = self.decoder.embed
+        positions = None
+        if embed.embed_positions is not None:
+            module = embed.embed_positions
+            table = module.weights if hasattr(module, "weights") else module.weight
+            row = embed.padding_idx + position + 1
+            if row >= table.size(0):  # beyond the built table: the module extends it
+                prefix = tokens.new_full((tokens.size(0), position + 1), embed.padding_idx + 1)
+                _, _, positions = embed(prefix, incremental_state={})
+            else:
+                positions = table[row].to(embed.embed_tokens.weight).expand(tokens.size(0), 1, -1)
+        x = embed.embed_scale * embed.embed_tokens(tokens)
+        if positions is not None and embed.add_positions:
+            x = x + positions
+        if embed.layernorm_embedding is not None:
+            x = embed.layernorm_embedding(x)
         return x, positions
 
     def hooks(self, positions: Tensor | None) -> list[LevelHook]:
