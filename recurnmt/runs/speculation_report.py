@@ -31,7 +31,6 @@ Every family drafts but ACT (its halting mixes the outputs of every level: refus
 their mixed-depth branch is not a prefix of their levels. Beam search does not speculate
 (`--beam` above 1 is refused): the last table says why. A batch advances by its rows' smallest
 acceptance, so speculation pays most sentence by sentence.""".splitlines()
-MAIN = "ringformer-random"  # the model whose R x K grid is tabled and plotted
 REFERENCE = "transformer"  # fairseq's transformer
 
 
@@ -104,16 +103,42 @@ def grid_table(results: dict, model: str, setting: str = "batch 1") -> list[str]
 
 def quality_table(results: dict) -> list[str]:
     quality = results["quality"]
+    rows = _rows(results, "batch 1") if "speed" in results else {}
     levels = max((len(q.get("draft", {})) for q in quality.values()), default=0)
     head = "| model | beam 4 | greedy | " + " | ".join(f"draft R={r}" for r in range(1, levels + 1))
-    lines = [head + " |", "| --- | --- | --- |" + " --- |" * levels]
+    head += " | drafts accepted, R=1, K=4 |"
+    lines = [head, "| --- | --- | --- |" + " --- |" * levels + " --- |"]
     for model, q in quality.items():
         drafts = [f"{q['draft'][str(r)]:.2f}" if str(r) in q.get("draft", {}) else "-"
                   for r in range(1, levels + 1)]  # fmt: skip
+        spec = rows.get((model, "spec R=1 K=4"))
+        accepted = f"{spec['accepted']:.2f} of 4" if spec else "-"
         lines.append(
-            f"| {model} | {q['beam4']:.2f} | {q['greedy']:.2f} | " + " | ".join(drafts) + " |"
+            f"| {model} | {q['beam4']:.2f} | {q['greedy']:.2f} | "
+            + " | ".join(drafts)
+            + f" | {accepted} |"
         )
     return lines
+
+
+def headline(results: dict) -> list[str]:
+    """The fastest speculative setting at batch 1, against its own plain greedy decoding and
+    fairseq's transformer, in one sentence."""
+    rows = _rows(results, "batch 1")
+    main = main_model(results)
+    if main is None:
+        return []
+    (r, k), best = max(_spec_runs(rows, main).items(), key=lambda item: item[1]["tokens_per_s"])
+    plain, ref = rows[(main, "greedy")], rows.get((REFERENCE, "greedy"))
+    versus = (
+        f", {best['tokens_per_s'] / ref['tokens_per_s']:.2f}x fairseq's transformer's greedy"
+        if ref else ""
+    )  # fmt: skip
+    return [
+        f"**At batch 1** the fastest is `{main}` with R={r}, K={k}: {best['tokens_per_s']:.0f} "
+        f"tokens/s, {best['tokens_per_s'] / plain['tokens_per_s']:.2f}x its own plain greedy "
+        f"decoding{versus}, accepting {best['accepted']:.2f} drafts per verification.",
+    ]
 
 
 def identical_table(results: dict) -> list[str]:
@@ -140,15 +165,28 @@ def beam_table(results: dict) -> list[str]:
     return lines
 
 
+def main_model(results: dict) -> str | None:
+    """The model whose draft decodes fastest at batch 1 against its own plain decoding: its
+    R x K grid is tabled and plotted."""
+    rows = _rows(results, "batch 1")
+    best = {}
+    for model in results["models"]:
+        spec, plain = _spec_runs(rows, model), rows.get((model, "greedy"))
+        if spec and plain:
+            best[model] = max(r["tokens_per_s"] for r in spec.values()) / plain["tokens_per_s"]
+    return max(best, key=best.get) if best else None
+
+
 def plot(results: dict, path: Path) -> bool:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    main = main_model(results)
     rows = _rows(results, "batch 1")
-    plain = rows.get((MAIN, "greedy"))
-    spec = _spec_runs(rows, MAIN)
+    plain = rows.get((main, "greedy"))
+    spec = _spec_runs(rows, main)
     if not spec or plain is None:
         return False
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
@@ -159,7 +197,7 @@ def plot(results: dict, path: Path) -> bool:
         right.plot(ks, [spec[r, k]["accepted"] for k in ks], "o-", label=f"R={r}")
     left.axhline(1.0, color="grey", lw=0.8)
     left.set(xlabel="drafted tokens K", ylabel="tokens/s vs plain greedy",
-             title=f"{MAIN}, batch 1, CPU")  # fmt: skip
+             title=f"{main}, batch 1, CPU")  # fmt: skip
     right.set(xlabel="drafted tokens K", ylabel="drafts accepted per verification",
               title="acceptance")  # fmt: skip
     left.legend()
@@ -174,6 +212,7 @@ def write_report(doc: Path, results: dict[str, Any]) -> None:
     batch = f"batch {settings['batch']}"
     counts = [v["of"] for q in results["quality"].values() for v in q.get("identical", {}).values()]
     sentences = f"{counts[0]:,}" if counts else "all"
+    main = main_model(results)
     figure = doc.with_suffix(".png")
     lines = [
         "# Self-speculative decoding",
@@ -195,6 +234,8 @@ def write_report(doc: Path, results: dict[str, Any]) -> None:
         "",
         *[f"- `{name}`: {title}" for name, title in results["models"].items()],
         "",
+        *headline(results),
+        "",
         "## Speed at batch 1 (sentence by sentence)",
         "",
         *speed_table(results, "batch 1"),
@@ -203,12 +244,12 @@ def write_report(doc: Path, results: dict[str, Any]) -> None:
         "",
         *speed_table(results, batch),
         "",
-        f"## `{MAIN}`: every draft depth R and length K at batch 1",
+        f"## `{main}`: every draft depth R and length K at batch 1",
         "",
         "tokens/s against the same model's plain greedy decoding (drafts accepted per "
         "verification):",
         "",
-        *grid_table(results, MAIN),
+        *grid_table(results, main),
         "",
         f"![speed and acceptance against K]({figure.name})" if plot(results, figure) else "",
         "",
