@@ -14,8 +14,8 @@ RingFormers differ in how the draft is trained (``--mixed-depth-levels``: not at
 batch at a random depth, at 2 levels, at 1 level) and one runs 12 decoder levels (the same
 parameters: a 1-level draft costs a twelfth of a token's levels there).
 
-``measure`` decodes the embedded test set in this process, every model taking turns (one
-thread, ``--threads``), and reports:
+``measure`` decodes the embedded test set in this process, one model at a time (one thread,
+``--threads``; a model's timing rounds take turns), and reports:
 
 * sacreBLEU of every model at full depth (beam 4), and of the drafts alone (their first R
   levels, greedy): what training for drafts costs and buys;
@@ -68,6 +68,11 @@ MODELS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "ringformer",
         ("--mixed-depth", "on", "--mixed-depth-levels", "1", "--shallow-distill", "0.5"),
         "RingFormer, drafts trained at 1 level, half on the full depth's predictions (KL)",
+    ),
+    "ringformer-r1-kl": (
+        "ringformer",
+        ("--mixed-depth", "on", "--mixed-depth-levels", "1", "--shallow-distill", "1"),
+        "RingFormer, drafts trained at 1 level on the full depth's predictions alone (KL)",
     ),
     "demo": (
         "ringformer_iwslt_de_en",

@@ -24,7 +24,10 @@ def test_train_then_measure_writes_the_page(data, tmp_path):
     assert script.main(["train", *common]) == 0  # resumed: nothing trained again
     measure = ["--sentences", "6", "--batch", "4", "--rounds", "1", "--draft-tokens", "2", "4"]
     assert script.main(["measure", *common, *measure]) == 0
-    results = json.loads((tmp_path / "s.json").read_text())
+    before = (tmp_path / "s.json").read_text()
+    assert script.main(["measure", *common, *measure]) == 0  # resumed: nothing measured again
+    assert (tmp_path / "s.json").read_text() == before
+    results = json.loads(before)
     quality = results["quality"]["ringformer-random"]
     assert set(quality["identical"]) == {"1", "2"}
     assert all(v["same"] == v["of"] for v in quality["identical"].values())  # exact

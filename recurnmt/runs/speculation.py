@@ -1,7 +1,8 @@
 """The measurements of ``scripts/speculative.py``: self-speculative decoding of trained models
 on the embedded test set, against plain decoding and fairseq's transformer (docs/speculative.md).
 
-Every figure is measured in this process on the CPU, one thread, the models taking turns:
+Every figure is measured in this process on the CPU, one thread, one model at a time (its
+timing rounds taking turns), each model's figures saved as soon as they are measured:
 BLEU at full depth and of the drafts alone, identical outputs of speculative and plain greedy
 decoding, tokens/s at batch 1 and in batches, and how often a draft reproduces a beam-search
 step (the bound on exact beam speculation).
@@ -22,7 +23,7 @@ from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
 
 from recurnmt.modules.mixed_depth import first_levels
-from recurnmt.runs.artifacts import write_json
+from recurnmt.runs.artifacts import portable, write_json
 from recurnmt.runs.benchmark import generation_batches, translation_task
 from recurnmt.runs.scoring import corpus_bleu
 
@@ -114,71 +115,62 @@ def can_draft(model) -> bool:
     return stack is not None and stack.halting is None
 
 
-def quality(
-    test: TestSet, models: dict[str, Any], max_levels: int, log: Callable[[str], None]
-) -> dict:
-    """BLEU of every model at full depth (beam 4) and greedy, of its drafts alone (greedy at
-    their first R levels), and how many sentences speculative greedy decodes as plain greedy
-    does, for every R up to ``max_levels`` (K = 4), on the whole test set in batches of 64."""
+def quality(test: TestSet, model, max_levels: int, log: Callable[[str], None], name: str) -> dict:
+    """BLEU of a model at full depth (beam 4) and greedy, of its drafts alone (greedy at their
+    first R levels), and how many sentences speculative greedy decodes as plain greedy does,
+    for every R up to ``max_levels`` (K = 4), on the whole test set in batches of 64."""
     everything = test.batches(range(len(test.dataset)), 64)
-    out = {}
-    for name, model in models.items():
-        row: dict[str, Any] = {}
-        hyps, _, _ = decode(beam(model, test.tgt_dict), model, everything)
-        row["beam4"] = bleu(test, hyps)
-        plain, _, _ = decode(greedy(model, test.tgt_dict), model, everything)
-        row["greedy"] = bleu(test, plain)
-        log(f"{name}: BLEU beam 4 {row['beam4']}, greedy {row['greedy']}")
-        if can_draft(model):
-            stack = model.decoder.stack
-            row["draft"], row["identical"] = {}, {}
-            for r in range(1, min(stack.num_levels, max_levels + 1)):
-                with first_levels(stack, r):
-                    drafted, _, _ = decode(greedy(model, test.tgt_dict), model, everything)
-                row["draft"][r] = bleu(test, drafted)
-                spec, _, _ = decode(speculative(model, test.tgt_dict, r, 4), model, everything)
-                same = sum(torch.equal(spec[i], plain[i]) for i in plain)
-                row["identical"][r] = {"same": same, "of": len(plain)}
-                log(f"  R={r}: draft alone {row['draft'][r]} BLEU; speculative greedy "
-                    f"identical to greedy on {same} of {len(plain)}")  # fmt: skip
-        out[name] = row
-    return out
+    row: dict[str, Any] = {}
+    hyps, _, _ = decode(beam(model, test.tgt_dict), model, everything)
+    row["beam4"] = bleu(test, hyps)
+    plain, _, _ = decode(greedy(model, test.tgt_dict), model, everything)
+    row["greedy"] = bleu(test, plain)
+    log(f"{name}: BLEU beam 4 {row['beam4']}, greedy {row['greedy']}")
+    if can_draft(model):
+        stack = model.decoder.stack
+        row["draft"], row["identical"] = {}, {}
+        for r in range(1, min(stack.num_levels, max_levels + 1)):
+            with first_levels(stack, r):
+                drafted, _, _ = decode(greedy(model, test.tgt_dict), model, everything)
+            row["draft"][r] = bleu(test, drafted)
+            spec, _, _ = decode(speculative(model, test.tgt_dict, r, 4), model, everything)
+            same = sum(torch.equal(spec[i], plain[i]) for i in plain)
+            row["identical"][r] = {"same": same, "of": len(plain)}
+            log(f"  R={r}: draft alone {row['draft'][r]} BLEU; speculative greedy "
+                f"identical to greedy on {same} of {len(plain)}")  # fmt: skip
+    return row
 
 
-def speed(
-    test: TestSet, models: dict[str, Any], args: argparse.Namespace, log: Callable[[str], None]
-) -> dict:
-    """Tokens/s and sentences/s at batch 1 (``args.sentences`` sentences spread over the test
-    set) and in batches of ``args.batch``: plain greedy (and beam 4 at batch 1) of every model,
+def speed(test: TestSet, model, args: argparse.Namespace, log: Callable[[str], None],
+          name: str) -> list[dict]:  # fmt: skip
+    """Tokens/s and sentences/s of a model at batch 1 (``args.sentences`` sentences spread
+    over the test set) and in batches of ``args.batch``: plain greedy (and beam 4 at batch 1),
     speculative greedy for every R up to ``args.max_draft_levels`` and K (in batches: K = 4);
-    every configuration once a round, the fastest round kept."""
+    every configuration once a round, the rounds taking turns, the fastest round kept."""
     one = test.batches(test.spread(args.sentences), 1)
     batched = test.batches(test.spread(args.sentences), args.batch)
-    configs: list[tuple[str, str, Callable[[], Any], Any]] = []
-    for name, model in models.items():
-        tgt = test.tgt_dict
-        configs.append((name, "greedy", lambda m=model, t=tgt: greedy(m, t), model))
-        configs.append((name, "beam4", lambda m=model, t=tgt: beam(m, t), model))
-        if can_draft(model):
-            for r in range(1, min(model.decoder.stack.num_levels, args.max_draft_levels + 1)):
-                for k in args.draft_tokens:
-                    run = f"spec R={r} K={k}"
-                    make = lambda m=model, t=tgt, r=r, k=k: speculative(m, t, r, k)  # noqa: E731
-                    configs.append((name, run, make, model))
-    results: dict[tuple[str, str, str], dict] = {}
+    tgt = test.tgt_dict
+    configs: list[tuple[str, Callable[[], Any]]] = [
+        ("greedy", lambda: greedy(model, tgt)), ("beam4", lambda: beam(model, tgt))
+    ]  # fmt: skip
+    if can_draft(model):
+        for r in range(1, min(model.decoder.stack.num_levels, args.max_draft_levels + 1)):
+            for k in args.draft_tokens:
+                make = lambda r=r, k=k: speculative(model, tgt, r, k)  # noqa: E731
+                configs.append((f"spec R={r} K={k}", make))
+    results: dict[tuple[str, str], dict] = {}
     for round_ in range(args.rounds):
-        for name, run, make, model in configs:
+        for run, make in configs:
             for setting, batches in (("batch 1", one), (f"batch {args.batch}", batched)):
                 if setting != "batch 1" and (run == "beam4" or run.startswith("spec") and
                                              not run.endswith(" K=4")):  # fmt: skip
                     continue
                 generator = make()
                 _, seconds, tokens = decode(generator, model, batches)
-                key = (name, run, setting)
-                best = results.get(key)
+                best = results.get((run, setting))
                 if best is None or seconds < best["seconds"]:
                     stats = getattr(generator, "stats", None)
-                    results[key] = {
+                    results[(run, setting)] = {
                         "model": name, "run": run, "setting": setting,
                         "seconds": round(seconds, 3), "tokens": tokens,
                         "sentences": sum(len(ids) for ids, _ in batches),
@@ -186,36 +178,32 @@ def speed(
                         "tokens_per_verification": None if stats is None
                         else round(stats.tokens_per_verification, 3),
                     }  # fmt: skip
-        log(f"speed: round {round_ + 1} of {args.rounds} done")
+        log(f"{name}: speed round {round_ + 1} of {args.rounds} done")
     rows = list(results.values())
     for row in rows:
         row["tokens_per_s"] = round(row["tokens"] / row["seconds"], 1)
         row["sentences_per_s"] = round(row["sentences"] / row["seconds"], 2)
-    return {"rows": rows}
+    return rows
 
 
-def beam_agreement(test: TestSet, models: dict[str, Any], args: argparse.Namespace) -> dict:
+def beam_agreement(test: TestSet, model, args: argparse.Namespace) -> dict:
     """How often the draft (the first R levels) would select the beam-4 step the full model
     selects (:func:`_same_selection`), and the mean run of consecutive agreeing steps: the
     bound on what exact beam speculation could accept."""
     out = {}
     ids = test.spread(min(args.sentences, 60))
-    for name, model in models.items():
-        if not can_draft(model):
-            continue
-        stack = model.decoder.stack
-        out[name] = {}
-        for r in range(1, min(stack.num_levels, args.max_draft_levels + 1)):
-            agree = _beam_steps(model, test, ids, r)
-            out[name][r] = {"steps": sum(len(seq) for seq in agree)}
-            for i, key in enumerate(("ordered", "as_sets")):
-                steps = [a[i] for seq in agree for a in seq]
-                runs = [len(run) for seq in agree
-                        for run in "".join("1" if a[i] else "0" for a in seq).split("0")]  # fmt: skip
-                out[name][r][key] = {
-                    "agreeing": round(sum(steps) / max(len(steps), 1), 3),
-                    "mean_run": round(statistics.mean(runs), 3) if runs else 0.0,
-                }
+    stack = model.decoder.stack
+    for r in range(1, min(stack.num_levels, args.max_draft_levels + 1)):
+        agree = _beam_steps(model, test, ids, r)
+        out[r] = {"steps": sum(len(seq) for seq in agree)}
+        for i, key in enumerate(("ordered", "as_sets")):
+            steps = [a[i] for seq in agree for a in seq]
+            runs = [len(run) for seq in agree
+                    for run in "".join("1" if a[i] else "0" for a in seq).split("0")]  # fmt: skip
+            out[r][key] = {
+                "agreeing": round(sum(steps) / max(len(steps), 1), 3),
+                "mean_run": round(statistics.mean(runs), 3) if runs else 0.0,
+            }
     return out
 
 
@@ -287,7 +275,8 @@ def _same_selection(full, mine, eos: int, beam: int) -> list[tuple[bool, bool]]:
 
 def measure(args: argparse.Namespace, specs: dict[str, tuple[str, tuple[str, ...], str]]) -> None:
     """Runs every measurement of the trained models of ``args.models`` (those trained), writes
-    the JSON beside ``args.doc`` after each part, then the page and its plot."""
+    the JSON beside ``args.doc`` after each model's part (a stopped run resumes from there;
+    delete the JSON to measure again), then the page and its plot."""
     torch.set_num_threads(args.threads)
     doc = args.doc
     raw = doc.with_suffix(".json")
@@ -304,16 +293,24 @@ def measure(args: argparse.Namespace, specs: dict[str, tuple[str, tuple[str, ...
             models[name] = load(path)[0]
     results["models"] = {n: specs[n][2] for n in models}
     results["settings"] = {k: str(v) for k, v in vars(args).items() if k not in ("step",)}
+    results.setdefault("speed", {"rows": []})
     for part, fn in (
-        ("quality", lambda: quality(test, models, args.max_draft_levels, log)),
-        ("speed", lambda: speed(test, models, args, log)),
-        ("beam", lambda: beam_agreement(test, models, args)),
+        ("quality", lambda name, m: quality(test, m, args.max_draft_levels, log, name)),
+        ("speed", lambda name, m: speed(test, m, args, log, name)),
+        ("beam", lambda name, m: beam_agreement(test, m, args) if can_draft(m) else None),
     ):
-        if part in results and not getattr(args, "again", False):
-            log(f"{part}: measured already ({raw})")
-            continue
-        results[part] = fn()
-        write_json(raw, results)
+        for name, model in models.items():  # one model at a time, kept as it is measured
+            done = {r["model"] for r in results["speed"]["rows"]} if part == "speed" else \
+                results.get(part, {})  # fmt: skip
+            if name in done:
+                log(f"{name}: {part} measured already ({portable(raw)})")
+                continue
+            value = fn(name, model)
+            if part == "speed":
+                results["speed"]["rows"] += value
+            elif value is not None:
+                results.setdefault(part, {})[name] = value
+            write_json(raw, results)
     from recurnmt.runs.speculation_report import write_report
 
     write_report(doc, json.loads(raw.read_text()))  # the keys as the JSON has them
