@@ -5,6 +5,8 @@ fairseq-generate and fairseq-train is in ``tests/test_convert_e2e.py``."""
 
 from __future__ import annotations
 
+import argparse
+import re
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,48 @@ def save_source(path: Path, arch: str, *flags: str):
     }
     torch.save(state, path)
     return model.eval()
+
+
+def old_format(state: dict) -> dict:
+    """``state`` (a fairseq checkpoint) as fairseq's older releases wrote theirs, the WMT16 and
+    WMT19 transformers among them: every setting in a top-level ``args`` (no ``cfg``), the
+    attention's Q, K and V fused in ``in_proj_weight``, norms as ``layer_norms.N``, an untied
+    output projection as ``decoder.embed_out``, the epoch at the top of ``extra_state``."""
+    cfg = state["cfg"]
+    task = {k: v for k, v in dict(cfg["task"]).items() if k != "_name"}
+    args = argparse.Namespace(**(task | vars(cfg["model"]) | {"task": cfg["task"]["_name"]}))
+    for name in ("_name", "max_source_positions", "max_target_positions"):
+        args.__dict__.pop(name, None)
+    args.max_positions = 1024  # renamed to max_source/target_positions since
+    model = dict(state["model"])
+    for key in [k for k in model if k.endswith("q_proj.weight") or k.endswith("q_proj.bias")]:
+        stem, kind = key.rsplit(".q_proj.", 1)
+        parts = [model.pop(f"{stem}.{x}_proj.{kind}") for x in "qkv"]
+        model[f"{stem}.in_proj_{kind}"] = torch.cat(parts)
+    norms = {"encoder": ("self_attn", "final"), "decoder": ("self_attn", "encoder_attn", "final")}
+    for key in [k for k in model if k.split(".")[1] == "layers" and "_layer_norm." in k]:
+        side, _, i, name, *rest = key.split(".")
+        if name.endswith("_layer_norm"):
+            j = norms[side].index(name.removesuffix("_layer_norm"))
+            model[".".join([side, "layers", i, "layer_norms", str(j), *rest])] = model.pop(key)
+    if "decoder.output_projection.weight" in model:
+        head = model.pop("decoder.output_projection.weight")
+        if not (args.share_all_embeddings or args.share_decoder_input_output_embed):
+            model["decoder.embed_out"] = head
+    return {
+        "args": args,
+        "model": model,
+        "optimizer_history": [
+            {
+                "criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                "optimizer_name": "FairseqAdam",
+                "lr_scheduler_state": {"best": 3.5},
+                "num_updates": 1000,
+            }
+        ],  # fmt: skip
+        "extra_state": {"epoch": 3, "batch_offset": 0, "val_loss": 3.5},
+        "last_optimizer_state": None,
+    }
 
 
 def load_converted(path: Path):
@@ -95,6 +139,70 @@ def test_full_rank_conversion_gives_the_sources_logits(tmp_path, arch, flags, in
     assert state["optimizer_history"][-1]["num_updates"] == 0
     assert result.p_star > result.p_star_source  # full rank: more than the source
     assert "--level-lora-rank=full" in result.flags
+
+
+@pytest.mark.parametrize("flags", [[], [*PRE_LN, "--share-all-embeddings"]], ids=["untied", "tied"])
+def test_a_checkpoint_of_fairseqs_older_releases_converts_exactly(tmp_path, flags):
+    """fairseq's released WMT models keep ``args`` and no ``cfg``, fused in-projections and
+    ``layer_norms.N``: read and upgraded as fairseq reads them."""
+    source = save_source(tmp_path / "new.pt", "transformer", *flags)
+    old = old_format(torch.load(tmp_path / "new.pt", weights_only=False))
+    assert "encoder.layers.0.self_attn.in_proj_weight" in old["model"]
+    torch.save(old, tmp_path / "old.pt")
+    _, args, kind = conv.read_checkpoint(tmp_path / "old.pt")
+    assert (kind, args.arch, args.max_source_positions) == ("fairseq", "transformer", 1024)
+    conv.convert(tmp_path / "old.pt", tmp_path / "out.pt", encoder_unique_layers=2,
+                 decoder_unique_layers=1, level_lora_rank="full")  # fmt: skip
+    model, state = load_converted(tmp_path / "out.pt")
+    assert max_diff(model, source) <= 1e-4
+    assert state["args"] is None and state["cfg"]["model"].arch == "relaxed_transformer"
+
+
+FAMILIES = {  # one architecture of every family: exact at full rank, or refused (why)
+    "recurrent_transformer": None,
+    "ringformer": None,  # its level signals start at zero
+    "relaxed_transformer": None,
+    "universal_transformer": "level_signal='static', positions='every-level'",
+    "universal_transformer_act": "halt per token (ACT)",
+    "owf": "share a module (One Wide FFN)",
+    "sret": "the source's layers have no lrc.main",
+}
+
+
+def test_every_family_is_a_target():
+    from recurnmt.nmt.defaults import ARCHS
+
+    assert {family for family, *_ in ARCHS.values()} == set(FAMILIES)
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_every_target_is_exact_at_full_rank_or_refused_saying_why(tmp_path, capsys, arch):
+    source = save_source(tmp_path / "src.pt", "transformer")
+    out = tmp_path / "out.pt"
+    argv = [str(tmp_path / "src.pt"), str(out), "--arch", arch, "--encoder-unique-layers", "2",
+            "--decoder-unique-layers", "1", "--level-lora-rank", "full"]  # fmt: skip
+    if FAMILIES[arch] is None:
+        assert conv.cli(argv) == 0
+        assert max_diff(load_converted(out)[0], source) <= 1e-4
+        assert "keep 100.0% of the energy" in capsys.readouterr().out
+    else:
+        err = _one_line_error(capsys, argv)
+        assert f"error: --arch={arch}" in err and FAMILIES[arch] in err
+        assert "--criterion" not in err and not out.exists()
+
+
+def test_a_low_rank_prints_its_measured_difference_and_the_energy_kept(tmp_path, capsys):
+    source = save_source(tmp_path / "src.pt", "transformer")
+    out = tmp_path / "r8.pt"
+    argv = [str(tmp_path / "src.pt"), str(out), "--unique-layers", "1", "--level-lora-rank", "8"]
+    assert conv.cli(argv) == 0
+    printed = capsys.readouterr().out
+    kept = float(re.search(r"the LoRAs keep ([\d.]+)% of the energy", printed).group(1))
+    said = float(re.search(r"max logit difference from the source (\S+) on", printed).group(1))
+    assert 25 < kept < 100  # rank 8 of 32: part of it
+    assert said == pytest.approx(conv.logit_difference(source, load_converted(out)[0],
+                                                        (len(DICT), len(DICT)))[0], rel=1e-2)  # fmt: skip
+    assert said > 1e-3  # not the source
 
 
 def test_rank_zero_is_plain_sharing_of_the_chosen_layers(tmp_path):

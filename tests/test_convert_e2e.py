@@ -1,5 +1,6 @@
 """``recurnmt-convert`` end to end: a fairseq ``transformer`` trained by ``fairseq-train``,
-converted at full rank, decodes through ``fairseq-generate`` as the teacher does; converted at
+converted at full rank (also from fairseq's older checkpoint format), decodes through
+``fairseq-generate`` as the teacher does; converted at
 a low rank, it fine-tunes through ``fairseq-train --finetune-from-model`` and resumes exactly."""
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests import nmt_fixtures
 from tests.test_cli_e2e import ENV, ROOT, generate, losses, train
+from tests.test_convert import old_format
 
 data = nmt_fixtures.data  # the shared fixture, found by pytest under this name
 
@@ -54,6 +57,14 @@ def test_converted_teacher_decodes_as_the_teacher_and_fine_tunes(data, tmp_path)
     assert len(want) == nmt_fixtures.SIZES["test"] and want.keys() == got.keys()
     for i, (tokens, score) in want.items():
         assert got[i][0] == tokens and got[i][1] == pytest.approx(score, abs=1e-4)
+
+    # the same teacher as fairseq's older releases were saved (args, no cfg, old names)
+    old = tmp_path / "old_format.pt"
+    torch.save(old_format(torch.load(teacher, weights_only=False)), old)
+    convert(str(old), str(tmp_path / "from_old.pt"), "--unique-layers", "1",
+            "--level-lora-rank", "full")  # fmt: skip
+    from_old = hypotheses(generate(data, tmp_path / "from_old.pt"))
+    assert {i: h[0] for i, h in from_old.items()} == {i: h[0] for i, h in want.items()}
 
     low = tmp_path / "low.pt"
     printed = convert(

@@ -10,8 +10,15 @@ levels each get a LoRA of rank ``--level-lora-rank`` and bias deltas, initialise
 truncated SVD of (source layer - shared block) (:mod:`recurnmt.modules.relaxed_init`). Token
 embeddings, position embeddings, embedding norms, the final norms and the output projection
 are copied; every level's norms are the source layer's (``--layer-norms per-level``, the
-relaxed family's default). At ``--level-lora-rank full`` the converted model computes the
-source's logits (float rounding aside); at 0 it is plain sharing of the initialised blocks.
+relaxed family's default, here whatever the target's). At ``--level-lora-rank full`` the
+converted model computes the source's logits (float rounding aside), or the conversion is
+refused with the part of the target's levels that cannot hold the source's layers; at 0 it is
+plain sharing of the initialised blocks. The command prints the largest logit difference from
+the source on a few random sentences and the share of the SVD energy the LoRAs keep.
+
+fairseq's older checkpoint format (top-level ``args``, no ``cfg``: its WMT16/WMT19 releases)
+is upgraded as fairseq upgrades it (``checkpoint_utils._upgrade_state_dict``, then the model's
+``upgrade_state_dict`` for renamed weights).
 
 The output decodes with ``fairseq-generate --user-dir user_dir --path OUT.pt`` and fine-tunes
 with ``fairseq-train DATA --user-dir user_dir --arch ARCH FLAGS --finetune-from-model OUT.pt``,
@@ -35,6 +42,7 @@ from recurnmt.modules.relaxed_init import INITS
 
 PROG = "recurnmt-convert"
 SOURCE_FAMILY = "recurrent_transformer"
+FULL_RANK_TOLERANCE = 1e-4  # of the largest logit: float32 rounding over a deep stack
 # recurnmt options under which a recurrent_transformer computes what a vanilla one does
 _VANILLA = {
     "level_signal": "none",
@@ -63,6 +71,10 @@ class Conversion:
         flags: the recurnmt flags of its model beyond the source's own (for fine-tuning).
         p_star_source: the source's P* (RingFormer Table 1: no embeddings, no head).
         p_star: the converted model's P*.
+        max_logit_difference: the largest difference of its logits from the source's on a
+            few random sentences (:func:`logit_difference`).
+        energy_kept: the share of the energy of the levels' differences from their shared
+            blocks that the LoRAs keep (squared singular values; 1 at full rank).
     """
 
     out: Path
@@ -70,6 +82,8 @@ class Conversion:
     flags: list[str]
     p_star_source: int
     p_star: int
+    max_logit_difference: float
+    energy_kept: float
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,6 +138,12 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], Namespace, str]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many kinds on a file that is no checkpoint
         raise ValueError(f"{path} is not a fairseq checkpoint ({type(err).__name__})") from None
+    if (
+        isinstance(state, dict)
+        and state.get("cfg") is None
+        and isinstance(state.get("args"), Namespace)
+    ):
+        state = _upgraded(state, path)  # fairseq's older releases: ``args``, no ``cfg``
     cfg = state.get("cfg") if isinstance(state, dict) else None
     args = cfg.get("model") if isinstance(cfg, dict) else None
     if not isinstance(args, Namespace) or "model" not in state:
@@ -137,6 +157,24 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], Namespace, str]:
         f"{path} holds a {arch!r} model; {PROG} converts fairseq's transformer (transformer, "
         "transformer_wmt_en_de, ...) and recurnmt's recurrent_transformer_*"
     )
+
+
+def _upgraded(state: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A checkpoint of fairseq's older format (top-level ``args``, no ``cfg``: the WMT16 and
+    WMT19 releases among them) upgraded as fairseq's own ``load_checkpoint_to_cpu`` upgrades
+    it (``checkpoint_utils._upgrade_state_dict``: renamed options, missing fields, the
+    ``cfg`` made from ``args``), the ``cfg`` kept as the plain dict fairseq saves."""
+    from fairseq import checkpoint_utils
+    from omegaconf import OmegaConf
+
+    try:
+        state = checkpoint_utils._upgrade_state_dict(state)
+    except Exception as err:  # fairseq's upgrade indexes fields an odd file may lack
+        raise ValueError(
+            f"{path} is not a fairseq checkpoint fairseq can upgrade ({type(err).__name__}: {err})"
+        ) from None
+    state["cfg"] = OmegaConf.to_container(state["cfg"], resolve=True, enum_to_str=True)
+    return state
 
 
 def _model_args(source: Namespace, kind: str, arch: str, options: dict[str, Any]) -> Namespace:
@@ -190,6 +228,7 @@ def _source_model(state: dict[str, Any], args: Namespace, kind: str):
 
     weights = state["model"]
     if kind == "fairseq":
+        weights = _fairseq_upgraded_weights(weights, args)
         if getattr(args, "no_decoder_final_norm", False) and args.decoder_normalize_before:
             raise ValueError("the source has --no-decoder-final-norm, which recurnmt lacks")
         tied = bool(args.share_all_embeddings or args.share_decoder_input_output_embed)
@@ -204,6 +243,27 @@ def _source_model(state: dict[str, Any], args: Namespace, kind: str):
     model = _build(args, vocab, _joined(args))
     model.load_state_dict(weights, strict=True)
     return model.eval(), vocab
+
+
+def _fairseq_upgraded_weights(weights: dict[str, Any], args: Namespace) -> dict[str, Any]:
+    """fairseq's transformer weights with the renames fairseq makes when it loads them
+    (``upgrade_state_dict``: fused ``in_proj_weight`` split into Q, K and V, ``layer_norms.N``
+    named, ``embed_out`` as ``output_projection``), made by fairseq's own model of ``args``."""
+    from fairseq import tasks
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from recurnmt.nmt.build import toy_dictionary
+
+    args = copy.deepcopy(args)
+    nspecial = toy_dictionary(0).nspecial
+    sizes = [weights[f"{side}.embed_tokens.weight"].size(0) for side in ("encoder", "decoder")]
+    src = toy_dictionary(sizes[0] - nspecial)
+    tgt = src if sizes[0] == sizes[1] else toy_dictionary(sizes[1] - nspecial)
+    task = tasks.get_task("translation")(args, src, tgt)
+    model = ARCH_MODEL_REGISTRY[args.arch].build_model(args, task)
+    weights = dict(weights)
+    model.upgrade_state_dict(weights)  # in place, as fairseq's load_state_dict does
+    return weights
 
 
 def _joined(args: Namespace) -> bool:
@@ -250,17 +310,30 @@ def convert(
         "decoder_unique_layers": decoder_unique_layers,
         "sharing_scheme": sharing_scheme,
         "level_lora_rank": None if level_lora_rank is None else str(level_lora_rank),
-        "layer_norms": layer_norms,
+        "layer_norms": layer_norms or "per-level",  # every level the norms of its layer
     }
     args = _model_args(source_args, kind, arch, options)
     model = _build(args, vocab, _joined(args))
+    if model.encoder.stack.halting is not None or model.decoder.stack.halting is not None:
+        raise ValueError(
+            f"--arch={arch}: its levels halt per token (ACT), which no trained transformer's "
+            "layers do; convert to an architecture without ACT"
+        )
     own = {k: v for k, v in teacher.state_dict().items() if ".stack." not in k}
     missing = [k for k in model.state_dict() if ".stack." not in k and k not in own]
     if missing:
         raise ValueError(f"the source has no {missing[0]}")
     model.load_state_dict(own, strict=False)
+    kept = whole = 0.0
     for side in ("encoder", "decoder"):
-        relax_stack(getattr(teacher, side).stack, getattr(model, side).stack, init)
+        try:
+            energy = relax_stack(getattr(teacher, side).stack, getattr(model, side).stack, init)
+        except ValueError as err:  # a part of the target's levels no source layer holds
+            raise ValueError(f"--arch={arch}: {err}") from None
+        kept, whole = kept + energy[0], whole + energy[1]
+    difference, scale = logit_difference(teacher, model.eval(), vocab)
+    if str(args.level_lora_rank) == "full" and difference > FULL_RANK_TOLERANCE * scale:
+        raise ValueError(_inexact(args, difference))
     _save(state, args, model.state_dict(), out)
     names = ("encoder_unique_layers", "decoder_unique_layers", "sharing_scheme")
     names += ("level_lora_rank", "layer_norms")
@@ -271,6 +344,56 @@ def convert(
         flags,
         parameter_report(teacher).p_star,
         parameter_report(model).p_star,
+        difference,
+        kept / whole if whole > 0 else 1.0,
+    )
+
+
+def logit_difference(teacher, model, vocab: tuple[int, int], seed: int = 0) -> tuple[float, float]:
+    """The largest difference between two models' logits on a few random sentences (4 of
+    12 tokens, teacher forcing, evaluation mode), and the teacher's largest logit."""
+    import torch
+
+    from recurnmt.nmt.build import toy_dictionary
+
+    nspecial, eos = toy_dictionary(0).nspecial, toy_dictionary(0).eos()
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(nspecial, vocab[0], (4, 12), generator=gen)
+    src[:, -1] = eos
+    prev = torch.randint(nspecial, vocab[1], (4, 12), generator=gen)
+    prev[:, 0] = eos
+    lengths = torch.full((4,), 12)
+    with torch.no_grad():
+        want = teacher.eval()(src, lengths, prev)[0].float()
+        got = model.eval()(src, lengths, prev)[0].float()
+    return (got - want).abs().max().item(), max(1.0, want.abs().max().item())
+
+
+def _inexact(args: Namespace, difference: float) -> str:
+    """Why a full-rank conversion to ``args.arch`` is not the source: the per-level parts its
+    levels share or add."""
+    causes = []
+    if args.layer_norms == "per-block":
+        causes.append(
+            "--layer-norms=per-block: the levels of a block share its norms where every "
+            "source layer has its own (--layer-norms per-level holds them)"
+        )
+    added = [
+        f"{name}={getattr(args, name)!r}"
+        for name, plain in _VANILLA.items()
+        if name not in ("level_lora_rank", "encoder_levels", "decoder_levels")
+        and getattr(args, name, plain) not in (None, "", [], ())
+        and str(getattr(args, name)) != str(plain)
+    ]
+    if added:
+        causes.append(
+            f"its levels add or share what the source's layers lack ({', '.join(added)}), "
+            "which no LoRA can undo"
+        )
+    return (
+        f"--arch={args.arch} cannot compute the source at --level-lora-rank=full (max logit "
+        f"difference {difference:.3g} on random sentences): "
+        + ("; ".join(causes) if causes else "a part of its levels this command does not know")
     )
 
 
@@ -318,7 +441,9 @@ def main(argv: list[str] | None = None) -> Conversion:
     )
     print(
         f"wrote {result.out}: {result.arch} ({args.init} init; P* {result.p_star:,} from the "
-        f"source's {result.p_star_source:,})\nfine-tune with: fairseq-train DATA --user-dir "
+        f"source's {result.p_star_source:,})\nthe LoRAs keep {result.energy_kept:.1%} of the "
+        "energy of the levels' differences from their blocks; max logit difference from the "
+        f"source {result.max_logit_difference:.3g} on random sentences\nfine-tune with: fairseq-train DATA --user-dir "
         f"user_dir --arch {result.arch} {' '.join(result.flags)} [the source's model flags] "
         f"--finetune-from-model {result.out}"
     )
