@@ -37,7 +37,7 @@ def _save_ours(path, name: str = "vit_mini_patch4", **kwargs):
 @pytest.mark.parametrize("init", ["stepwise", "average", "lower"])
 def test_our_vit_at_full_rank_is_the_source_exactly(tmp_path, init):
     source = _save_ours(tmp_path / "vit.pt")
-    model, kwargs = convert(
+    model, kwargs, *_ = convert(
         tmp_path / "vit.pt",
         tmp_path / "out.pt",
         model="relaxed_vit_mini_patch4",
@@ -62,7 +62,7 @@ def test_timm_vit_weights_at_full_rank_give_timms_logits(tmp_path):
         )
     )  # fmt: skip
     torch.save({"model": teacher.state_dict()}, tmp_path / "deit.pth")
-    model, kwargs = convert(
+    model, kwargs, *_ = convert(
         tmp_path / "deit.pth", tmp_path / "out.pt", unique_layers=1, level_lora_rank="full"
     )
     assert kwargs["num_heads"] == 2 and kwargs["img_size"] == (16, 16)  # width / 64
@@ -70,11 +70,54 @@ def test_timm_vit_weights_at_full_rank_give_timms_logits(tmp_path):
     from safetensors.torch import save_file
 
     save_file(teacher.state_dict(), str(tmp_path / "deit.safetensors"))
-    low, _ = convert(
+    low, *_ = convert(
         tmp_path / "deit.safetensors", tmp_path / "r0.pt", unique_layers=2, level_lora_rank=0
     )
     assert all(parts.lora is None for parts in low.stack.levels)  # plain sharing
     assert torch.equal(low.stack.blocks[1].ffn.up.weight, teacher.blocks[3].mlp.fc1.weight)
+
+
+def test_a_timm_training_checkpoint_converts_with_its_model_or_ema_weights(tmp_path, capsys):
+    """timm's train.py saves through ``CheckpointSaver``: ``state_dict``, ``state_dict_ema``,
+    the optimizer and its argparse arguments (read weights-only, the arguments allowed)."""
+    import argparse
+
+    from timm.utils import CheckpointSaver, ModelEmaV3
+
+    teacher = _trained(
+        timm.models.vision_transformer.VisionTransformer(
+            img_size=16, patch_size=4, embed_dim=64, depth=4, num_heads=1, num_classes=5
+        )
+    )
+    ema = ModelEmaV3(teacher)
+    _trained(ema.module)  # EMA weights of their own
+    optimizer = torch.optim.SGD(teacher.parameters(), lr=0.1)
+    args = argparse.Namespace(model="deit_tiny_patch16_224", lr=0.1)
+    saver = CheckpointSaver(teacher, optimizer, args=args, model_ema=ema,
+                            checkpoint_dir=str(tmp_path), recovery_dir=str(tmp_path))  # fmt: skip
+    saver.save_checkpoint(epoch=0, metric=1.0)
+    path = tmp_path / "last.pth.tar"
+    for flags, want in (([], teacher), (["--use-ema"], ema.module)):
+        out = tmp_path / f"out{len(flags)}.pt"
+        argv = [str(path), str(out), "--unique-layers", "2", "--level-lora-rank", "full", *flags]
+        assert cli(argv) == 0
+        model = model_from_checkpoint(load_checkpoint(out))
+        assert (_logits(model) - _logits(want.eval())).abs().max() <= 1e-4
+        assert "keep 100.0% of the energy" in capsys.readouterr().out
+    torch.save({"state_dict": teacher.state_dict()}, tmp_path / "plain.pth")
+    assert cli([str(tmp_path / "plain.pth"), str(tmp_path / "o.pt"), "--use-ema"]) == 2
+    assert "--use-ema: the checkpoint holds no EMA weights" in capsys.readouterr().err
+
+
+def test_a_low_rank_prints_its_measured_difference(tmp_path, capsys):
+    _save_ours(tmp_path / "vit.pt")
+    argv = [str(tmp_path / "vit.pt"), str(tmp_path / "o.pt"), "--model",
+            "relaxed_vit_mini_patch4", "--unique-layers", "1", "--level-lora-rank", "2"]  # fmt: skip
+    assert cli(argv) == 0
+    printed = capsys.readouterr().out
+    kept = float(printed.split("the LoRAs keep ")[1].split("%")[0])
+    said = float(printed.split("max logit difference from the source ")[1].split()[0])
+    assert 0 < kept < 100 and said > 1e-3
 
 
 @pytest.mark.parametrize(

@@ -95,7 +95,7 @@ class LowRankDelta(nn.Module):
         return self.lowrank.folded_weight(weight, into_input=False), _sum(bias, self.bias)
 
     @torch.no_grad()
-    def set_difference(self, weight: Tensor, bias: Tensor | None = None) -> None:
+    def set_difference(self, weight: Tensor, bias: Tensor | None = None) -> tuple[float, float]:
         """Starts the term at the truncated SVD of ``weight`` (Relaxed Recursive Transformers,
         SVD initialisation of the multi-LoRA layers): per group, ``weight_g = U S V^T``,
         up ``U_r S_r``, down ``V_r^T``, r this term's rank; exact at the full rank.
@@ -103,6 +103,11 @@ class LowRankDelta(nn.Module):
         Args:
             weight: the original layer's weight minus the shared one, (G * out) x in.
             bias: the original layer's bias minus the shared one, G * out (or None).
+
+        Returns:
+            The energy of ``weight`` the term keeps and its whole energy (sums of squared
+            singular values: the kept one over the whole is 1 minus the squared relative
+            Frobenius error of the truncation, Eckart-Young).
         """
         signal, r = self.lowrank, self.rank
         groups = weight.view(signal.groups, signal.out_dim, -1).double()  # G x out x in
@@ -111,6 +116,8 @@ class LowRankDelta(nn.Module):
         signal.down.copy_(vh[:, :r].reshape(-1, vh.size(-1)))  # (G * r) x in
         if self.bias is not None:
             self.bias.copy_(bias if bias is not None else 0)
+        energy = s.square()
+        return energy[..., :r].sum().item(), energy.sum().item()
 
     def weight_delta(self) -> Tensor:
         """The term's weight, (G * out) x in (for tests and analysis; forward never forms it)."""

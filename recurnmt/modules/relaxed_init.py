@@ -108,7 +108,9 @@ def _check_target(target: RecurrentStack) -> None:
 
 
 @torch.no_grad()
-def relax_stack(source: RecurrentStack, target: RecurrentStack, init: str = "stepwise") -> None:
+def relax_stack(
+    source: RecurrentStack, target: RecurrentStack, init: str = "stepwise"
+) -> tuple[float, float]:
     """Starts ``target`` (M shared blocks, per-level LoRA) from the trained ``source``.
 
     See the module docstring for the initialisations. ``target``'s parts that the source
@@ -119,6 +121,11 @@ def relax_stack(source: RecurrentStack, target: RecurrentStack, init: str = "ste
         source: a trained stack of N levels whose levels own at most their norms.
         target: the relaxed stack, N levels, built with the source's widths and layout.
         init: how the shared blocks start, one of :data:`INITS`.
+
+    Returns:
+        The energy of the levels' differences from their blocks that the LoRAs keep, and the
+        whole (sums of squared singular values over every level and linear; equal at the full
+        rank, the first 0 without LoRAs).
 
     Raises:
         ValueError: the stacks do not fit each other, or an unknown ``init``.
@@ -135,6 +142,7 @@ def relax_stack(source: RecurrentStack, target: RecurrentStack, init: str = "ste
         if missing:
             raise ValueError(f"the source's layers have no {missing[0]}")
         block.load_state_dict({k: torch.stack([layers[i][k] for i in picks]).mean(0) for k in own})
+    kept = whole = 0.0
     for i, parts in enumerate(target.levels):
         shared = target.block_of_level(i).state_dict()
         if parts.norms is not None:
@@ -145,14 +153,21 @@ def relax_stack(source: RecurrentStack, target: RecurrentStack, init: str = "ste
                     if k.startswith("norms.")
                 }
             )
-        for name, delta in (parts.lora or {}).items():
-            linear = LINEARS[name][0]
+        lora = parts.lora or {}
+        for name, (linear, _groups) in LINEARS.items():
+            if f"{linear}.weight" not in shared:
+                continue
             weight = layers[i][f"{linear}.weight"] - shared[f"{linear}.weight"]
+            if name not in lora:  # no LoRA (rank 0): the difference is lost
+                whole += weight.double().square().sum().item()
+                continue
             bias = None
             if f"{linear}.bias" in shared:
                 bias = layers[i][f"{linear}.bias"] - shared[f"{linear}.bias"]
-            delta.set_difference(weight, bias)
+            energy = lora[name].set_difference(weight, bias)
+            kept, whole = kept + energy[0], whole + energy[1]
     if (source.final_norm is None) != (target.final_norm is None):
         raise ValueError("one stack has a final norm (pre-LN) and the other not")
     if target.final_norm is not None:
         target.final_norm.load_state_dict(source.final_norm.state_dict())
+    return kept, whole

@@ -20,8 +20,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
 
 from recurnmt.cli import entry_point
@@ -67,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--level-lora-rank", metavar="R", help="a rank, or full; default: the model's"
     )
     parser.add_argument("--num-heads", type=int, help="heads of timm weights (width / 64)")
+    parser.add_argument(
+        "--use-ema",
+        action="store_true",
+        help="a timm training checkpoint's EMA weights (state_dict_ema), as timm's validate.py",
+    )
     parser.add_argument("--force", action="store_true", help="replace an existing OUT")
     return parser
 
@@ -79,7 +85,9 @@ def _read(path: Path) -> dict[str, Any]:
             from safetensors.torch import load_file
 
             return load_file(str(path))
-        return load_checkpoint(path)
+        # timm's train.py (CheckpointSaver) keeps its argparse arguments beside the weights
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return load_checkpoint(path)
     except Exception as err:  # torch and safetensors raise many kinds on a bad file
         raise ValueError(f"{path} is not a checkpoint ({type(err).__name__})") from None
 
@@ -142,7 +150,27 @@ def vit_settings(model: VisionTransformer) -> dict[str, Any]:
     )
 
 
-def _source(path: Path, num_heads: int | None) -> tuple[VisionTransformer, dict[str, Any]]:
+def timm_weights(ckpt: dict[str, Any], use_ema: bool = False) -> dict[str, Tensor]:
+    """The model weights of a checkpoint as timm saves them, chosen as timm's
+    ``load_state_dict`` chooses (``state_dict_ema`` or ``model_ema`` with ``use_ema``, else
+    ``state_dict``, else ``model``, else the file itself) and cleaned by timm's
+    ``clean_state_dict`` (the ``module.`` prefix of a DataParallel model dropped).
+
+    Raises:
+        ValueError: ``use_ema`` and the checkpoint has no EMA weights.
+    """
+    from timm.models import clean_state_dict
+
+    keys = ("state_dict_ema", "model_ema") if use_ema else ("state_dict", "model")
+    found = next((k for k in keys if isinstance(ckpt.get(k), dict)), None)
+    if use_ema and found is None:
+        raise ValueError("--use-ema: the checkpoint holds no EMA weights (state_dict_ema)")
+    return clean_state_dict(ckpt[found] if found else ckpt)
+
+
+def _source(
+    path: Path, num_heads: int | None, use_ema: bool = False
+) -> tuple[VisionTransformer, dict[str, Any]]:
     """The source model and the checkpoint's data settings (if any)."""
     ckpt = _read(path)
     if "model_name" in ckpt:
@@ -152,10 +180,7 @@ def _source(path: Path, num_heads: int | None) -> tuple[VisionTransformer, dict[
         if model.layer_attn is not None or model.positions_every_level:
             raise ValueError(f"{path} holds a {ckpt['model_name']} with MRLA or UT positions")
         return model, ckpt.get("data", {})
-    weights = next(
-        (ckpt[k] for k in ("model", "state_dict") if isinstance(ckpt.get(k), dict)), ckpt
-    )
-    return timm_vit(weights, num_heads), {}
+    return timm_vit(timm_weights(ckpt, use_ema), num_heads), {}
 
 
 def convert(
@@ -168,6 +193,7 @@ def convert(
     init: str = "stepwise",
     level_lora_rank: str | int | None = None,
     num_heads: int | None = None,
+    use_ema: bool = False,
     force: bool = False,
 ) -> tuple[VisionTransformer, dict[str, Any]]:
     """Writes the relaxed model of ``source`` to ``out``; returns it and its keyword arguments.
@@ -180,7 +206,7 @@ def convert(
     """
     if out.exists() and not force:
         raise FileExistsError(f"{out} exists; pass --force to replace it")
-    teacher, data = _source(source, num_heads)
+    teacher, data = _source(source, num_heads, use_ema)
     kwargs = {**vit_settings(teacher), "sharing": sharing_scheme}
     if unique_layers is not None:
         kwargs["unique_layers"] = unique_layers
@@ -201,15 +227,48 @@ def convert(
         raise ValueError(f"--model={model!r} is not a ViT-family model")
     own = {k: v for k, v in teacher.state_dict().items() if not k.startswith("stack.")}
     relaxed.load_state_dict(own, strict=False)
-    relax_stack(teacher.stack, relaxed.stack, init)
+    try:
+        kept, whole = relax_stack(teacher.stack, relaxed.stack, init)
+    except ValueError as err:  # a part of the target's levels no source layer holds
+        raise ValueError(f"--model={model}: {err}") from None
+    difference, scale = logit_difference(teacher, relaxed)
+    if kwargs.get("lora_rank") == teacher.embed_dim and difference > 1e-4 * scale:
+        raise ValueError(
+            f"--model={model} cannot compute the source at --level-lora-rank=full (max logit "
+            f"difference {difference:.3g} on random images): a part of its levels that no "
+            "LoRA reaches differs from the source's layers"
+        )
     payload = {"model_name": model, "model_kwargs": kwargs, "model": relaxed.state_dict()}
     save_checkpoint(out, {**payload, "epoch": 0, **({"data": data} if data else {})})
-    return relaxed.eval(), kwargs
+    return Conversion(relaxed.eval(), kwargs, difference, kept / whole if whole > 0 else 1.0)
+
+
+class Conversion(NamedTuple):
+    """What :func:`convert` wrote: the relaxed model, its keyword arguments, the largest
+    difference of its logits from the source's on a few random images, and the share of the
+    energy of the levels' differences from their blocks that the LoRAs keep (squared singular
+    values: 1 at full rank)."""
+
+    model: VisionTransformer
+    kwargs: dict[str, Any]
+    max_logit_difference: float
+    energy_kept: float
+
+
+@torch.no_grad()
+def logit_difference(teacher: VisionTransformer, model: VisionTransformer) -> tuple[float, float]:
+    """The largest difference between two models' logits (or features, without a head) on 4
+    random images in evaluation mode, and the teacher's largest logit (at least 1)."""
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randn(4, teacher.in_chans, *teacher.img_size, generator=gen)
+    want = teacher.eval()(images).float()
+    got = model.eval()(images).float()
+    return (got - want).abs().max().item(), max(1.0, want.abs().max().item())
 
 
 def main(argv: list[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
-    model, kwargs = convert(
+    model, kwargs, difference, kept = convert(
         args.source,
         args.out,
         model=args.model,
@@ -218,6 +277,7 @@ def main(argv: list[str] | None = None) -> Path:
         init=args.init,
         level_lora_rank=args.level_lora_rank,
         num_heads=args.num_heads,
+        use_ema=args.use_ema,
         force=args.force,
     )
     from recurnmt.parameters import count_parameters
@@ -227,7 +287,9 @@ def main(argv: list[str] | None = None) -> Path:
     print(
         f"wrote {args.out}: {args.model}, {plan.num_unique} blocks over {plan.num_levels} "
         f"levels ({args.init} init, LoRA rank {rank}), {count_parameters(model):,} "
-        f"parameters; fine-tune with python -m recurnmt.vision.train --finetune {args.out}"
+        f"parameters\nthe LoRAs keep {kept:.1%} of the energy of the levels' differences from "
+        f"their blocks; max logit difference from the source {difference:.3g} on random "
+        f"images\nfine-tune with python -m recurnmt.vision.train --finetune {args.out}"
     )
     return args.out
 
