@@ -17,7 +17,7 @@ INSTALLER ?= auto
 setup: $(STAMP)
 
 # scripts/setup_env.py: torch, numpy and the build tools first (fairseq-fixed compiles its C
-# extensions against them), then fairseq-fixed and recurnmt[dev,vision], all at the lock's versions
+# extensions against them), then fairseq-fixed and recurnmt[dev,vision,deploy], all at the lock's versions
 $(STAMP): setup.cfg pyproject.toml Makefile $(LOCK) scripts/setup_env.py
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: the locked \
 	environment is made with Python 3.11 (PYTHON=... names another interpreter; \

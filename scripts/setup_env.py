@@ -400,7 +400,9 @@ def build(opts: argparse.Namespace) -> dict:
     else:
         python, where = ensure_venv(opts.python, opts.venv), str(opts.venv)
     installer = choose_installer(python, opts.installer, bootstrap=not opts.here)
-    extras = opts.extras if opts.extras is not None else ("vision" if opts.here else "dev,vision")
+    extras = (
+        opts.extras if opts.extras is not None else ("vision" if opts.here else "dev,vision,deploy")
+    )
     install_stages(installer, opts, f"[{extras}]" if extras else "")
     removed = settle_torchaudio(installer, remove=not opts.here)
     check = subprocess.run(
@@ -446,7 +448,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--lowest", action="store_true", help="lowest version of every direct requirement (uv)"
     )
     parser.add_argument(
-        "--extras", help="recurnmt's extras (default: dev,vision; with --here: vision)"
+        "--extras", help="recurnmt's extras (default: dev,vision,deploy; with --here: vision)"
     )
     parser.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     parser.add_argument("--write-lock", type=Path, metavar="FILE", help="then write a lock file")

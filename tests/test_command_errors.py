@@ -135,8 +135,10 @@ BAD_INPUTS: dict[str, BadInput] = {
     "recurnmt-evaluate-nmt": _evaluation,
     "recurnmt-results-nmt": _results,
     "recurnmt-convert": _convert,
+    "recurnmt-export-ct2": _convert,
     # python -m, recurnmt
     "python -m recurnmt.nmt.convert": _convert,
+    "python -m recurnmt.nmt.ct2_export": _convert,
     "python -m recurnmt.vision.convert": _convert,
     "python -m recurnmt.analysis.params": _params,
     "python -m recurnmt.analysis.plot_lrc": _missing("train.log"),
