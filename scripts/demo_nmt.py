@@ -8,7 +8,9 @@ Steps, each a real command (the full command lines are in the log files):
    showing fairseq's progress bar; its log goes to ``WORK/train.log``;
 3. ``fairseq-generate`` on the test set (beam search, sentencepiece removed);
 4. sacreBLEU of the detokenized output against the raw references, with its signature, and
-   five test sentences (source, reference, translation) picked by length, not by quality.
+   five test sentences (source, reference, translation) picked by length, not by quality;
+5. ``recurnmt-export-ct2 --quantization int8``: the model as a CTranslate2 directory, the five
+   sentences translated by it, and both engines' speed on the test set (docs/deploy.md).
 
 Run from the repository root: ``python scripts/demo_nmt.py [--max-update N] [-- FLAGS]``;
 flags after ``--`` are appended to the ``fairseq-train`` command (later flags win).
@@ -77,6 +79,37 @@ def pick_samples(refs: list[str], n: int = NUM_SAMPLES) -> list[int]:
 
 def minutes(seconds: float) -> str:
     return f"{int(seconds) // 60} min {int(seconds) % 60:02d} s"
+
+
+def serve(checkpoint: Path, data: Path, work: Path, sources: list[str], refs: list[str],
+          args: argparse.Namespace, pytorch_speed: str | None) -> None:  # fmt: skip
+    """The trained model exported to CTranslate2 (int8, ``recurnmt-export-ct2``), the five
+    sentences translated by it, and both engines' speed on the whole test set."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        print("\n(CTranslate2 is not installed: pip install 'recurnmt[deploy]' to serve the "
+              "model with it)")  # fmt: skip
+        return
+    from recurnmt.runs.deployment import translate
+    from recurnmt.runs.scoring import corpus_bleu
+
+    out = work / "ct2-int8"
+    export = [str(BIN / "python"), "-m", "recurnmt.nmt.ct2_export", str(checkpoint), str(out)]
+    export += ["--data", str(data), "--quantization", "int8", "--force"]
+    shown = " ".join(["recurnmt-export-ct2", *export[3:]])
+    print(f"\nExporting to CTranslate2 (int8): {shown} ...", flush=True)
+    run_logged(export, work / "export.log", cwd=ROOT)
+    hyps, seconds, tokens = translate(out, data / "spm.model", sources, beam_size=args.beam)
+    print(f"\nThe same {NUM_SAMPLES} sentences by CTranslate2 (int8):")
+    for i in pick_samples(refs):
+        print(f"  HYP  {hyps[i]}")
+    bleu, _ = corpus_bleu(hyps, refs)
+    print(f"\nSpeed on the {len(refs):,} test sentences, beam {args.beam}, this CPU:")
+    if pytorch_speed:
+        print(f"  recurnmt in PyTorch (fairseq-generate): {pytorch_speed}")
+    print(f"  CTranslate2 int8: {tokens / seconds:,.1f} tokens/s, {len(refs) / seconds:,.1f} "
+          f"sentences/s, sacreBLEU {bleu.score:.2f}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     sacre = result["sacrebleu"]
     print(f"\nsacreBLEU on the {len(refs):,} test sentences: {sacre['text']}")
     print(f"signature: {sacre['signature']}")
+    serve(checkpoint, data, work, sources, refs, args, speed.group(0) if speed else None)
     print(
         f"\nDemo finished in {minutes(time.time() - start)}. All translations: {rel}/test.hyp.en; "
         f"fairseq's output: {rel}/generate-test.txt;\nlogs: {rel}/train.log, "

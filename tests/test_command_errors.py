@@ -197,6 +197,7 @@ BAD_INPUTS: dict[str, BadInput] = {
         "no_images",
     ),
     "python scripts/demo_nmt.py": lambda tmp: (["--arch", "no_such_arch"], "no_such_arch"),
+    "python scripts/deploy_bench.py": lambda tmp: (["--rounds", "0"], "--rounds"),
     "python -m scripts.gpu_check": lambda tmp: (["--wheels", str(tmp / "no_wheels")], "no_wheels"),
     "python scripts/relaxed_nmt.py": lambda tmp: (["--unique", "0"], "--unique 0"),
     "python scripts/ut_table4.py": lambda tmp: (["--jobs", "0"], "--jobs"),
