@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests import nmt_fixtures
 from tests.script_modules import load_script
@@ -41,6 +42,19 @@ def test_train_then_measure_writes_the_page(data, tmp_path):
         "batch 1",
     ) in runs
     assert set(results["beam"]["ringformer-random"]) == {"1", "2"}
+    from recurnmt.runs import speculation
+
+    test = speculation.TestSet(data)
+    model = speculation.load(tmp_path / "runs" / "ringformer-random" / "checkpoints" /
+                             "checkpoint_last.pt")[0]  # fmt: skip
+    eos = test.tgt_dict.eos()
+    a, b = torch.tensor([7, 8, eos]), torch.tensor([7, 9, eos])  # part at the second token
+    gap = speculation._margin(model, test, 0, a, b)
+    src = test.dataset[0]["source"][None]
+    with torch.no_grad():
+        logits = model(src, torch.tensor([src.size(1)]), torch.tensor([[eos, 7]]))[0][0, -1]
+    top = logits.topk(2).values
+    assert gap == pytest.approx((top[0] - top[1]).item()) and gap >= 0
     page = (tmp_path / "s.md").read_text()
     for heading in ("## Speed at batch 1", "## Identical outputs", "## Beam search"):
         assert heading in page

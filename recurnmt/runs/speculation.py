@@ -136,9 +136,28 @@ def quality(test: TestSet, model, max_levels: int, log: Callable[[str], None], n
             spec, _, _ = decode(speculative(model, test.tgt_dict, r, 4), model, everything)
             same = sum(torch.equal(spec[i], plain[i]) for i in plain)
             row["identical"][r] = {"same": same, "of": len(plain)}
+            differ = [i for i in plain if not torch.equal(spec[i], plain[i])]
+            if differ:
+                row["identical"][r]["margins"] = [_margin(model, test, i, plain[i], spec[i])
+                                                  for i in differ]  # fmt: skip
             log(f"  R={r}: draft alone {row['draft'][r]} BLEU; speculative greedy "
                 f"identical to greedy on {same} of {len(plain)}")  # fmt: skip
     return row
+
+
+def _margin(model, test: TestSet, i: int, plain: torch.Tensor, spec: torch.Tensor) -> float:
+    """Where two greedy outputs of sentence ``i`` part: the gap between the two best logits of
+    the full model there (one full forward at batch 1 over the common prefix). A gap at float32
+    rounding (1e-6 of logits near 10) is a tie that the order of a sum decides: plain decoding
+    in a batch and at batch 1 part there too."""
+    a, b = plain.tolist(), spec.tolist()
+    j = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    src = test.dataset[i]["source"][None]
+    prev = torch.tensor([[test.tgt_dict.eos(), *a[:j]]])
+    with torch.no_grad():
+        logits = model(src, torch.tensor([src.size(1)]), prev)[0][0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
 
 
 def speed(test: TestSet, model, args: argparse.Namespace, log: Callable[[str], None],
