@@ -28,10 +28,12 @@ recurnmt-export-ct2 work/demo_nmt/checkpoints/checkpoint_last.pt work/demo_nmt/c
 
 ```python
 import ctranslate2, sentencepiece
+
 spm = sentencepiece.SentencePieceProcessor(model_file="data-bin/lohelp_de_en_spm4000/spm.model")
 translator = ctranslate2.Translator("work/demo_nmt/ct2")
-pieces = translator.translate_batch(spm.encode(["Klicken Sie auf OK."], out_type=str),
-                                    beam_size=4, length_penalty=1.5)[0].hypotheses[0]
+pieces = translator.translate_batch(
+    spm.encode(["Klicken Sie auf OK."], out_type=str), beam_size=4, length_penalty=1.5
+)[0].hypotheses[0]
 print("".join(pieces).replace("\\u2581", " ").strip())
 ```
 
@@ -94,7 +96,7 @@ def quality_table(results: dict) -> list[str]:
 
 
 def headline(results: dict) -> list[str]:
-    out = []
+    out = ["**CTranslate2 int8 against the same model in recurnmt's PyTorch decoding:**", ""]
     for model in results["models"]:
         if model == REFERENCE:
             continue
