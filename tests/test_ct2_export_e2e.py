@@ -45,7 +45,8 @@ def _sources(data) -> dict[int, list[str]]:
 
 @pytest.mark.parametrize("arch", MODELS)
 def test_ctranslate2_translates_as_fairseq_generate(data, tmp_path, arch):
-    train(data, tmp_path / "ckpt", arch, 40, *SIZES, *MODELS[arch])
+    recipe = ["--lr", "5e-3", "--dropout", "0", "--save-interval-updates", "1000"]
+    train(data, tmp_path / "ckpt", arch, 60, *SIZES, *MODELS[arch], *recipe)
     checkpoint = tmp_path / "ckpt" / "checkpoint_last.pt"
     out = tmp_path / "ct2"
     proc = subprocess.run(
