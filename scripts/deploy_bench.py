@@ -27,6 +27,8 @@ MODELS = {
     "ringformer": "RingFormer (one block a side, 6 levels, level-signal rank 8)",
     "demo": "the demo's RingFormer (3 levels a side)",
     "relaxed_transformer-random": "relaxed recursion (2 blocks a side, rank-8 LoRA per level)",
+    "takase-cycle": "Takase & Kiyono's cycle sharing (`recurrent_transformer`, 2 blocks a side)",
+    "owf": "One Wide FFN (the encoder's FFN shared by its levels, the decoder without FFN)",
 }
 
 

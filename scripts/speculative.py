@@ -89,6 +89,20 @@ MODELS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("--mixed-depth", "on", "--mixed-depth-levels", "random"),
         "Universal Transformer, drafts at a random depth",
     ),
+    "takase-cycle": (
+        "recurrent_transformer",
+        (
+            "--encoder-unique-layers",
+            "2",
+            "--decoder-unique-layers",
+            "2",
+            "--sharing-scheme",
+            "cycle",
+        ),  # fmt: skip
+        "Takase & Kiyono's cycle sharing (2 blocks a side looped over the levels), no draft "
+        "training",
+    ),
+    "owf": ("owf", (), "One Wide FFN (one FFN for the encoder's levels, none in the decoder)"),
     "relaxed_transformer-random": (
         "relaxed_transformer",
         ("--mixed-depth", "on", "--mixed-depth-levels", "random"),
