@@ -27,7 +27,7 @@ from recurnmt.vision.layers.reuse import (
     upsample_relations,
     upsample_tokens,
 )
-from recurnmt.vision.models.dvt import AllExits, DVTCascade
+from recurnmt.vision.models.dvt import DVTCascade
 
 SMALL = dict(embed_dim=32, ffn_dim=64, num_heads=2, img_size=32, patch_size=8, num_classes=5)
 
@@ -48,8 +48,10 @@ def test_every_exit_has_logits_and_the_stages_see_their_grids():
     model.eval()
     torch.testing.assert_close(model(x), model.forward_exits(x)[-1])
     # the training view sums the losses of all exits (DVT eq. 1)
-    assert isinstance(AllExits(model).train()(x), tuple)
-    assert AllExits(model).eval()(x).shape == (3, 5)
+    assert model.training_wrapper() is model
+    exits = model.train()(x)
+    assert isinstance(exits, tuple) and len(exits) == model.num_exits
+    assert model.eval()(x).shape == (3, 5)
 
 
 @pytest.mark.parametrize("name", ["dvt_vit_mini_patch2", "dvt_ringformer_vit_mini_patch2"])
@@ -163,6 +165,7 @@ def test_the_last_models_last_level_has_no_context_mlp():
     pooled = cascade(global_pool="avg")  # the average reads every patch token
     assert len(pooled.feature_reuse[1].f) == len(pooled.stages[2].stack.levels)
     x = torch.randn(2, 3, 32, 32)
+    model.eval(), pooled.eval()
     assert torch.isfinite(model(x)).all() and torch.isfinite(pooled(x)).all()
 
 

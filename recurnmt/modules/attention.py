@@ -266,6 +266,11 @@ def attention_logits(
     return scores
 
 
+torch.fx.wrap(
+    "attention_logits"
+)  # one call in a torch.fx graph (timm's and torchvision's fx tools): its dtype test runs with it
+
+
 class _Attention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float, bias: bool) -> None:
         super().__init__()

@@ -77,7 +77,8 @@ class AddAtEveryLevel(LevelHook):
 
     def __init__(self, term: Tensor) -> None:
         self.term = term
-        self.recomputable = not term.requires_grad  # fixed sinusoids; learned ones need grads
+        # fixed sinusoids; learned ones need grads (and a term torch.fx traces is no tensor)
+        self.recomputable = isinstance(term, Tensor) and not term.requires_grad
 
     def before_level(self, level: int, x: Tensor) -> Tensor:
         return x + self.term

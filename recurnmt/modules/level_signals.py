@@ -109,15 +109,15 @@ class LowRankSignal(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # flattened to N x in: two plain matrix products (a 3-D matmul adds a view and a copy
         # of its own per product, a noticeable share of a decoding step's small operations)
-        lead = x.shape[:-1]
+        lead = x.shape[:-1]  # shapes joined, not unpacked: torch.fx traces this too
         z = x.reshape(-1, x.size(-1)) @ self.down.t()  # N x (G * r)
         if self.groups == 1:
-            return (z @ self.up[0].t()).view(*lead, self.out_dim)  # ... x out
+            return (z @ self.up[0].t()).view(lead + (self.out_dim,))  # ... x out
         # one batched product over the groups (a third faster than the equivalent einsum at a
         # decoding step, where these small products are a noticeable share of the level)
         z = z.view(-1, self.groups, self.rank).transpose(0, 1)  # G x N x r
         out = torch.bmm(z, self.up.transpose(1, 2))  # G x N x out
-        return out.transpose(0, 1).reshape(*lead, self.groups * self.out_dim)
+        return out.transpose(0, 1).reshape(lead + (self.groups * self.out_dim,))
 
 
 class FullRankSignal(nn.Module):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from recurnmt.modules.config import LRC_MODES
 
@@ -87,6 +88,11 @@ def weighted_sum(
     return _WeightedSum.apply(skip, main, skip_coef, main_coef)
 
 
+torch.fx.wrap(
+    "weighted_sum"
+)  # one call in a torch.fx graph (timm's and torchvision's fx tools): its dtype and shape tests run with it
+
+
 class ResidualCoefficients(nn.Module):
     """The LRC scalars of ``num`` residual connections.
 
@@ -110,7 +116,7 @@ class ResidualCoefficients(nn.Module):
         """``main_coef[index] * main + skip_coef[index] * skip`` (SReT eq. 9)."""
         if self.mode == "none":  # the plain residual of every other family's blocks
             return skip + main
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or is_fx_symbolic_tracing():
             skip_coef = self.skip[index] if self.skip is not None else None
             main_coef = self.main[index] if self.main is not None else None
         else:
@@ -125,7 +131,8 @@ class ResidualCoefficients(nn.Module):
         copied: they see every in-place write (``.data`` and fused optimizers included), and a
         new storage (``to``, ``half``, ``.data = ...``, ``vector_to_parameters``) has another
         address, since the views keep the old one alive, and makes new ones. Under
-        ``torch.compile`` the parameters are indexed (an address is no graph input)."""
+        ``torch.compile`` and torch.fx the parameters are indexed (an address is no graph
+        input)."""
         skip, main = self.skip, self.main
         # spelled out: a decoding step asks four times a level (SReT), and a generator here
         # made 24 of the 417 Python calls of a level

@@ -67,6 +67,10 @@ def group_permutation(length: int, training: bool, device: torch.device, seed: i
     return perm
 
 
+# one call in a torch.fx graph: the evaluation permutation is looked up by the token count
+torch.fx.wrap("group_permutation")
+
+
 def sliced_group_attention(
     q: Tensor,
     k: Tensor,
@@ -125,6 +129,11 @@ def sliced_group_attention(
     out = out.view(b, groups, h, size, d).transpose(1, 2).reshape(b, h, groups * size, d)
     out = out[:, :, :t]
     return out if perm is None else out.index_select(2, torch.argsort(perm))
+
+
+# one call in a torch.fx graph (timm's feature extraction, torchvision's fx tools): the token
+# slicing reads sizes as numbers
+torch.fx.wrap("sliced_group_attention")
 
 
 class SlicedGroups:

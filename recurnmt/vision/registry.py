@@ -36,6 +36,7 @@ DEIT_INTERPOLATION = "bicubic"
 
 _MODELS: dict[str, ModelFn] = {}
 _INPUT_SIZES: dict[str, tuple[int, int]] = {}
+_FIXED_INPUT_SIZE: set[str] = set()
 
 
 @overload
@@ -43,11 +44,16 @@ def register_model(fn: ModelFn) -> ModelFn: ...
 
 
 @overload
-def register_model(*, img_size: int | tuple[int, int]) -> Callable[[ModelFn], ModelFn]: ...
+def register_model(
+    *, img_size: int | tuple[int, int] = 224, fixed_input_size: bool = False
+) -> Callable[[ModelFn], ModelFn]: ...
 
 
 def register_model(
-    fn: ModelFn | None = None, *, img_size: int | tuple[int, int] = 224
+    fn: ModelFn | None = None,
+    *,
+    img_size: int | tuple[int, int] = 224,
+    fixed_input_size: bool = False,
 ) -> ModelFn | Callable[[ModelFn], ModelFn]:
     """Registers ``fn`` under its function name (a decorator, bare or with arguments).
 
@@ -55,6 +61,8 @@ def register_model(
         fn: the entry point.
         img_size: the resolution the entry point builds by default (its data configuration's
             input size; ``tests/test_vision_models.py`` checks it against the built model).
+        fixed_input_size: the model works at that size only (an MLP-Mixer's token mixing):
+            timm's ``fixed_input_size``, which tells timm's tools and tests not to resize.
 
     Raises:
         ValueError: the name is registered already.
@@ -67,6 +75,8 @@ def register_model(
         _MODELS[name] = fn
         size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         _INPUT_SIZES[name] = size
+        if fixed_input_size:
+            _FIXED_INPUT_SIZE.add(name)
         return fn
 
     return add(fn) if fn is not None else add
@@ -75,6 +85,16 @@ def register_model(
 def list_models(pattern: str = "*") -> list[str]:
     """Sorted names of the registered models that match the shell-style ``pattern``."""
     return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
+
+
+def entry_point(name: str) -> ModelFn:
+    """The function registered as ``name`` (its ``__module__`` names the model's family file).
+
+    Raises:
+        KeyError: no model of that name.
+    """
+    _check_known(name)
+    return _MODELS[name]
 
 
 def default_cfg(name: str) -> dict[str, Any]:
@@ -88,6 +108,7 @@ def default_cfg(name: str) -> dict[str, Any]:
     return {
         "architecture": name,
         "input_size": (3, rows, cols),
+        "fixed_input_size": name in _FIXED_INPUT_SIZE,
         "interpolation": DEIT_INTERPOLATION,
         "crop_pct": DEIT_CROP_PCT,
         "crop_mode": "center",
@@ -107,6 +128,7 @@ def model_cfg(name: str, model: nn.Module) -> dict[str, Any]:
     cfg = default_cfg(name)
     rows, cols = getattr(model, "img_size", cfg["input_size"][1:])
     chans = getattr(model, "in_chans", 3)
+    cfg.update(model_parts(model))
     cfg.update(
         input_size=(chans, rows, cols),
         num_classes=getattr(model, "num_classes", cfg["num_classes"]),
@@ -114,6 +136,21 @@ def model_cfg(name: str, model: nn.Module) -> dict[str, Any]:
         std=cfg["std"][:chans] if chans < 3 else cfg["std"],
     )
     return cfg
+
+
+def model_parts(model: nn.Module) -> dict[str, Any]:
+    """timm's configuration keys that name a built model's parts: ``first_conv`` (the first
+    convolution), ``classifier`` (the head's module, or every head of a cascade) and
+    ``pool_size`` (the grid of ``forward_features``' output at the built resolution)."""
+    convs = [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+    parts: dict[str, Any] = {"first_conv": convs[0] if convs else ""}
+    parts["classifier"] = getattr(model, "classifier_names", "head")
+    pool = getattr(model, "pool_size", None)
+    if pool is None and hasattr(model, "patch_embed") and hasattr(model, "img_size"):
+        pool = model.patch_embed.grid_size(model.img_size)
+    if pool is not None:
+        parts["pool_size"] = tuple(pool)
+    return parts
 
 
 def set_pretrained_cfg(model: nn.Module, cfg: dict[str, Any]) -> None:

@@ -15,8 +15,10 @@ timm lists it as ``timm.list_modules()``'s ``timm_registry``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from timm.models._builder import pretrained_cfg_for_features  # timm's, as its builder uses it
 from torch import nn
 
 from recurnmt.vision.registry import (
@@ -28,6 +30,8 @@ from recurnmt.vision.registry import (
 )
 
 TIMM_PREFIX = "recurnmt_"
+# timm.create_model's feature-extraction arguments, taken before our builder sees the rest
+FEATURE_KWARGS = ("features_only", "out_indices", "feature_cls", "feature_cfg")
 
 # timm.models.register_model looks up the entry point's module and copies the data
 # configuration registered here under the entry point's name into its own registry.
@@ -51,6 +55,38 @@ def register_with_timm() -> list[str]:
     return registered
 
 
+def feature_model(
+    model: nn.Module,
+    out_indices: int | Sequence[int] | None = None,
+    feature_cls: str = "getter",
+    feature_cfg: dict[str, Any] | None = None,
+) -> nn.Module:
+    """``model`` as timm's feature extractor (``features_only=True``): timm's
+    ``FeatureGetterNet`` over the model's ``forward_intermediates`` (NCHW maps of the points
+    in its ``feature_info``), or another of timm's feature classes by name (``feature_cls``:
+    ``list``, ``dict``, ``hook``, ``fx``, where the model supports it). ``out_indices``
+    defaults to every point of a model with at most 5 (a CNN's or SReT's stages), the last 3
+    of a deeper one (a ViT's levels), as timm's own models do.
+
+    Raises:
+        ValueError: the model has no feature points, or an unknown ``feature_cls``.
+    """
+    from timm.models import FeatureDictNet, FeatureGraphNet, FeatureHookNet, FeatureListNet
+    from timm.models._features import FeatureGetterNet
+
+    classes = {"getter": FeatureGetterNet, "list": FeatureListNet, "dict": FeatureDictNet,
+               "hook": FeatureHookNet, "fx": FeatureGraphNet}  # fmt: skip
+    info = getattr(model, "feature_info", None)
+    if not info:
+        raise ValueError(f"features_only: {type(model).__name__} has no feature points")
+    if feature_cls not in classes:
+        raise ValueError(f"feature_cls={feature_cls!r}; use one of {sorted(classes)}")
+    if out_indices is None:
+        out_indices = tuple(range(len(info))) if len(info) <= 5 else 3
+    cfg = {**(feature_cfg or {}), "out_indices": out_indices}
+    return classes[feature_cls](model, **cfg)
+
+
 def _timm_entry(name: str, target: str):
     """An entry point with timm's signature that builds our model ``name``."""
 
@@ -70,14 +106,17 @@ def _timm_entry(name: str, target: str):
             )
         if isinstance(pretrained_cfg, str):
             raise ValueError(f"{target} has no pretrained tag {pretrained_cfg!r}")
+        features = {k: kwargs.pop(k) for k in FEATURE_KWARGS if k in kwargs}
         model = create_model(name, **kwargs)
         base = model_cfg(name, model)
         if pretrained_cfg is not None:  # a dict or timm's PretrainedCfg, given by the caller
             given = pretrained_cfg if isinstance(pretrained_cfg, dict) else vars(pretrained_cfg)
             base.update({k: v for k, v in given.items() if v is not None})
-        set_pretrained_cfg(
-            model, {**base, **(pretrained_cfg_overlay or {}), "architecture": target}
-        )
+        cfg = {**base, **(pretrained_cfg_overlay or {}), "architecture": target}
+        set_pretrained_cfg(model, cfg)
+        if features.pop("features_only", False):
+            model = feature_model(model, **features)
+            set_pretrained_cfg(model, pretrained_cfg_for_features(cfg))
         return model
 
     entry.__name__ = entry.__qualname__ = target

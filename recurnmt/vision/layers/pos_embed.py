@@ -53,6 +53,12 @@ def resize_grid(embed: Tensor, old: tuple[int, int], new: tuple[int, int]) -> Te
     return grid.permute(0, 2, 3, 1).reshape(1, new[0] * new[1], d).to(embed.dtype)
 
 
+# calls in torch.fx's graph (timm's feature extraction): the size test runs when the graph
+# does, and the sinusoids are made then (no tensor constant in the graph)
+torch.fx.wrap("resize_grid")
+torch.fx.wrap("sincos_2d")
+
+
 class PositionEmbedding(nn.Module):
     """Adds a position embedding to B x (prefix + rows*cols) x D tokens.
 

@@ -162,10 +162,11 @@ class FeatureReuse(nn.Module):
                 0, patches.size(0), grid_out[0] * grid_out[1], self.context_dim
             )
         e = torch.stack([f(patches) for f in self.f], dim=2)  # B x N_up x L x D'
-        b, n, num_levels, d = e.shape
         # levels as channels of one image, so all levels are upsampled in one call
-        e = upsample_tokens(e.reshape(b, n, num_levels * d), grid_in, grid_out, mode)
-        return e.unflatten(-1, (num_levels, d)).permute(2, 0, 1, 3)  # L x B x N x D'
+        e = upsample_tokens(e.flatten(2), grid_in, grid_out, mode)
+        return e.unflatten(-1, (len(self.f), self.context_dim)).permute(
+            2, 0, 1, 3
+        )  # L x B x N x D'
 
     def ffn_input(
         self, contexts: Tensor, level: int, prefix: int, x: Tensor, norm: nn.Module
@@ -175,7 +176,7 @@ class FeatureReuse(nn.Module):
         if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
             raise ValueError("feature reuse needs affine LayerNorms before the FFN")
         # B x T x D', zero at the class token (and at a skipped last level)
-        if level < len(contexts):
+        if level < len(self.f):  # contexts holds one per f_l
             e = contexts[level]
         else:
             e = x.new_zeros(x.size(0), x.size(1) - prefix, self.context_dim)

@@ -78,8 +78,8 @@ class Upstream:
 class DVTCascade(nn.Module):
     """K vision transformers on increasing token grids with early exits (DVT sec. 3).
 
-    ``forward`` returns the last exit's logits (the full cascade); :meth:`forward_exits`
-    returns every exit's (training, eq. 1); :meth:`early_exit` runs the cascade adaptively
+    ``forward`` returns the last exit's logits (the full cascade), and in training every
+    exit's, as :meth:`forward_exits` (eq. 1); :meth:`early_exit` runs the cascade adaptively
     (sec. 3.3).
 
     Args:
@@ -135,6 +135,14 @@ class DVTCascade(nn.Module):
         self.img_size = to_2tuple(img_size)
         self.num_classes = stages[-1].num_classes
         self.num_features = self.embed_dim = stages[-1].num_features
+        self.head_hidden_size = stages[-1].head_hidden_size
+        # timm's names for the parts: every exit's head; the features are the last stage's
+        self.classifier_names = tuple(f"stages.{k}.head" for k in range(len(stages)))
+        self.pool_size = grids[-1]
+        self.feature_info = [
+            {**info, "module": f"stages.{len(stages) - 1}.{info['module']}"}
+            for info in stages[-1].feature_info
+        ]
         self.in_chans = stages[-1].in_chans
         self.feature_reuse = nn.ModuleList()
         self.relation_reuse = nn.ModuleList()
@@ -175,7 +183,8 @@ class DVTCascade(nn.Module):
         return len(self.stages)
 
     def training_wrapper(self, mixed_depth: bool = False) -> nn.Module:
-        """What the training command trains: every exit, the losses summed (DVT eq. 1).
+        """What the training command trains: the cascade itself, whose training-mode forward
+        gives every exit's logits, the losses summed (DVT eq. 1).
 
         Raises:
             ValueError: ``mixed_depth`` (SReT's shallow branch has no place in a cascade).
@@ -185,7 +194,7 @@ class DVTCascade(nn.Module):
                 "--mixed-depth (SReT's shallow branch) does not apply to DVT cascades, "
                 "which train every exit instead"
             )
-        return AllExits(self)
+        return self
 
     def no_weight_decay(self) -> set[str]:
         """The backbones' exemptions, prefixed with their stage."""
@@ -198,10 +207,11 @@ class DVTCascade(nn.Module):
         for stage in self.stages:
             stage.set_grad_checkpointing(enable)
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """Fresh heads of ``num_classes`` outputs at every exit."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Fresh heads of ``num_classes`` outputs at every exit (and their pooling where
+        ``global_pool`` is given, timm's API)."""
         for s in self.stages:
-            s.reset_classifier(num_classes)
+            s.reset_classifier(num_classes, global_pool)
         self.num_classes = num_classes
 
     def set_img_size(self, img_size: int | Grid) -> None:
@@ -211,12 +221,7 @@ class DVTCascade(nn.Module):
     def stage_input(self, k: int, images: Tensor) -> Tensor:
         """Images B x C x H x W resized to stage k's ``grid * patch`` (no-op when equal)."""
         p = self.stages[k].patch_embed.patch_size
-        size = (self.grids[k][0] * p[0], self.grids[k][1] * p[1])
-        if tuple(images.shape[-2:]) == size:
-            return images
-        return F.interpolate(
-            images, size=size, mode="bilinear", align_corners=False, antialias=True
-        )
+        return resized(images, (self.grids[k][0] * p[0], self.grids[k][1] * p[1]))
 
     def _reuse_hook(
         self, k: int, up: Upstream | None, capture: list[Tensor] | None
@@ -272,22 +277,47 @@ class DVTCascade(nn.Module):
             outs.append(out)
         return outs
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Final tokens of the last stage, B x T x D, after running the whole cascade."""
+    def _last_stage_input(self, x: Tensor) -> tuple[Tensor, list[ReuseHook]]:
+        """The whole cascade but its last stage: that stage's images and reuse hooks."""
         up = None
         for k in range(self.num_exits - 1):
             _, up = self.run_stage(k, x, up, keep=True)
         k = self.num_exits - 1
-        hooks = self._reuse_hook(k, up, None)
-        return self.stages[k].forward_features(self.stage_input(k, x), hooks=hooks)
+        return self.stage_input(k, x), self._reuse_hook(k, up, None)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Final tokens of the last stage, B x T x D, after running the whole cascade."""
+        images, hooks = self._last_stage_input(x)
+        return self.stages[-1].forward_features(images, hooks=hooks)
+
+    def forward_intermediates(
+        self, x: Tensor, indices: int | Sequence[int] | None = None, **kwargs
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        """The last stage's level outputs (timm's API, as
+        :meth:`VisionTransformer.forward_intermediates`), after the stages before it."""
+        images, hooks = self._last_stage_input(x)
+        return self.stages[-1].forward_intermediates(images, indices, hooks=hooks, **kwargs)
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """The last stage's (timm's API); the earlier exits' heads stay (the last stage
+        reuses what the earlier stages compute)."""
+        take = self.stages[-1].prune_intermediate_layers(indices, prune_norm, prune_head)
+        if prune_head:
+            self.num_classes = 0
+        return take
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """The last exit's head on its tokens."""
         return self.stages[-1].forward_head(x, pre_logits)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """The last exit's logits B x C (the full cascade)."""
-        return self.forward_exits(x)[-1]
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
+        """The last exit's logits B x C (the full cascade); in training every exit's, a tuple
+        whose losses are summed (DVT eq. 1), so every head is trained (as timm's distilled
+        models return both heads' logits in training)."""
+        exits = self.forward_exits(x)
+        return tuple(exits) if self.training else exits[-1]
 
     @torch.no_grad()
     def early_exit(self, x: Tensor, thresholds: Sequence[float] | Tensor) -> tuple[Tensor, Tensor]:
@@ -328,18 +358,14 @@ class DVTCascade(nn.Module):
         return logits, exit_at
 
 
-class AllExits(nn.Module):
-    """Training view of a cascade: every exit's logits (a tuple) in training, whose losses
-    the criterion sums (DVT eq. 1); the last exit's logits in evaluation."""
+def resized(images: Tensor, size: tuple[int, int]) -> Tensor:
+    """Images B x C x H x W at ``size`` (antialiased bilinear; themselves when equal)."""
+    if tuple(images.shape[-2:]) == size:
+        return images
+    return F.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
 
-    def __init__(self, module: DVTCascade) -> None:
-        super().__init__()
-        self.module = module
 
-    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
-        if not self.training:
-            return self.module(x)
-        return tuple(self.module.forward_exits(x))
+torch.fx.wrap("resized")  # a call in torch.fx's graph: its size test runs with it
 
 
 def _stack_shape(model: VisionTransformer) -> dict:
@@ -428,7 +454,7 @@ def _create_dvt(defaults: dict, kwargs: dict) -> DVTCascade:
 # ---------------------------------------------------------------- entry points
 
 
-@register_model
+@register_model(fixed_input_size=True)  # resized to the stages' grids
 def dvt_deit_small_patch16_224(**kwargs) -> DVTCascade:
     """DVT on DeiT-S (DVT sec. 4, Table 4, Fig. 7): 7x7 -> 10x10 -> 14x14 tokens.
 
@@ -443,7 +469,7 @@ def dvt_deit_small_patch16_224(**kwargs) -> DVTCascade:
     )
 
 
-@register_model
+@register_model(fixed_input_size=True)  # resized to the stages' grids
 def dvt_ringformer_vit_small_patch16_224(**kwargs) -> DVTCascade:
     """DVT on RingFormer-ViT (RingFormer Table 2: one 512/2048 block over 6 levels, 8 heads).
 
@@ -456,7 +482,7 @@ def dvt_ringformer_vit_small_patch16_224(**kwargs) -> DVTCascade:
     )
 
 
-@register_model(img_size=16)
+@register_model(img_size=16, fixed_input_size=True)
 def dvt_vit_mini_patch2(**kwargs) -> DVTCascade:
     """A CPU-sized DVT on the 64-wide mini ViT (depth 4): 4x4 -> 6x6 -> 8x8 tokens of 2 x 2
     patches, i.e. 16 x 16 digits seen at 8, 12 and 16 pixels."""
@@ -472,7 +498,7 @@ def dvt_vit_mini_patch2(**kwargs) -> DVTCascade:
     )
 
 
-@register_model(img_size=16)
+@register_model(img_size=16, fixed_input_size=True)
 def dvt_ringformer_vit_mini_patch2(**kwargs) -> DVTCascade:
     """A CPU-sized DVT on the mini RingFormer-ViT (one 64-wide block, 6 levels):
     4x4 -> 6x6 -> 8x8 tokens of 2 x 2 patches (16 x 16 digits at 8, 12, 16 pixels)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor, nn
 
 from recurnmt.modules import DepthPlan, FeedForward, LevelHook, LevelParts, RecurrentStack
@@ -91,6 +92,7 @@ class RecursiveMixer(nn.Module):
         patch_size: P.
         in_chans: image channels.
         num_classes: classifier outputs; 0 gives no head.
+        global_pool: ``avg`` or ``""`` (none: the head reads every token).
         drop_rate: dropout in the blocks and before the head.
     """
 
@@ -107,13 +109,14 @@ class RecursiveMixer(nn.Module):
         patch_size: int | tuple[int, int] = 16,
         in_chans: int = 3,
         num_classes: int = 1000,
+        global_pool: str = "avg",
         drop_rate: float = 0.0,
     ) -> None:
         super().__init__()
         self.img_size = to_2tuple(img_size)
         self.in_chans = in_chans
         self.num_classes = num_classes
-        self.embed_dim = self.num_features = embed_dim
+        self.embed_dim = self.num_features = self.head_hidden_size = embed_dim
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         rows, cols = self.patch_embed.grid_size(self.img_size)
         self.num_tokens = rows * cols
@@ -128,7 +131,12 @@ class RecursiveMixer(nn.Module):
             final_norm=nn.LayerNorm(embed_dim, eps=1e-6),
         )
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.reset_classifier(num_classes, global_pool)
+        reduction = self.patch_embed.patch_size[0]
+        self.feature_info = [
+            dict(module=f"stack.levels.{i}", num_chs=embed_dim, reduction=reduction)
+            for i in range(plan.num_levels)
+        ]
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Activation checkpointing per level (timm's API)."""
@@ -138,8 +146,13 @@ class RecursiveMixer(nn.Module):
         """Runs ``depth`` levels: every block looped fewer times (elastic depth)."""
         self.stack.set_depth(depth)
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """Replaces the head with a fresh one of ``num_classes`` outputs."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replaces the head with a fresh one of ``num_classes`` outputs (0: none), and the
+        pooling where ``global_pool`` is given (``avg``, or ``""``: every token's)."""
+        if global_pool is not None:
+            if global_pool not in ("avg", ""):
+                raise ValueError(f"global_pool={global_pool!r}; use avg or '' (none)")
+            self.global_pool = global_pool
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
@@ -159,38 +172,52 @@ class RecursiveMixer(nn.Module):
         shallow branch of mixed-depth training, SReT appendix B:
         :func:`~recurnmt.modules.shallow_branch`)."""
         x = self.patch_embed(x).flatten(2).transpose(1, 2)  # B x S x C
-        if x.size(1) != self.num_tokens:
-            raise ValueError(
-                f"the image gives {x.size(1)} tokens; this Mixer was built for "
-                f"{self.num_tokens} (img_size={self.img_size})"
-            )
-        return self.stack(x).output
+        return self.stack(checked_tokens(x, self.num_tokens, self.img_size)).output
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Tokens B x S x C -> logits (global average pooling, linear)."""
-        x = self.head_drop(x.mean(dim=1))  # B x C
+        """Tokens B x S x C -> logits (global average pooling, linear; with no pooling every
+        token's)."""
+        if self.global_pool == "avg":
+            x = x.mean(dim=1)  # B x C
+        x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
 
 
+def checked_tokens(x: Tensor, num_tokens: int, img_size: tuple[int, int]) -> Tensor:
+    """``x`` (B x S x C), after checking S against the token count the Mixer was built for.
+
+    Raises:
+        ValueError: another token count (token mixing is sized for one).
+    """
+    if x.size(1) != num_tokens:
+        raise ValueError(
+            f"the image gives {x.size(1)} tokens; this Mixer was built for {num_tokens} "
+            f"(img_size={img_size})"
+        )
+    return x
+
+
+torch.fx.wrap("checked_tokens")  # a call in torch.fx's graph: the check runs with it
+
 _B16 = dict(unique_layers=12, embed_dim=768, token_dim=384, channel_dim=3072, patch_size=16)
 
 
-@register_model
+@register_model(fixed_input_size=True)
 def mixer_b16_224(**kwargs) -> RecursiveMixer:
     """Mixer-B/16 (Mixer Table 1; SReT appendix H baseline): 12 blocks, 768, D_S 384, D_C 3072."""
     return RecursiveMixer(**{**_B16, "loops": 1, "lrc": "none", **kwargs})
 
 
-@register_model
+@register_model(fixed_input_size=True)
 def recursive_mixer_b16_224(**kwargs) -> RecursiveMixer:
     """Mixer-B/16 + recursion + LRC (SReT sec. 5.5): every block looped twice, same size."""
     return RecursiveMixer(**{**_B16, "loops": 2, "lrc": "both", **kwargs})
 
 
-@register_model(img_size=32)
+@register_model(img_size=32, fixed_input_size=True)
 def recursive_mixer_mini(**kwargs) -> RecursiveMixer:
     """A CPU-sized recursive Mixer: 3 blocks x 2 loops, 64 wide, 4 x 4 patches of 32 x 32."""
     return RecursiveMixer(

@@ -190,6 +190,14 @@ class MRLAResNet(ResNet):
             stage = MRLAStage(blocks, dim, mrla, head_dim, mrla_drop_path, relu)
             setattr(self, name, stage)
 
+    classifier_names = "fc"  # timm's ResNet head
+
+    @property
+    def pool_size(self) -> tuple[int, int]:
+        """The last stage's grid at the training resolution (timm's ``pool_size``: the
+        stem and stages reduce 32 times)."""
+        return tuple(-(-n // 32) for n in self.img_size)
+
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
         """A new training resolution (fine-tuning): nothing in a CNN depends on it."""
         self.img_size = to_2tuple(img_size)

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from recurnmt.modules import FAMILIES, ConfigError, StackConfig, build_stack
 from recurnmt.vision.layers import PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.conv import ConvPooling, ConvStem
+from recurnmt.vision.layers.features import feature_take_indices, tokens_to_map
 from recurnmt.vision.layers.layer_attention import LayerAttention
 from recurnmt.vision.registry import register_model
 
@@ -127,6 +128,8 @@ class SReT(nn.Module):
         img_size: training resolution; the learned position table is sized for it.
         in_chans: image channels.
         num_classes: classifier outputs; 0 gives no head.
+        global_pool: ``avg`` (SReT's) or ``""`` (none: the head's norm and linear act at every
+            position).
         drop_rate: dropout on residual branches, after the position embedding and the head.
         attn_drop_rate: attention dropout.
         drop_path_rate: stochastic depth, the top rate of ``drop_path_schedule``.
@@ -154,6 +157,7 @@ class SReT(nn.Module):
         img_size: int | tuple[int, int] = 224,
         in_chans: int = 3,
         num_classes: int = 1000,
+        global_pool: str = "avg",
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
@@ -175,7 +179,7 @@ class SReT(nn.Module):
         self.img_size = to_2tuple(img_size)
         self.in_chans = in_chans
         self.num_classes = num_classes
-        self.embed_dim = self.num_features = dims[-1]
+        self.embed_dim = self.num_features = self.head_hidden_size = dims[-1]
         self.stem = ConvStem(in_chans, dims[0], stem_dims)
         grid = ConvStem.grid_size(self.img_size)
         self.pos_embed = PositionEmbedding("learned", grid, dims[0])
@@ -229,10 +233,13 @@ class SReT(nn.Module):
         )
         self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
-        if isinstance(self.head, nn.Linear):
-            nn.init.trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
+        self.reset_classifier(num_classes, global_pool)
+        # timm's feature points: the output of every stage (its last level), a pyramid
+        reductions = [2 ** (3 + s) for s in range(len(dims))]  # the stem reduces 8 times
+        self.feature_info = [
+            dict(module=f"stages.{s}", num_chs=dim, reduction=r)
+            for s, (dim, r) in enumerate(zip(dims, reductions, strict=True))
+        ]
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names exempt from weight decay (besides all biases and 1-D tensors)."""
@@ -269,17 +276,34 @@ class SReT(nn.Module):
         for stage in self.stages:
             stage.set_depth(stage.plan.num_unique * (depth // unique))
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """Replaces the head with a fresh one of ``num_classes`` outputs."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replaces the head with a fresh one of ``num_classes`` outputs (0: none), and the
+        pooling where ``global_pool`` is given: ``avg`` (SReT's) or ``""`` (none: the norm and
+        head act at every position, as timm's norm-after-pool heads do)."""
+        if global_pool is not None:
+            if global_pool not in ("avg", ""):
+                raise ValueError(f"global_pool={global_pool!r}; use avg or '' (none)")
+            self.global_pool = global_pool
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if isinstance(self.head, nn.Linear):
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Image B x in x H x W -> last-stage tokens B x T x C3 (every block looped, or once
-        in the shallow branch of mixed-depth training, SReT appendix B:
+    @property
+    def pool_size(self) -> tuple[int, int]:
+        """The last stage's grid at the built resolution (timm's ``pool_size``)."""
+        rows, cols = ConvStem.grid_size(self.img_size)
+        for _ in self.pools:
+            rows, cols = (rows + 1) // 2, (cols + 1) // 2
+        return rows, cols
+
+    def _stages(self, x: Tensor, last: int | None = None):
+        """Yields every stage's output map B x C_s x h x w (up to stage ``last``): every
+        block looped, or once in the shallow branch of mixed-depth training (SReT appendix B:
         :func:`~recurnmt.modules.shallow_branch`)."""
         x = self.stem(x)  # B x C1 x h x w
-        for s, stage in enumerate(self.stages):
+        for s, stage in enumerate(self.stages[: None if last is None else last + 1]):
             if s > 0:
                 x = self.pools[s - 1](x)  # B x C_s x ceil(h/2) x ceil(w/2)
             h, w = x.shape[-2:]
@@ -287,15 +311,59 @@ class SReT(nn.Module):
             if s == 0:
                 x = self.pos_drop(self.pos_embed(x, (h, w)))
             hooks = [self.layer_attn[s].start((h, w), 0)] if self.layer_attn is not None else []
-            x = stage(x, hooks=hooks).output
-            if s + 1 < len(self.stages):
-                x = x.transpose(1, 2).reshape(x.size(0), -1, h, w)  # B x C x h x w
-        return x
+            x = tokens_to_map(stage(x, hooks=hooks).output, (h, w))  # B x C x h x w
+            yield x
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Image B x in x H x W -> the last stage's map B x C3 x h x w (unpooled, timm's)."""
+        *_, last = self._stages(x)
+        return last
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | Sequence[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        """The output maps of the stages ``indices`` (timm's API; ``norm`` is accepted for it:
+        SReT normalises only after pooling), and unless ``intermediates_only`` the features of
+        :meth:`forward_features`."""
+        if output_fmt != "NCHW":
+            raise ValueError(f"output_fmt={output_fmt!r}: SReT's stages give NCHW maps")
+        take, last = feature_take_indices(len(self.stages), indices)
+        stop = last if stop_early or intermediates_only else None
+        maps = list(self._stages(x, stop))
+        features = [maps[i] for i in take]
+        return features if intermediates_only else (maps[-1], features)
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drops the stages after the last of ``indices``, the head where ``prune_head`` and
+        the head's norm where ``prune_norm`` (timm's API); returns the stages taken."""
+        take, last = feature_take_indices(len(self.stages), indices)
+        del self.stages[last + 1 :]
+        del self.pools[last:]
+        if self.layer_attn is not None:
+            del self.layer_attn[last + 1 :]
+        self.feature_info = self.feature_info[: last + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Tokens B x T x C -> logits: average pooling, LayerNorm, linear."""
-        x = self.head_drop(self.norm(x.mean(dim=1)))  # B x C
-        return x if pre_logits else self.head(x)
+        """The last stage's map B x C x h x w -> logits: average pooling, LayerNorm, linear
+        (with no pooling, every position's)."""
+        if self.global_pool == "avg":
+            x = self.head_drop(self.norm(x.mean(dim=(2, 3))))  # B x C
+            return x if pre_logits else self.head(x)
+        x = self.head_drop(self.norm(x.permute(0, 2, 3, 1)))  # B x h x w x C
+        return (x if pre_logits else self.head(x)).permute(0, 3, 1, 2)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))

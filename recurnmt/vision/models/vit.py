@@ -55,6 +55,7 @@ from recurnmt.modules import (
     positions_hooks,
 )
 from recurnmt.vision.layers import PatchEmbed, PositionEmbedding, to_2tuple
+from recurnmt.vision.layers.features import feature_take_indices, level_intermediates
 from recurnmt.vision.layers.layer_attention import LayerAttention
 from recurnmt.vision.registry import register_model
 
@@ -72,7 +73,8 @@ class VisionTransformer(nn.Module):
         in_chans: image channels.
         num_classes: classifier outputs; 0 gives no head (features only).
         class_token: prepend a learned class token (ViT eq. 1); otherwise average the tokens.
-        global_pool: ``token`` (class token) or ``avg`` (mean of the patch tokens).
+        global_pool: ``token`` (class token), ``avg`` (mean of the patch tokens) or ``""``
+            (none: the head reads every token, timm's convention).
         pos_embed: ``learned``, ``sincos`` or ``none`` (see :mod:`~recurnmt.vision.layers`).
         drop_rate: dropout after the position embedding and before the head.
         layer_attention: MRLA run after every level of the stack on the patch tokens
@@ -99,17 +101,13 @@ class VisionTransformer(nn.Module):
         coordinates: CoordinateConfig | None = None,
     ) -> None:
         super().__init__()
-        if global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool={global_pool!r}; use token or avg")
-        if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' needs class_token=True")
-        self.embed_dim = self.num_features = embed_dim
+        self.num_prefix_tokens = 1 if class_token else 0
+        self.global_pool = _check_pool(global_pool, self.num_prefix_tokens)
+        self.embed_dim = self.num_features = self.head_hidden_size = embed_dim
         self.num_classes = num_classes
-        self.global_pool = global_pool
         self.img_size = to_2tuple(img_size)
         self.in_chans = in_chans
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
-        self.num_prefix_tokens = 1 if class_token else 0
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         grid = self.patch_embed.grid_size(self.img_size)
         self.pos_embed = PositionEmbedding(pos_embed, grid, embed_dim, self.num_prefix_tokens)
@@ -119,6 +117,13 @@ class VisionTransformer(nn.Module):
         self.coordinates = coordinates or CoordinateConfig()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        # timm's feature points: every level of the stack, a level being one pass through a
+        # (possibly shared) block; a shared stack's levels are its stages of computation
+        reduction = self.patch_embed.patch_size[0]
+        self.feature_info = [
+            dict(module=f"stack.levels.{i}", num_chs=embed_dim, reduction=reduction)
+            for i in range(stack.num_levels)
+        ]
         self._init_own_weights()
 
     def _init_own_weights(self) -> None:
@@ -167,8 +172,11 @@ class VisionTransformer(nn.Module):
             )
         self.stack.set_depth(depth)
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """Replaces the head with a fresh one of ``num_classes`` outputs."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replaces the head with a fresh one of ``num_classes`` outputs (0: none), and the
+        pooling where ``global_pool`` is given (timm's API)."""
+        if global_pool is not None:
+            self.global_pool = _check_pool(global_pool, self.num_prefix_tokens)
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_own_weights()
@@ -188,6 +196,14 @@ class VisionTransformer(nn.Module):
             x = self.pos_embed(x, grid)
         return self.pos_drop(x), grid
 
+    def _own_hooks(self, x: Tensor, grid: tuple[int, int]) -> list[LevelHook]:
+        own: list[LevelHook] = []
+        if self.positions_every_level:
+            own += positions_hooks(self.coordinates, self.pos_embed.table(grid, x))
+        if self.layer_attn is not None:
+            own.append(self.layer_attn.start(grid, self.num_prefix_tokens))
+        return own
+
     def forward_features(self, x: Tensor, hooks: Sequence[LevelHook] = ()) -> Tensor:
         """Image B x C x H x W -> normalised tokens B x T x D (ViT eq. 2-4 before the head).
 
@@ -196,24 +212,70 @@ class VisionTransformer(nn.Module):
                 MRLA): DVT's reuse, recording level outputs.
         """
         x, grid = self.embed(x)
-        own: list[LevelHook] = []
-        if self.positions_every_level:
-            own += positions_hooks(self.coordinates, self.pos_embed.table(grid, x))
-        if self.layer_attn is not None:
-            own.append(self.layer_attn.start(grid, self.num_prefix_tokens))
-        return self.stack(x, hooks=[*own, *hooks]).output
+        return self.stack(x, hooks=[*self._own_hooks(x, grid), *hooks]).output
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        hooks: Sequence[LevelHook] = (),
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        """The outputs of the levels ``indices`` (timm's API: an int n takes the last n, None
+        all; a level is one pass through a block, so a shared block's every pass is a feature
+        point), as B x D x h x w maps (``NCHW``) or B x N x D tokens (``NLC``), with the
+        final norm where ``norm``; and, unless ``intermediates_only``, the features of
+        :meth:`forward_features` (the levels after the last index run only then, or where
+        ``stop_early`` is false). ``hooks``: further level hooks, as for
+        :meth:`forward_features`."""
+        tokens, grid = self.embed(x)
+        order = list(self.stack.active_levels)
+        own = [*self._own_hooks(tokens, grid), *hooks]
+        return level_intermediates(
+            self.stack, tokens, grid, order, own, indices,
+            self.num_prefix_tokens, return_prefix_tokens, norm, stop_early, output_fmt,
+            intermediates_only,
+        )  # fmt: skip
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drops what the levels ``indices`` do not need (timm's API): the head (and its
+        pooling) where ``prune_head``, the final norm where ``prune_norm``. A shared stack keeps
+        its levels: the blocks after the last index are the blocks before it, and
+        :meth:`forward_intermediates` stops after the last level asked for. Returns the
+        levels taken."""
+        take, _ = feature_take_indices(len(self.stack.active_levels), indices)
+        if prune_head:
+            self.reset_classifier(0, "")
+        if prune_norm:
+            self.stack.final_norm = None
+        return take
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Tokens B x T x D -> logits B x num_classes (or the pooled B x D)."""
+        """Tokens B x T x D -> logits B x num_classes (or the pooled B x D); with no pooling
+        (``global_pool=""``) every token's."""
         if self.global_pool == "token":
             x = x[:, 0]  # B x D, the class token
-        else:
+        elif self.global_pool == "avg":
             x = x[:, self.num_prefix_tokens :].mean(dim=1)  # B x D
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+def _check_pool(global_pool: str, num_prefix_tokens: int) -> str:
+    if global_pool not in ("token", "avg", ""):
+        raise ValueError(f"global_pool={global_pool!r}; use token, avg or '' (none)")
+    if global_pool == "token" and not num_prefix_tokens:
+        raise ValueError("global_pool='token' needs class_token=True")
+    return global_pool
 
 
 # a family's options (recurnmt.modules.families) under the names of vit_stack_config
