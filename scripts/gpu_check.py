@@ -51,7 +51,7 @@ pipeline, the budget and the report anywhere.
     make gpu-check                                   # python3's CUDA torch, index for the rest
     make gpu-check PYTHON=/opt/torch/.venv/bin/python3 WHEELS=wheels   # no index
     make gpu-check GPU_CHECK_FLAGS="--budget 900"    # more time, more steps measured
-    python -m scripts.gpu_check --cpu-smoke --out /tmp/gpu_check.md
+    python -m scripts.gpu_check --cpu-smoke --out work/gpu_check.md
 
 It runs before recurnmt is installed, with the machine's own Python: ``python -m
 scripts.gpu_check`` from the repository's root puts that root first on the import path, so

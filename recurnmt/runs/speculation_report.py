@@ -22,7 +22,7 @@ fairseq-generate data-bin/lohelp_de_en_spm4000 --user-dir user_dir --path work/s
 ```
 
 `fairseq-interactive` takes the same flags; an exported model takes
-`generate(..., draft_levels=2, draft_tokens=4)` (`recurnmt-export`). The log says how many
+`generate(..., draft_levels=2, draft_tokens=4)` (`python -m recurnmt.export`). The log says how many
 drafts each verification accepted and what drafting and verifying took. A draft is good when
 the model was trained for it: `fairseq-train ... --mixed-depth on --mixed-depth-levels R`
 (the decoder's first R levels under the same loss) or `random` (R drawn for every batch).
