@@ -67,6 +67,7 @@ from recurnmt.runs.benchmark import (
     training_step,
     write_json,
 )
+from recurnmt.runs.experiment import add_size_arguments
 from recurnmt.runs.results import FAMILY_ORDER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -256,10 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     add_device_arguments(
         parser, "; generation casts the weights to it, as fairseq-generate --fp16 does"
     )
-    parser.add_argument("--embed-dim", type=int, default=256)
-    parser.add_argument("--ffn-dim", type=int, default=1024)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--levels", type=int, default=6)
+    add_size_arguments(parser, pre_ln=None, embed_dim=256, ffn_dim=1024, heads=4)
     parser.add_argument("--max-tokens", type=int, default=2048)
     parser.add_argument("--warmup", type=int, default=2, help="untimed updates")
     parser.add_argument("--steps", type=int, default=12, help="timed updates per round")

@@ -57,6 +57,7 @@ from recurnmt.runs.benchmark import (
     training_step,
     write_json,
 )
+from recurnmt.runs.experiment import add_size_arguments
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -261,10 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         "--baseline", default=BASELINE, choices=REFERENCES, help="the row ratios refer to"
     )
     add_device_arguments(parser)
-    parser.add_argument("--embed-dim", type=int, default=192)
-    parser.add_argument("--ffn-dim", type=int, default=768)
-    parser.add_argument("--heads", type=int, default=3)
-    parser.add_argument("--levels", type=int, default=6)
+    add_size_arguments(parser, pre_ln=None, embed_dim=192, ffn_dim=768, heads=3)
     parser.add_argument("--img-size", type=int, default=64)
     parser.add_argument("--patch-size", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 from recurnmt.cli import entry_point
+from recurnmt.runs.experiment import add_size_arguments
 
 PROG = "python scripts/compile_speed.py"
 TASKS = ("nmt", "vision")
@@ -106,10 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         "--compile", default="inductor", metavar="BACKEND", help="torch.compile backend"
     )
     parser.add_argument("--arch", default="ringformer")
-    parser.add_argument("--embed-dim", type=int, default=128)
-    parser.add_argument("--ffn-dim", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--levels", type=int, default=6)
+    add_size_arguments(parser, pre_ln=None, heads=4)
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=32, help="sentences")
     parser.add_argument("--length", type=int, default=30, help="tokens per sentence")

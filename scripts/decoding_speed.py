@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from recurnmt.cli import entry_point
+from recurnmt.runs.experiment import add_size_arguments
 from recurnmt.runs.results import FAMILY_ORDER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,10 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--archs", nargs="+", default=list(FAMILY_ORDER))
     parser.add_argument("--data", type=Path, default=ROOT / "data-bin/lohelp_de_en")
-    parser.add_argument("--embed-dim", type=int, default=256)
-    parser.add_argument("--ffn-dim", type=int, default=1024)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--levels", type=int, default=6)
+    add_size_arguments(parser, pre_ln=None, embed_dim=256, ffn_dim=1024, heads=4)
     parser.add_argument("--sentences", type=int, default=64)
     parser.add_argument("--gen-batch", type=int, default=16)
     parser.add_argument("--beam", type=int, default=4)

@@ -43,7 +43,13 @@ from recurnmt.modules.sdpa import ENV, POLICIES, parse_policy, set_policy
 from recurnmt.nmt.quiet import quiet_env
 from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.commands import generate_command, run_logged, train_command
-from recurnmt.runs.experiment import decoding_flags, recipe_flags, run_flags, size_flags
+from recurnmt.runs.experiment import (
+    add_size_arguments,
+    decoding_flags,
+    recipe_flags,
+    run_flags,
+    size_flags,
+)
 from recurnmt.runs.fairseq_log import epoch_stats, generation_speed
 from recurnmt.runs.launch import cpu_train_command
 
@@ -157,11 +163,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--archs", nargs="+", default=["transformer", "ringformer"])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--dtype", choices=sorted(PRECISION_FLAGS), default="fp16")
-    parser.add_argument("--embed-dim", type=int, default=512)
-    parser.add_argument("--ffn-dim", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--levels", type=int, default=6)
-    parser.add_argument("--pre-ln", action="store_true")
+    add_size_arguments(parser, embed_dim=512, ffn_dim=2048)
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument("--epochs", type=int, default=2, help="the last one is timed")
     parser.add_argument("--beam", type=int, default=4)

@@ -57,6 +57,7 @@ from recurnmt.runs.benchmark import (
     load_generation_batches,
     nmt_model_flags,
 )
+from recurnmt.runs.experiment import add_size_arguments
 from recurnmt.runs.results import FAMILY_ORDER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -292,10 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=ROOT / "data-bin/lohelp_de_en")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument("--dtype", default="fp16", choices=("fp32", "bf16", "fp16"))
-    parser.add_argument("--embed-dim", type=int, default=512)
-    parser.add_argument("--ffn-dim", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--levels", type=int, default=6)
+    add_size_arguments(parser, pre_ln=None, embed_dim=512, ffn_dim=2048, heads=8)
     parser.add_argument("--sentences", type=int, default=64, help="sentences in the batch")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--decode-len", type=int, default=32, help="fixed output length")

@@ -40,7 +40,7 @@ from types import SimpleNamespace
 from recurnmt.cli import entry_point
 from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.commands import run_logged, train_command
-from recurnmt.runs.experiment import recipe_flags, run_flags, size_flags
+from recurnmt.runs.experiment import add_size_arguments, recipe_flags, run_flags, size_flags
 from recurnmt.runs.launch import cpu_train_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,10 +118,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "work" / "speculative")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "speculative.md")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--embed-dim", type=int, default=128)
-    parser.add_argument("--ffn-dim", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--levels", type=int, default=6)
+    add_size_arguments(parser, pre_ln=None, heads=4)
     parser.add_argument("--max-update", type=int, default=1400)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)

@@ -129,20 +129,27 @@ def processes(nproc: int) -> str:
 
 def add_size_arguments(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    levels_help: str,
+    levels_help: str = "levels per side",
     pre_ln_help: str | None = None,
-    pre_ln: bool = False,
+    pre_ln: bool | None = False,
+    *,
+    embed_dim: int = 128,
+    ffn_dim: int = 512,
+    heads: int = 8,
+    levels: int = 6,
 ) -> None:
     """``--embed-dim --ffn-dim --heads --levels --pre-ln/--no-pre-ln`` (:func:`size_flags`),
-    at RingFormer's Table 4 size: H=128, FF=512, 8 heads, 6 levels; post-LN unless ``pre_ln``
-    (the default of ``--pre-ln``)."""
-    parser.add_argument("--embed-dim", type=int, default=128)
-    parser.add_argument("--ffn-dim", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--levels", type=int, default=6, help=levels_help)
-    parser.add_argument(
-        "--pre-ln", action=argparse.BooleanOptionalAction, default=pre_ln, help=pre_ln_help
-    )
+    the size flags of every script, declared here only: by default at RingFormer's Table 4
+    size (H=128, FF=512, 8 heads, 6 levels), post-LN unless ``pre_ln`` (the default of
+    ``--pre-ln``; None: no such flag). A script at another size passes its defaults."""
+    parser.add_argument("--embed-dim", type=int, default=embed_dim, help="model width H")
+    parser.add_argument("--ffn-dim", type=int, default=ffn_dim, help="FFN width")
+    parser.add_argument("--heads", type=int, default=heads, help="attention heads")
+    parser.add_argument("--levels", type=int, default=levels, help=levels_help)
+    if pre_ln is not None:
+        parser.add_argument(
+            "--pre-ln", action=argparse.BooleanOptionalAction, default=pre_ln, help=pre_ln_help
+        )
 
 
 def add_recipe_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
