@@ -13,21 +13,15 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from recurnmt.vision import create_model, list_models
 from recurnmt.vision import train as train_cli
 from recurnmt.vision.distributed import DistInfo
 from recurnmt.vision.engine import Precision, train_one_epoch
+from recurnmt.vision.losses import ClassificationLoss
 from tests.vision_fixtures import small_kwargs
 
 CPU = torch.device("cpu")
-
-
-def _cross_entropy(logits, target, _):
-    """Summed over a DVT cascade's exits (a tuple in training, DVT eq. 1)."""
-    exits = logits if isinstance(logits, tuple) else (logits,)
-    return sum(F.cross_entropy(x, target) for x in exits)
 
 
 def run(precision: Precision, steps: int = 3, device: torch.device = CPU, name="vit_mini_patch4"):
@@ -52,7 +46,7 @@ def run(precision: Precision, steps: int = 3, device: torch.device = CPU, name="
         loader,
         optimizer,
         None,  # a constant learning rate
-        _cross_entropy,
+        ClassificationLoss(),  # a DVT cascade's exits summed (a tuple in training)
         DistInfo(device=device),
         precision,
         progress=False,
