@@ -12,7 +12,8 @@ pytest knows them.
 
 Items timm's tests apply to a recurnmt model but that it does not pass yet are marked
 ``xfail(strict=True)`` below, each with its reason, so they are reported (and a fix that makes
-one pass fails the run until its mark is removed); see the issue notes and docs/vision.md.
+one pass fails the run until its mark is removed; the TorchScript items are not run at all,
+``pytest --runxfail -m timm_peer -k torchscript`` runs them); see recurnmt/vision/README.md.
 """
 
 from __future__ import annotations
@@ -83,7 +84,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.timm_peer)
         reason = KNOWN_GAPS.get(item.originalname, {}).get(_family_file(name))
         if reason:
-            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+            # TorchScript's items are not run (scripting fails at once, after an fx trace of up
+            # to 12 s for a 108-level model): 3 minutes of CI for no news
+            run = "torchscript" not in item.originalname
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True, run=run))
         keep.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
