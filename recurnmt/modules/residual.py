@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing
+from torch.fx import Proxy
 
 from recurnmt.modules.config import LRC_MODES
 
@@ -116,7 +116,7 @@ class ResidualCoefficients(nn.Module):
         """``main_coef[index] * main + skip_coef[index] * skip`` (SReT eq. 9)."""
         if self.mode == "none":  # the plain residual of every other family's blocks
             return skip + main
-        if torch.is_grad_enabled() or torch.compiler.is_compiling() or is_fx_symbolic_tracing():
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or isinstance(main, Proxy):
             skip_coef = self.skip[index] if self.skip is not None else None
             main_coef = self.main[index] if self.main is not None else None
         else:
