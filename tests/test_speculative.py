@@ -76,7 +76,7 @@ def test_greedy_equals_fairseqs_beam_one_for_every_family(family):
     model = _model(f"{family}_tiny")
     sample = _sample()
     want = _hypos(SequenceGenerator([model], DICT, beam_size=1, max_len_b=12), model, sample)
-    for levels, tokens in itertools.product((1, 2, 3), (1, 4)):
+    for levels, tokens in [(0, 4), *itertools.product((1, 2, 3), (1, 4))]:  # 0: no draft
         spec = SpeculativeSequenceGenerator(
             [model], DICT, beam_size=1, max_len_b=12, draft_levels=levels, draft_tokens=tokens
         )
@@ -98,6 +98,9 @@ def test_greedy_is_exact_through_every_acceptance(scale, tokens):
     options = dict(beam_size=1, max_len_b=14, min_len=3, unk_penalty=0.5, temperature=0.7,
                    len_penalty=1.3)  # fmt: skip
     want = _hypos(SequenceGenerator([model], DICT, **options), model, sample)
+    plain = SpeculativeSequenceGenerator([model], DICT, draft_levels=0, **options)
+    _assert_same(_hypos(plain, model, sample), want)  # the loop without drafts
+    assert plain.stats.drafted == 0 and plain.stats.tokens_per_verification == 1
     spec = SpeculativeSequenceGenerator(
         [model], DICT, draft_levels=1, draft_tokens=tokens, **options
     )
@@ -123,8 +126,9 @@ def test_a_long_max_length_is_forced_to_end():
 
 
 def test_draft_levels_auto_picks_the_fastest_and_decodes_the_same(monkeypatch):
-    """``--draft-levels auto`` times every depth and plain decoding on the first batch and
-    keeps the fastest; plain decoding when it is the fastest (then nothing speculates)."""
+    """``--draft-levels auto`` times every depth on the first batch, decoding without drafts
+    among them, and keeps the fastest; no draft when it is the fastest (then nothing
+    speculates)."""
     model = _model("universal_transformer_tiny")
     want = _hypos(SequenceGenerator([model], DICT, beam_size=1, max_len_b=10), model, _sample())
     spec = SpeculativeSequenceGenerator(
@@ -137,7 +141,8 @@ def test_draft_levels_auto_picks_the_fastest_and_decodes_the_same(monkeypatch):
     slow = nmt_speculative.SpeculativeSequenceGenerator._speculate
 
     def slower(self, *args):
-        time.sleep(0.2)  # every speculative run slower than plain decoding
+        if args[-1]:  # every run with drafts slower than the one without
+            time.sleep(0.2)
         return slow(self, *args)
 
     monkeypatch.setattr(nmt_speculative.SpeculativeSequenceGenerator, "_speculate", slower)
@@ -146,15 +151,15 @@ def test_draft_levels_auto_picks_the_fastest_and_decodes_the_same(monkeypatch):
     )
     _assert_same(_hypos(spec, model, _sample()), want)
     assert spec.draft_levels == 0
-    _assert_same(_hypos(spec, model, _sample()), want)  # later batches: plain
-    assert spec.stats.verifications == 0
+    _assert_same(_hypos(spec, model, _sample()), want)  # later batches: no draft
+    assert spec.stats.drafted == 0
 
 
 @pytest.mark.parametrize(
     "kwargs,message",
     [
         ({"draft_levels": 4}, "--draft-levels 4: the draft runs 1 to 3 of the 4 levels"),
-        ({"draft_levels": 0}, "--draft-levels 0"),
+        ({"draft_levels": -1}, "--draft-levels -1: the draft runs 1 to 3 of the 4 levels"),
         ({"draft_levels": "two"}, "--draft-levels 'two': a number of levels, or auto"),
         ({"draft_levels": 1, "draft_tokens": 0}, "--draft-tokens 0: at least 1"),
         ({"draft_levels": 1, "beam_size": 4}, "--beam 4: speculative decoding decodes"),
@@ -213,7 +218,7 @@ def _distributions(model, src, lengths, rule: TokenRule, steps: int = 2) -> list
 @pytest.mark.parametrize(
     "topk,topp", [(0, 0.0), (8, 0.0), (0, 0.7)], ids=["full", "top-8", "top-0.7"]
 )
-def test_sampling_is_distributed_as_the_full_models(topk, topp):
+def test_sampling_is_distributed_as_the_full_models(topk, topp, levels=1):
     """Speculative rejection sampling: the first two tokens of 6,000 speculative samples
     (drafts from 1 of 4 levels, 3 at a time) against the full model's exact distributions, in
     total variation; a rule that accepted every draft would be far off (checked here too)."""
@@ -225,7 +230,7 @@ def test_sampling_is_distributed_as_the_full_models(topk, topp):
     n = 6000
     sample = {"net_input": {"src_tokens": src.expand(n, -1), "src_lengths": lengths.expand(n)}}
     generator = SpeculativeSequenceGenerator(
-        [model], DICT, beam_size=1, max_len_b=3, min_len=3, draft_levels=1, draft_tokens=3,
+        [model], DICT, beam_size=1, max_len_b=3, min_len=3, draft_levels=levels, draft_tokens=3,
         temperature=1.3, search_strategy=_sampling(topk, topp),
     )  # fmt: skip
     hypos = generator.generate([model], sample)
@@ -235,7 +240,12 @@ def test_sampling_is_distributed_as_the_full_models(topk, topp):
         tv = 0.5 * (seen - p).abs().sum().item()
         assert tv < 0.045, f"token {step + 1}: total variation {tv:.3f} from the exact distribution"
     # each row accepted some drafts and rejected others (the batch advances by the least)
-    assert 0 < generator.stats.row_accepted < 3
+    assert 0 < generator.stats.row_accepted < 3 or levels == 0
+
+
+def test_sampling_without_drafts_is_the_full_models():
+    """``--draft-levels 0``: the same loop samples the full model one token at a time."""
+    test_sampling_is_distributed_as_the_full_models(8, 0.0, levels=0)
 
 
 def _sampling(topk: int, topp: float):

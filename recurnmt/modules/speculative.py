@@ -193,8 +193,10 @@ def check_draft(
             f"{flags[0]}: ACT's halting mixes the outputs of every level (--act), so the first "
             "levels are no draft of the model; decode without speculation"
         )
-    if not isinstance(levels, int) or not 1 <= levels < n:
-        raise ValueError(f"{flags[0]} {levels}: the draft runs 1 to {n - 1} of the {n} levels")
+    if not isinstance(levels, int) or not 0 <= levels < n:
+        raise ValueError(
+            f"{flags[0]} {levels}: the draft runs 1 to {n - 1} of the {n} levels (0: no draft)"
+        )
     if not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"{flags[1]} {tokens}: at least 1 drafted token per verification")
 
@@ -205,8 +207,9 @@ class SelfSpeculation:
 
     Args:
         decoder: the front end's decoder.
-        draft_levels: r, the levels the draft runs (1 <= r < N).
-        draft_tokens: k, tokens drafted per verification.
+        draft_levels: r, the levels the draft runs (1 <= r < N); 0: no draft, the full model
+            one token at a time in this same loop (what speculation is measured against).
+        draft_tokens: k, tokens drafted per verification (none without draft levels).
         rule: how a token is chosen from the log-probabilities.
     """
 
@@ -217,7 +220,7 @@ class SelfSpeculation:
         check_draft(stack, draft_levels, draft_tokens)
         order = list(stack.active_levels)
         self.shallow, self.deep = order[:draft_levels], order[draft_levels:]
-        self.decoder, self.k, self.rule = decoder, draft_tokens, rule
+        self.decoder, self.k, self.rule = decoder, draft_tokens if draft_levels else 0, rule
 
     @torch.no_grad()
     def run(
@@ -244,9 +247,12 @@ class SelfSpeculation:
             last = tokens[:, -1:]
             for j in range(k + 1):  # k drafts, and the last one through the draft's levels
                 x, pos = decoder.embed(last, step + j)
+                positions.append(pos)
+                if not self.shallow:  # no draft: the full model reads the token itself
+                    states.append(x)
+                    break
                 out = decoder.run(x, self.shallow, cache, decoder.hooks(pos))
                 states.append(out.hidden)
-                positions.append(pos)
                 if j == k:
                     break
                 logits = decoder.logits(out.output)

@@ -3,8 +3,10 @@
 ``--task speculative_translation --draft-levels R --draft-tokens K`` (with ``--beam 1``, greedy
 or ``--sampling``) decodes a recurnmt model with drafts from its own first R decoder levels
 (:mod:`recurnmt.modules.speculative`): greedy output token for token the plain decoding's,
-samples distributed as the plain sampler's. ``--draft-levels auto`` times every R and plain
-decoding on the first batch and keeps the fastest. The task is fairseq's ``translation`` with those two options; every
+samples distributed as the plain sampler's. ``--draft-levels 0`` runs the same loop without
+drafts (the full model one token at a time: fairseq's greedy search and sampler without their
+beam bookkeeping); ``--draft-levels auto`` times every R from 0 on the first batch and keeps the
+fastest. The task is fairseq's ``translation`` with those two options; every
 other option of ``fairseq-generate`` keeps its meaning (``--max-len-a/b``, ``--min-len``,
 ``--unkpen``, ``--lenpen``, ``--temperature``, ``--sampling-topk/-topp``), and a setting
 speculation cannot honour is refused at once, naming its flag. The log says how many drafts each
@@ -97,7 +99,7 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
     sampled decoding is self-speculative.
 
     Args:
-        draft_levels: the levels the draft runs (1 .. N-1), or ``"auto"``.
+        draft_levels: the levels the draft runs (1 .. N-1; 0: no draft), or ``"auto"``.
         draft_tokens: tokens drafted per verification (>= 1).
         models, tgt_dict, **kwargs: as fairseq's ``SequenceGenerator``.
 
@@ -134,8 +136,8 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         self.stack = decoder.stack
         n = self.stack.num_levels
         self.auto = draft_levels == "auto"
-        self.draft_levels = 1 if self.auto else _levels(draft_levels)
-        check_draft(self.stack, self.draft_levels if not self.auto else 1, draft_tokens)
+        self.draft_levels = 0 if self.auto else _levels(draft_levels)
+        check_draft(self.stack, self.draft_levels, draft_tokens)
         if self.auto and n < 2:
             raise ValueError(f"--draft-levels auto: the decoder has {n} level, nothing to draft")
         self.draft_tokens = draft_tokens
@@ -151,7 +153,8 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
 
     def log_summary(self) -> None:
         if self.stats.verifications:
-            logger.info(f"draft levels {self.draft_levels}, tokens {self.draft_tokens}: "
+            tokens = self.draft_tokens if self.draft_levels else 0
+            logger.info(f"draft levels {self.draft_levels}, tokens {tokens}: "
                         + self.stats.summary())  # fmt: skip
 
     def _adjust(self, max_len: int):
@@ -203,8 +206,6 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         if self.auto:
             self.draft_levels = self._calibrate(sample, model, encoder_out, rule, prefix, max_len)
             self.auto = False
-        if self.draft_levels == 0:  # auto found plain decoding faster
-            return super()._generate(sample, bos_token=bos_token)
         decoded = self._speculate(model, encoder_out, rule, prefix, max_len, self.draft_levels)
         self.stats.add(decoded.stats)
         self.batches += 1
@@ -234,19 +235,16 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
 
     def _calibrate(self, sample, model, encoder_out, rule, prefix, max_len) -> int:
         """``--draft-levels auto``: the draft depth that decodes the first batch fastest, or 0
-        where plain decoding is faster still (then no batch speculates: in a large batch, which
-        advances by its rows' smallest acceptance, or where the draft is poor)."""
+        where decoding without drafts is faster still (then no batch speculates: in a large
+        batch, which advances by its rows' smallest acceptance, or where the draft is poor)."""
         times = {}
         for levels in range(self.stack.num_levels):
             start = time.perf_counter()
-            if levels == 0:
-                super()._generate(sample)
-            else:
-                self._speculate(model, encoder_out, rule, prefix, max_len, levels)
+            self._speculate(model, encoder_out, rule, prefix, max_len, levels)
             times[levels] = time.perf_counter() - start
         best = min(times, key=times.get)
-        spent = ", ".join(f"{r or 'plain'}: {t:.2f} s" for r, t in times.items())
-        choice = f"{best} levels" if best else "plain decoding"
+        spent = ", ".join(f"{r or 'no draft'}: {t:.2f} s" for r, t in times.items())
+        choice = f"{best} levels" if best else "no draft"
         logger.info(f"--draft-levels auto: {choice} (the first batch with each: {spent})")
         return best
 
@@ -265,8 +263,9 @@ class SpeculativeTranslationConfig(TranslationConfig):
     draft_levels: Optional[str] = field(  # noqa: UP045
         default=None,
         metadata={
-            "help": "decode with drafts from the decoder's first R levels (1 .. N-1; auto: the "
-            "fastest R on the first batch); greedy (--beam 1) or --sampling"
+            "help": "decode with drafts from the decoder's first R levels (1 .. N-1; 0: no "
+            "draft, recurnmt's own loop; auto: the fastest R on the first batch); greedy "
+            "(--beam 1) or --sampling"
         },
     )
     draft_tokens: int = field(default=4, metadata={"help": "tokens drafted per verification"})

@@ -28,6 +28,7 @@ from recurnmt.runs.benchmark import generation_batches, translation_task
 from recurnmt.runs.scoring import corpus_bleu
 
 BEAM, LENPEN = 4, 1.5  # the demo's decoding (docs/demo.md)
+NO_DRAFT = "no draft"  # --draft-levels 0: the speculative loop decoding at full depth
 
 
 def load(checkpoint: Path):
@@ -163,8 +164,9 @@ def _margin(model, test: TestSet, i: int, plain: torch.Tensor, spec: torch.Tenso
 def speed(test: TestSet, model, args: argparse.Namespace, log: Callable[[str], None],
           name: str) -> list[dict]:  # fmt: skip
     """Tokens/s and sentences/s of a model at batch 1 (``args.sentences`` sentences spread
-    over the test set) and in batches of ``args.batch``: plain greedy (and beam 4 at batch 1),
-    speculative greedy for every R up to ``args.max_draft_levels`` and K (in batches: K = 4);
+    over the test set) and in batches of ``args.batch``: fairseq's greedy search (and beam 4 at
+    batch 1), recurnmt's loop without drafts (``--draft-levels 0``), speculative greedy for
+    every R up to ``args.max_draft_levels`` and K (in batches: K = 4);
     every configuration once a round, the rounds taking turns, the fastest round kept."""
     one = test.batches(test.spread(args.sentences), 1)
     batched = test.batches(test.spread(args.sentences), args.batch)
@@ -172,7 +174,8 @@ def speed(test: TestSet, model, args: argparse.Namespace, log: Callable[[str], N
     configs: list[tuple[str, Callable[[], Any]]] = [
         ("greedy", lambda: greedy(model, tgt)), ("beam4", lambda: beam(model, tgt))
     ]  # fmt: skip
-    if can_draft(model):
+    if can_draft(model):  # recurnmt's loop without drafts: what speculation itself adds
+        configs.append((NO_DRAFT, lambda: speculative(model, tgt, 0, 1)))
         for r in range(1, min(model.decoder.stack.num_levels, args.max_draft_levels + 1)):
             for k in args.draft_tokens:
                 make = lambda r=r, k=k: speculative(model, tgt, r, k)  # noqa: E731
