@@ -68,7 +68,7 @@ from recurnmt.runs.benchmark import (
     write_json,
 )
 from recurnmt.runs.experiment import add_size_arguments
-from recurnmt.runs.results import FAMILY_ORDER
+from recurnmt.runs.results import family_order
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +93,7 @@ WORKER_OPTIONS = (
     "threads",
     "seed",
 )
-DEFAULT_ARCHS = list(FAMILY_ORDER)  # fairseq's transformer, then recurnmt's families
+DEFAULT_ARCHS = list(family_order())  # fairseq's transformer, then recurnmt's families
 
 
 def cross_attention_count(decoder) -> int:

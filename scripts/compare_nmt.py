@@ -44,19 +44,13 @@ from recurnmt.runs.experiment import (
 )
 from recurnmt.runs.fairseq_log import train_stats, valid_ppl
 from recurnmt.runs.launch import cpu_train_command
+from recurnmt.runs.results import family_order, family_title
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 PROG = "python scripts/compare_nmt.py"
-ARCHS = ("transformer", "ringformer", "universal_transformer", "owf", "sret")
-LABELS = {
-    "transformer": "fairseq transformer (vanilla)",
-    "ringformer": "RingFormer",
-    "universal_transformer": "Universal Transformer",
-    "owf": "One Wide FFN",
-    "sret": "SReT",
-}
+ARCHS = ("transformer", "ringformer", "universal_transformer", "owf", "sret")  # the default five
 
 
 def p_star(arch: str, flags: list[str]) -> int:
@@ -145,7 +139,7 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, plot: Path
 
     for r in results:
         lines.append(
-            f"| {LABELS.get(r['arch'], r['arch'])} | `{r['arch']}` | {r['p_star'] / 1e6:.2f}M "
+            f"| {family_title(r['arch'])} | `{r['arch']}` | {r['p_star'] / 1e6:.2f}M "
             f"| {r['bleu']:.2f} | {r['chrf']:.2f} | {num(r['valid_ppl'])} "
             f"| {num(r['train'].get('ppl'))} | {r['train_seconds'] / 60:.1f} min "
             f"| {r['sentences_per_second']:.1f} sent/s |"
@@ -172,7 +166,7 @@ def plot_bleu_vs_pstar(results: list[dict[str, Any]], path: Path) -> None:
         x = r["p_star"] / 1e6
         ax.scatter([x], [r["bleu"]], s=36)
         ax.annotate(
-            LABELS.get(r["arch"], r["arch"]),
+            family_title(r["arch"]),
             (x, r["bleu"]),
             xytext=(5, 4),
             fontsize=8,
@@ -190,7 +184,7 @@ def plot_bleu_vs_pstar(results: list[dict[str, Any]], path: Path) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The command line; its defaults are RingFormer's Table 4 setting."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--archs", nargs="+", default=list(ARCHS))
+    parser.add_argument("--archs", nargs="+", default=list(ARCHS), choices=family_order())
     parser.add_argument(
         "--data",
         help="prepared corpus (default: data-bin/lohelp_de_en[_spmN], prepared when missing)",

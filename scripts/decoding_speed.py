@@ -23,7 +23,7 @@ from pathlib import Path
 
 from recurnmt.cli import entry_point
 from recurnmt.runs.experiment import add_size_arguments
-from recurnmt.runs.results import FAMILY_ORDER
+from recurnmt.runs.results import family_order
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ BASELINE = "transformer"
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--archs", nargs="+", default=list(FAMILY_ORDER))
+    parser.add_argument("--archs", nargs="+", default=list(family_order()))
     parser.add_argument("--data", type=Path, default=ROOT / "data-bin/lohelp_de_en")
     add_size_arguments(parser, pre_ln=None, embed_dim=256, ffn_dim=1024, heads=4)
     parser.add_argument("--sentences", type=int, default=64)

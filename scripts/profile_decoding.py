@@ -58,7 +58,7 @@ from recurnmt.runs.benchmark import (
     nmt_model_flags,
 )
 from recurnmt.runs.experiment import add_size_arguments
-from recurnmt.runs.results import FAMILY_ORDER
+from recurnmt.runs.results import family_order
 
 ROOT = Path(__file__).resolve().parent.parent
 PROG = "python scripts/profile_decoding.py"
@@ -289,7 +289,7 @@ def write(opts: argparse.Namespace, results: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--archs", nargs="+", default=list(FAMILY_ORDER))
+    parser.add_argument("--archs", nargs="+", default=list(family_order()))
     parser.add_argument("--data", type=Path, default=ROOT / "data-bin/lohelp_de_en")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument("--dtype", default="fp16", choices=("fp32", "bf16", "fp16"))

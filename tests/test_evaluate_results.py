@@ -81,10 +81,47 @@ def test_command_line_writes_markdown_and_png(tmp_path, capsys):
 
 
 def test_every_family_is_in_the_tables_and_benchmarks_order():
-    """The results table, the NMT benchmark, the decoding profiler and the GPU check take their
-    families from FAMILY_ORDER: a family missing there is measured by none of them."""
-    from recurnmt.nmt.architectures import FAMILIES
-    from recurnmt.runs.results import FAMILY_ORDER
+    """The results table, the NMT benchmark and the decoding profiler take their families from
+    family_order(): fairseq's transformer, then recurnmt.modules.FAMILIES in their order."""
+    from recurnmt.modules import FAMILIES
+    from recurnmt.runs.results import family_order
 
-    assert FAMILY_ORDER[0] == "transformer"
-    assert sorted(FAMILY_ORDER[1:]) == sorted(FAMILIES)
+    assert family_order() == ("transformer", *FAMILIES)
+
+
+def test_a_new_family_reaches_the_tools_from_its_entry_alone(monkeypatch, tmp_path):
+    """Adding a family is an entry in recurnmt/modules/families.py: the results table orders
+    and titles it, the comparison script accepts it and titles it, and the size flags run its
+    levels as its own loop count of blocks."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from recurnmt.modules import FAMILIES, Family
+    from recurnmt.runs import results
+    from recurnmt.runs.experiment import size_flags
+
+    new = Family({"num_unique": 2, "num_levels": 6, "sharing": "sequence"}, title="Loop Three")
+    monkeypatch.setitem(FAMILIES, "loop_three", new)
+    assert results.family_order()[-1] == "loop_three"
+    assert results.family_title("loop_three") == "Loop Three"
+    assert results.family_title("transformer") == "fairseq's transformer"
+    rows = [{"family": f} for f in ("loop_three", "ringformer", "transformer")]
+    assert results._families(rows) == ["transformer", "ringformer", "loop_three"]
+    size = SimpleNamespace(embed_dim=16, ffn_dim=32, heads=2, levels=6)
+    flags = size_flags(size, "loop_three")
+    assert flags[flags.index("--decoder-unique-layers") + 1] == "2"  # 3 loops of 2 blocks
+    assert "--decoder-unique-layers" not in size_flags(size, "ringformer")
+    sret = size_flags(size, "sret_iwslt_de_en")  # SReT's two loops, at any size suffix
+    assert sret[sret.index("--encoder-unique-layers") + 1] == "3"
+
+    spec = importlib.util.spec_from_file_location("compare_nmt", "scripts/compare_nmt.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    args = compare.build_parser().parse_args(["--archs", "loop_three"])
+    assert args.archs == ["loop_three"]
+    args.argv = ["--archs", "loop_three"]
+    row = {"arch": "loop_three", "p_star": 1e6, "bleu": 1.0, "chrf": 2.0, "valid_ppl": None,
+           "train": {}, "train_seconds": 60, "sentences_per_second": 3.0, "test_sentences": 9,
+           "bleu_signature": "sig"}  # fmt: skip
+    table = compare.markdown([row], args, tmp_path / "plot.png")
+    assert "| Loop Three | `loop_three` |" in table

@@ -20,7 +20,7 @@ data = nmt_fixtures.data  # the shared fixture, found by pytest under this name
 
 pytestmark = pytest.mark.e2e
 
-FAMILIES = [
+FAMILY_ARCHS = [
     "ringformer_tiny",
     "universal_transformer_tiny",
     "universal_transformer_act_tiny",
@@ -45,7 +45,7 @@ def _fairseq(checkpoint, data):
     return models[0].eval(), task, batch
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("arch", FAMILY_ARCHS)
 def test_exported_checkpoint_equals_fairseq(arch, data, tmp_path):
     from fairseq.sequence_generator import SequenceGenerator
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer

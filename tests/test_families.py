@@ -60,8 +60,8 @@ WRITTEN_IN_FLAGS = {
 
 
 def test_translation_families_are_the_modules_families_in_flags():
-    assert list(defaults.FAMILIES) == list(FAMILIES)
-    assert defaults.FAMILIES == WRITTEN_IN_FLAGS
+    assert list(defaults.FAMILY_FLAGS) == list(FAMILIES)
+    assert defaults.FAMILY_FLAGS == WRITTEN_IN_FLAGS
 
 
 def test_a_family_names_options_only():

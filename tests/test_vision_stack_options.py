@@ -11,7 +11,7 @@ from recurnmt.modules import TransformerBlock
 from recurnmt.vision.models.sret import attn_permute_schedule, sret_drop_path_rates
 from tests.test_vision_models import build_small, stacks_of
 
-FAMILIES = [
+FAMILY_MODELS = [
     "vit_mini_patch4",
     "recursive_vit_mini_patch4",
     "ringformer_vit_mini_patch4",
@@ -49,7 +49,7 @@ def rates_seen_by_blocks(model: nn.Module, monkeypatch) -> list[float]:
     return seen
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", FAMILY_MODELS)
 def test_drop_path_drops_in_training_only(name):
     x = torch.randn(8, 3, 32, 32)
     plain = build_small(name, **deterministic(name)).train()

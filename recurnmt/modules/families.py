@@ -11,7 +11,9 @@ A front end's own settings around the stacks (a tied output projection, a criter
 position table) stay with that front end.
 
 Adding a family: an entry here (``tests/test_families.py`` checks that every name is an
-option); the translation architectures and the decoding tests pick it up.
+option); the translation architectures, the decoding tests, the results tables and the
+comparison and benchmark scripts pick it up (its title, its place in :data:`FAMILIES`' order,
+its loop count from its options).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Family:
         options: ``{option name: value}`` on every stack of the family.
         decoder: further changes on a stack with cross-attention (a decoder), where the
             family's decoder differs.
+        title: the family's name in tables and plots.
 
     Raises:
         ValueError: a name that is no stack option.
@@ -38,6 +41,7 @@ class Family:
 
     options: Mapping[str, Any] = field(default_factory=dict)
     decoder: Mapping[str, Any] = field(default_factory=dict)
+    title: str = ""
 
     def __post_init__(self) -> None:
         unknown = (set(self.options) | set(self.decoder)) - set(stack_options())
@@ -52,6 +56,19 @@ class Family:
         """``cfg`` made a stack of the family."""
         return cfg.replace(**self.changes(cfg.block.cross_attention))
 
+    @property
+    def loops(self) -> int | None:
+        """How many times the family runs each block, where it fixes that (SReT's internal
+        loop: its levels over its blocks), else None (the blocks follow the levels)."""
+        levels, blocks = self.options.get("num_levels"), self.options.get("num_unique")
+        return levels // blocks if levels and blocks else None
+
+    def blocks(self, levels: int) -> int | None:
+        """The unique blocks of a stack of ``levels`` levels of the family (at least one),
+        where it fixes its loop count; None where the blocks are the family's own or the
+        front end's (one shared block, one per level)."""
+        return None if self.loops is None else max(1, levels // self.loops)
+
 
 _UNIVERSAL_TRANSFORMER = {
     "num_unique": 1,
@@ -61,7 +78,10 @@ _UNIVERSAL_TRANSFORMER = {
     "activation": "gelu",
 }
 
+# in the order of the tables and benchmarks (after fairseq's transformer, where one is compared)
 FAMILIES: dict[str, Family] = {
+    # a plain Transformer built from recurnmt's blocks (one block per level)
+    "recurrent_transformer": Family(title="Transformer (recurnmt's blocks)"),
     # RingFormer (sec. 3): one shared block per side, per-level norms, low-rank level signals
     # on Q/K/V (after projection) and on the FFN input, rank H/16, GELU; no biases in the
     # attention and FFN projections, as the authors' translation code ("bias": 0 in its
@@ -75,21 +95,23 @@ FAMILIES: dict[str, Family] = {
             "signal.ffn": "input",
             "activation": "gelu",
             "bias": False,
-        }
+        },
+        title="RingFormer",
     ),
-    # a plain Transformer built from recurnmt's blocks (one block per level)
-    "recurrent_transformer": Family(),
     # Universal Transformer (Dehghani et al. 2019) as compared in RingFormer Table 1: one
     # shared block per side, sinusoidal level + position embeddings at every level, GELU
-    "universal_transformer": Family(_UNIVERSAL_TRANSFORMER),
+    "universal_transformer": Family(_UNIVERSAL_TRANSFORMER, title="Universal Transformer"),
     # ... with Adaptive Computation Time halting (UT sec. 2.2); the levels are the maximum
     # number of steps
-    "universal_transformer_act": Family(_UNIVERSAL_TRANSFORMER | {"act": True}),
+    "universal_transformer_act": Family(
+        _UNIVERSAL_TRANSFORMER | {"act": True}, title="Universal Transformer + ACT"
+    ),
     # One Wide FFN (Pires et al. 2023, as in RingFormer Table 1): attention per layer, one FFN
     # shared by all encoder layers, no decoder FFN, GELU
     "owf": Family(
         {"ffn_sharing": "shared", "signal.kind": "none", "activation": "gelu"},
         decoder={"ffn_sharing": "none"},
+        title="One Wide FFN",
     ),
     # SReT for translation (sec. 3, Table 9 setting): each of the six blocks per side looped
     # twice in a row (internal loop, eq. 6: 12 levels), a non-shared NLL after every loop
@@ -101,7 +123,8 @@ FAMILIES: dict[str, Family] = {
             "sharing": "sequence",
             "nll_ratio": 1.0,
             "lrc": "both",
-        }
+        },
+        title="SReT",
     ),
     # Relaxed Recursive Transformers (Bae et al. 2025): M unique blocks looped over the levels
     # in a cycle (eq. 2: level l runs block l mod M; half the levels, two loops, as their
@@ -110,6 +133,7 @@ FAMILIES: dict[str, Family] = {
     # so that a converted model starts exactly as its source at full rank (recurnmt-convert,
     # docs/relaxed.md); otherwise fairseq's transformer (ReLU, biases)
     "relaxed_transformer": Family(
-        {"num_unique": 3, "sharing": "cycle", "norms_per_level": True, "lora_rank": 16}
+        {"num_unique": 3, "sharing": "cycle", "norms_per_level": True, "lora_rank": 16},
+        title="Relaxed Recursive Transformer",
     ),
 }

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from recurnmt.nmt.defaults import ARCHS, FAMILIES, SIZES, fill_defaults
+from recurnmt.modules.families import FAMILIES
+from recurnmt.nmt.defaults import ARCHS, SIZES, fill_defaults
 from recurnmt.nmt.model import MODEL_NAME
 from recurnmt.nmt.registry import register_arch_once
 

@@ -9,8 +9,9 @@ A setting takes the first value given by, in order:
 
 1. the command line (or the arguments saved in a checkpoint);
 2. :data:`FAMILY_SIZE`, a family's exceptions at one size (SReT's depth at ``tiny``);
-3. :data:`FAMILIES`, what makes the family (RingFormer's shared block and level signals):
-   :data:`recurnmt.modules.families.FAMILIES` as flag defaults, and :data:`FAMILY_MODEL`;
+3. :data:`FAMILY_FLAGS`, what makes the family (RingFormer's shared block and level
+   signals): :data:`recurnmt.modules.families.FAMILIES` as flag defaults, and
+   :data:`FAMILY_MODEL`;
 4. :data:`SIZES`;
 5. :data:`BASE`, every recurnmt option: a vanilla Transformer built from our blocks (derived
    from the options' declarations, :mod:`recurnmt.nmt.options`);
@@ -33,7 +34,7 @@ from typing import Any
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from recurnmt.modules import ConfigError
-from recurnmt.modules.families import FAMILIES as STACK_FAMILIES
+from recurnmt.modules.families import FAMILIES
 from recurnmt.nmt.options import flag_values, recurnmt_defaults
 from recurnmt.nmt.registry import RECURRENT_CRITERION
 
@@ -79,7 +80,7 @@ def family_defaults(name: str) -> Defaults:
     Raises:
         ValueError: the family sets an option per side that one flag sets for both.
     """
-    family = STACK_FAMILIES[name]
+    family = FAMILIES[name]
     out: Defaults = {}
     for side in ("encoder", "decoder"):
         for arg, value in flag_values(family.changes(side == "decoder"), side).items():
@@ -91,7 +92,7 @@ def family_defaults(name: str) -> Defaults:
     return out | FAMILY_MODEL.get(name, {})
 
 
-FAMILIES: dict[str, Defaults] = {name: family_defaults(name) for name in STACK_FAMILIES}
+FAMILY_FLAGS: dict[str, Defaults] = {name: family_defaults(name) for name in FAMILIES}
 
 # a family's settings at one size, where they differ from the family's own
 FAMILY_SIZE: dict[tuple[str, str], Defaults] = {
@@ -119,14 +120,14 @@ def fill_defaults(args: Any, family: str, size: str) -> None:
     Args:
         args: fairseq's arguments (an ``argparse.Namespace`` or an OmegaConf config);
             settings already given (not None) are kept.
-        family: a key of :data:`FAMILIES`.
+        family: a key of :data:`FAMILY_FLAGS`.
         size: a key of :data:`SIZES`.
     """
     if _saved_by_older_recurnmt(args):
         for name, value in LEGACY.items():
             if name not in args:
                 setattr(args, name, value)
-    layers = (FAMILY_SIZE.get((family, size), {}), FAMILIES[family], SIZES[size], BASE)
+    layers = (FAMILY_SIZE.get((family, size), {}), FAMILY_FLAGS[family], SIZES[size], BASE)
     # the A.1 layout unties the head, so a family's tied head (SReT) does not apply to it
     untied = bool(getattr(args, "share_encoder_decoder_embeddings", False))
     for defaults in layers:

@@ -18,6 +18,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from recurnmt.modules.families import FAMILIES
+from recurnmt.runs.results import split_arch
+
 SCHEDULES = {"inverse_sqrt": "inverse-sqrt decay", "polynomial_decay": "linear decay to 0"}
 
 
@@ -27,8 +30,11 @@ def size_flags(size: Any, arch: str = "") -> list[str]:
     Args:
         size: ``embed_dim``, ``ffn_dim``, ``heads``, ``levels`` (0: the architecture's own) and
             optionally ``pre_ln`` (parsed options, or a ``SimpleNamespace``).
-        arch: SReT runs its levels as blocks looped twice (3 blocks x 2 loops for 6 levels).
+        arch: the architecture; a family that fixes its loop count runs the levels as that
+            many loops of fewer blocks (:meth:`~recurnmt.modules.Family.blocks`: SReT's 3
+            blocks x 2 loops for 6 levels).
     """
+    family = FAMILIES.get(split_arch(arch)[0])
     flags = []
     for side in ("encoder", "decoder"):
         flags += [f"--{side}-embed-dim", str(size.embed_dim)]
@@ -36,8 +42,9 @@ def size_flags(size: Any, arch: str = "") -> list[str]:
         flags += [f"--{side}-attention-heads", str(size.heads)]
         if size.levels:
             flags += [f"--{side}-layers", str(size.levels)]
-            if arch == "sret":
-                flags += [f"--{side}-unique-layers", str(max(1, size.levels // 2))]
+            blocks = None if family is None else family.blocks(size.levels)
+            if blocks is not None:  # a family that fixes its loop count (SReT's two)
+                flags += [f"--{side}-unique-layers", str(blocks)]
         if getattr(size, "pre_ln", False):
             flags.append(f"--{side}-normalize-before")
     return flags

@@ -21,21 +21,29 @@ from pathlib import Path
 from typing import Any
 
 from recurnmt.cli import entry_point
+from recurnmt.modules.families import FAMILIES
 from recurnmt.runs.presets import PRESETS
 
 PROG = "recurnmt-results-nmt"  # also python -m recurnmt.runs.results
 
-# family order of the table: the two baselines, then the papers' models
-FAMILY_ORDER = (
-    "transformer",
-    "recurrent_transformer",
-    "ringformer",
-    "universal_transformer",
-    "universal_transformer_act",
-    "owf",
-    "sret",
-    "relaxed_transformer",
-)
+REFERENCE = "transformer"  # fairseq's own transformer: the baseline of every comparison
+REFERENCE_TITLE = "fairseq's transformer"
+
+
+def family_order() -> tuple[str, ...]:
+    """The architecture families in the order of tables and benchmarks: fairseq's transformer,
+    then recurnmt's, as :data:`recurnmt.modules.FAMILIES` orders them."""
+    return (REFERENCE, *FAMILIES)
+
+
+def family_title(name: str) -> str:
+    """A family's name in tables and plots (its :class:`~recurnmt.modules.Family` title)."""
+    if name == REFERENCE:
+        return REFERENCE_TITLE
+    family = FAMILIES.get(name)
+    return family.title if family is not None and family.title else name
+
+
 # size suffixes of fairseq's and recurnmt's architecture names, longest first
 SIZE_SUFFIXES = ("vaswani_wmt_en_de_big", "wmt_en_de_big", "wmt_en_de", "iwslt_de_en", "tiny")
 DATASET_TITLES = {name: preset.title for name, preset in PRESETS.items()}
@@ -93,7 +101,7 @@ def _group_title(group: tuple[str, str]) -> str:
 
 def _families(results: Sequence[dict[str, Any]]) -> list[str]:
     present = {r["family"] for r in results}
-    ordered = [f for f in FAMILY_ORDER if f in present]
+    ordered = [f for f in family_order() if f in present]
     return ordered + sorted(present - set(ordered))
 
 
