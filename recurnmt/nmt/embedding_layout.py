@@ -35,8 +35,8 @@ from typing import Any
 
 from torch import nn
 
+from recurnmt.flags import Flag
 from recurnmt.modules.config import ConfigError
-from recurnmt.nmt.flags import Flag
 
 SHARE_FLAG = "--share-encoder-decoder-embeddings"
 BIAS_FLAG = "--output-projection-bias"

@@ -4,7 +4,7 @@ fairseq's own transformer flags keep their meaning (``--encoder-layers`` is the 
 levels N, ``--encoder-embed-dim`` the width, ...): :data:`FAIRSEQ_ARGS` says which stack
 option each sets. recurnmt's flags are declared once: a stack option's on its part config
 (:mod:`recurnmt.modules.config`: the flag, its help and choices, its default), the model's
-other settings as :class:`~recurnmt.nmt.flags.Flag` entries (:data:`MODEL_FLAGS`,
+other settings as :class:`~recurnmt.flags.Flag` entries (:data:`MODEL_FLAGS`,
 :data:`~recurnmt.nmt.embedding_layout.LAYOUT_FLAGS`). The parser group
 (:func:`add_recurrent_args`), the defaults (:func:`recurnmt_defaults`), the option -> flag map
 (:func:`flags_of_fields`) and the stacks (:func:`stack_configs`, the only reader of the
@@ -19,9 +19,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from recurnmt.flags import COMPILE, COMPILE_MODE, MIXED_DEPTH, Flag, add_flags, defaults
 from recurnmt.modules.config import ConfigError, StackConfig, stack_options
 from recurnmt.nmt.embedding_layout import LAYOUT_FLAGS
-from recurnmt.nmt.flags import Flag, add_flags, defaults
 
 SIDES = ("encoder", "decoder")
 
@@ -67,16 +67,7 @@ MODEL_FLAGS = (
             "checkpoints each level only",
         ),
     ),
-    Flag(
-        "--mixed-depth",
-        "off",
-        dict(
-            choices=("on", "off"),
-            help="SReT mixed-depth training (appendix B): also train a shallow pass under the "
-            "same loss (--mixed-depth-levels: SReT's branch, every block once, by default); "
-            "needs the recurrent criterion",
-        ),
-    ),
+    MIXED_DEPTH,  # and --compile, --compile-mode: every front end's run modes
     Flag(
         "--mixed-depth-levels",
         "first-loop",
@@ -88,23 +79,8 @@ MODEL_FLAGS = (
             "1 .. N-1 for every batch, as LayerSkip's early exits)",
         ),
     ),
-    Flag(
-        "--compile",
-        None,  # eager
-        dict(
-            nargs="?",
-            const="inductor",
-            metavar="BACKEND",
-            help="torch.compile the encoder and decoder stacks (training and full passes; "
-            "incremental decoding stays eager) with BACKEND (default inductor; aot_eager "
-            "compiles without generating code)",
-        ),
-    ),
-    Flag(
-        "--compile-mode",
-        None,
-        dict(help="torch.compile mode with --compile (default, reduce-overhead, max-autotune)"),
-    ),
+    COMPILE,
+    COMPILE_MODE,
     *(
         Flag(
             f"--{side}-levels",

@@ -13,6 +13,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
+from recurnmt.flags import COMPILE, COMPILE_MODE, MIXED_DEPTH, add_flags
 from recurnmt.modules import ConfigError
 
 DEFAULT_LR = 2e-3  # the digits recipe's
@@ -81,18 +82,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="activation checkpointing per level (less memory, one more forward per level)",
     )
-    g.add_argument(
-        "--compile",
-        nargs="?",
-        const="inductor",
-        metavar="BACKEND",
-        help="torch.compile the model (training and evaluation) with BACKEND (default "
-        "inductor; aot_eager compiles without generating code)",
-    )
-    g.add_argument(
-        "--compile-mode",
-        help="torch.compile mode with --compile (default, reduce-overhead, max-autotune)",
-    )
+    add_flags(g, (COMPILE, COMPILE_MODE), with_defaults=True)  # as fairseq-train's
     g.add_argument(
         "--finetune",
         metavar="CKPT",
@@ -241,11 +231,7 @@ def _add_distillation_options(parser: argparse.ArgumentParser) -> None:
         help="timm model of the --teacher weights, e.g. regnety_160 (DeiT's RegNetY-16GF)",
     )
     g.add_argument("--distill-temperature", type=float, default=1.0)
-    g.add_argument(
-        "--mixed-depth",
-        action="store_true",
-        help="SReT appendix B: add the loss of the loop-free shallow branch",
-    )
+    add_flags(g, (MIXED_DEPTH,), with_defaults=True)  # the loop-free shallow branch
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:

@@ -57,6 +57,7 @@ from torch.utils.data import DataLoader, Subset
 
 from recurnmt.cli import entry_point
 from recurnmt.device import deterministic_algorithms
+from recurnmt.flags import is_on
 from recurnmt.modules import ConfigError
 from recurnmt.modules.compile import from_flags
 from recurnmt.parameters import count_parameters
@@ -476,7 +477,7 @@ def training_net(state: RunState) -> nn.Module:
     """The model's :func:`training_view`, under DDP in a process group and then
     ``torch.compile`` with ``--compile``."""
     args, info = state.args, state.info
-    net = training_view(state.model, args.mixed_depth)
+    net = training_view(state.model, is_on(args.mixed_depth))
     if info.distributed:
         # Grouped convolutions (SReT's conv pooling) have C x 1 x 3 x 3 kernels whose gradients
         # come with other, equivalent strides along the size-1 axis; DDP warns, harmlessly.

@@ -1,0 +1,90 @@
+"""A setting that is no stack option, declared once as a flag: name, default, argparse.
+
+Stack options declare their flags on their part configs (:mod:`recurnmt.modules.config`); the
+other settings are :class:`Flag` entries next to the code that reads them: a translation
+model's (checkpoint segments, elastic depth, the embedding layout: they reach fairseq's parser
+through :func:`recurnmt.nmt.options.add_recurrent_args` and their defaults through
+:data:`recurnmt.nmt.defaults.BASE`) and the run modes every front end takes
+(:data:`RUN_MODES`: compilation and mixed depth, the same spelling and meaning in
+``fairseq-train`` and the image trainer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag.
+
+    Attributes:
+        flag: its name (``--mixed-depth``).
+        default: the value every architecture gives it (filled by
+            :func:`recurnmt.nmt.defaults.fill_defaults`, so checkpoints saved before it
+            existed get it too).
+        settings: ``add_argument``'s other keywords (help, choices, ...).
+    """
+
+    flag: str
+    default: Any
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dest(self) -> str:
+        """fairseq's argument name: ``--mixed-depth`` -> ``mixed_depth``."""
+        return self.flag[2:].replace("-", "_")
+
+
+def add_flags(parser, flags: Iterable[Flag], with_defaults: bool = False) -> None:
+    """Adds ``flags`` to ``parser`` (an ``argparse`` parser or group): their defaults come from
+    the architecture (translation), or, ``with_defaults``, from the declarations."""
+    for f in flags:
+        parser.add_argument(
+            f.flag, **f.settings, **({"default": f.default} if with_defaults else {})
+        )
+
+
+def defaults(flags: Iterable[Flag]) -> dict[str, Any]:
+    """``{argument: default}`` of ``flags``."""
+    return {f.dest: f.default for f in flags}
+
+
+COMPILE = Flag(
+    "--compile",
+    None,  # eager
+    dict(
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="torch.compile the model's stacks (training and full passes; step-by-step "
+        "decoding stays eager) with BACKEND (default inductor; aot_eager compiles without "
+        "generating code)",
+    ),
+)
+COMPILE_MODE = Flag(
+    "--compile-mode",
+    None,
+    dict(help="torch.compile mode with --compile (default, reduce-overhead, max-autotune)"),
+)
+MIXED_DEPTH = Flag(
+    "--mixed-depth",
+    "off",
+    dict(
+        nargs="?",
+        const="on",
+        choices=("on", "off"),
+        help="SReT mixed-depth training (appendix B): also train a shallow pass under the same "
+        "loss (translation: --mixed-depth-levels chooses it, SReT's branch by default, and the "
+        "recurrent criterion adds it); --mixed-depth alone is on",
+    ),
+)
+RUN_MODES = (COMPILE, COMPILE_MODE, MIXED_DEPTH)
+"""The run modes of every front end, spelt and meant alike."""
+
+
+def is_on(value: Any) -> bool:
+    """A switch given as ``on``/``off`` (or a bool, from older saved arguments)."""
+    return value is True or value == "on"

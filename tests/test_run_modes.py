@@ -1,0 +1,53 @@
+"""The run modes (compilation, mixed depth) are declared once (recurnmt/flags.py RUN_MODES) and
+every front end takes them with the same spelling, values and defaults: fairseq-train's
+parser and the image trainer's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from recurnmt.flags import RUN_MODES, is_on
+from recurnmt.nmt.build import arch_train_args
+from recurnmt.vision.options import parse_args as vision_args
+
+ROOT = Path(__file__).resolve().parent.parent
+SPELLINGS = [
+    [],
+    ["--compile"],
+    ["--compile", "aot_eager", "--compile-mode", "max-autotune"],
+    ["--mixed-depth"],
+    ["--mixed-depth", "on"],
+    ["--mixed-depth", "off"],
+]
+
+
+@pytest.mark.parametrize("argv", SPELLINGS, ids=lambda a: " ".join(a) or "defaults")
+def test_both_front_ends_read_a_run_mode_alike(argv):
+    nmt = arch_train_args("ringformer_tiny", argv)
+    vision = vision_args(argv)
+    for flag in RUN_MODES:
+        assert getattr(nmt, flag.dest) == getattr(vision, flag.dest), flag.flag
+    assert is_on(vision.mixed_depth) == ("--mixed-depth" in argv and "off" not in argv)
+
+
+def test_a_bad_value_is_refused_by_both(capsys):
+    with pytest.raises(SystemExit):
+        vision_args(["--mixed-depth", "maybe"])
+    with pytest.raises(SystemExit):
+        arch_train_args("ringformer_tiny", ["--mixed-depth", "maybe"])
+    assert "--mixed-depth: invalid choice: 'maybe'" in capsys.readouterr().err
+
+
+def test_no_front_end_declares_a_run_mode_again():
+    """The flags of RUN_MODES appear in an add_argument call nowhere in recurnmt/."""
+    names = "|".join(re.escape(f.flag) for f in RUN_MODES)
+    pattern = re.compile(rf"add_argument\(\s*\"({names})\"")
+    found = [
+        f"{path.relative_to(ROOT)}: {m.group(1)}"
+        for path in sorted((ROOT / "recurnmt").rglob("*.py"))
+        for m in pattern.finditer(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, found
