@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from recurnmt.modules.config import ConfigError
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -81,8 +83,33 @@ MIXED_DEPTH = Flag(
         "recurrent criterion adds it); --mixed-depth alone is on",
     ),
 )
-RUN_MODES = (COMPILE, COMPILE_MODE, MIXED_DEPTH)
+CHECKPOINT_SEGMENT = Flag(
+    "--checkpoint-segment",
+    "0",
+    dict(
+        metavar="K",
+        help="with activation checkpointing (fairseq's --checkpoint-activations, the image "
+        "trainer's too): also checkpoint every K levels as one segment (Chen et al. 2016), K "
+        "a number or 'sqrt' for ceil(sqrt(levels)): memory grows as sqrt(levels) instead of "
+        "linearly, for one more forward pass; 0 (default) checkpoints each level only",
+    ),
+)
+RUN_MODES = (COMPILE, COMPILE_MODE, MIXED_DEPTH, CHECKPOINT_SEGMENT)
 """The run modes of every front end, spelt and meant alike."""
+
+
+def checkpoint_segment(value: Any) -> int | str:
+    """``--checkpoint-segment``: a number of levels >= 0, or ``"sqrt"``.
+
+    Raises:
+        ConfigError: anything else, naming the flag.
+    """
+    text = str(value).strip()
+    if text == "sqrt":
+        return text
+    if text.isdigit():
+        return int(text)
+    raise ConfigError(CHECKPOINT_SEGMENT.flag, value, "must be a number of levels >= 0 or 'sqrt'")
 
 
 def is_on(value: Any) -> bool:

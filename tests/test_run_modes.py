@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from recurnmt.flags import RUN_MODES, is_on
+from recurnmt.modules import ConfigError
 from recurnmt.nmt.build import arch_train_args
 from recurnmt.vision.options import parse_args as vision_args
+from recurnmt.vision.train import set_grad_checkpointing
+from tests.test_vision_models import build_small, stacks_of
 
 ROOT = Path(__file__).resolve().parent.parent
 SPELLINGS = [
@@ -21,6 +24,7 @@ SPELLINGS = [
     ["--mixed-depth"],
     ["--mixed-depth", "on"],
     ["--mixed-depth", "off"],
+    ["--checkpoint-segment", "sqrt"],
 ]
 
 
@@ -51,3 +55,35 @@ def test_no_front_end_declares_a_run_mode_again():
         for m in pattern.finditer(path.read_text(encoding="utf-8"))
     ]
     assert not found, found
+
+
+@pytest.mark.parametrize(
+    "name", ["ringformer_vit_mini_patch4", "sret_mini", "dvt_ringformer_vit_mini_patch2"]
+)
+def test_image_models_checkpoint_segments_of_levels(name):
+    """The image trainer's --checkpoint-activations (its --grad-checkpointing) takes
+    --checkpoint-segment as fairseq-train does: every stack of the model checkpoints segments."""
+    args = vision_args(["--checkpoint-activations", "--checkpoint-segment", "2"])
+    assert args.grad_checkpointing
+    model = build_small(name)
+    set_grad_checkpointing(model, 2)
+    assert [s.checkpoint_segment for s in stacks_of(model)] == [2] * len(stacks_of(model))
+    assert all(s.grad_checkpointing for s in stacks_of(model))
+
+
+def test_a_model_without_levels_refuses_segments_naming_the_flag():
+    model = build_small("mrla_light_resnet50")
+    with pytest.raises(ConfigError, match="--checkpoint-segment.*checkpoints per block only"):
+        set_grad_checkpointing(model, "sqrt")
+    set_grad_checkpointing(model, 0)  # per block, as before
+
+
+def test_segments_without_checkpointing_are_refused_by_both(tmp_path):
+    from tests.nmt_helpers import build
+    from tests.test_vision_train import train
+
+    with pytest.raises(ConfigError, match="--checkpoint-segment.*needs --checkpoint-activations"):
+        build("ringformer_tiny", "--checkpoint-segment", "2")
+    build("ringformer_tiny", "--checkpoint-segment", "2", "--checkpoint-activations")
+    with pytest.raises(ConfigError, match="--checkpoint-segment.*needs --checkpoint-activations"):
+        train(tmp_path, "--checkpoint-segment", "2")

@@ -17,6 +17,7 @@ from fairseq import utils
 from fairseq.models.transformer import TransformerModel
 from torch import nn
 
+from recurnmt.flags import checkpoint_segment
 from recurnmt.modules import ConfigError, shallow_branch
 from recurnmt.modules.compile import from_flags
 from recurnmt.modules.mixed_depth import first_levels
@@ -25,12 +26,7 @@ from recurnmt.nmt.defaults import fill_arch_defaults
 from recurnmt.nmt.distributed_checks import check_distributed
 from recurnmt.nmt.embedding_layout import authors_initialisation, check_embedding_layout
 from recurnmt.nmt.encoder import RecurrentEncoder
-from recurnmt.nmt.options import (
-    add_recurrent_args,
-    checkpoint_segment,
-    flags_in_errors,
-    stack_configs,
-)
+from recurnmt.nmt.options import add_recurrent_args, flags_in_errors, stack_configs
 from recurnmt.nmt.registry import MODEL_NAME, RECURRENT_CRITERION, register_model_once
 
 __all__ = ["MODEL_NAME", "RECURRENT_CRITERION", "RecurrentTransformerModel"]
@@ -95,12 +91,14 @@ class RecurrentTransformerModel(TransformerModel):
             decoder = RecurrentDecoder(args, tgt_dict, decoder_embed, decoder_cfg)
         model = cls(args, encoder, decoder)
         offload = bool(getattr(args, "offload_activations", False))
+        segment = checkpoint_segment(getattr(args, "checkpoint_segment", "0"))
         if offload or getattr(args, "checkpoint_activations", False):
             # fairseq's flags, per level of our stacks (fairseq's --offload-activations
             # implies --checkpoint-activations)
-            segment = checkpoint_segment(getattr(args, "checkpoint_segment", "0"))
             for side in (encoder, decoder):
                 side.stack.set_grad_checkpointing(True, offload=offload, segment=segment)
+        elif segment:
+            raise ConfigError("--checkpoint-segment", segment, "needs --checkpoint-activations")
         for side in (encoder, decoder):
             side.stack.set_compile(compiled)
         for side, name in ((encoder, "encoder_levels"), (decoder, "decoder_levels")):

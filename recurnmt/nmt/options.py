@@ -19,7 +19,15 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from recurnmt.flags import COMPILE, COMPILE_MODE, MIXED_DEPTH, Flag, add_flags, defaults
+from recurnmt.flags import (
+    CHECKPOINT_SEGMENT,
+    COMPILE,
+    COMPILE_MODE,
+    MIXED_DEPTH,
+    Flag,
+    add_flags,
+    defaults,
+)
 from recurnmt.modules.config import ConfigError, StackConfig, stack_options
 from recurnmt.nmt.embedding_layout import LAYOUT_FLAGS
 
@@ -56,18 +64,8 @@ def _fixed(side: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 MODEL_FLAGS = (
-    Flag(
-        "--checkpoint-segment",
-        "0",
-        dict(
-            metavar="K",
-            help="with --checkpoint-activations: also checkpoint every K levels as one segment "
-            "(Chen et al. 2016), K a number or 'sqrt' for ceil(sqrt(levels)): memory grows as "
-            "sqrt(levels) instead of linearly, for one more forward pass; 0 (default) "
-            "checkpoints each level only",
-        ),
-    ),
-    MIXED_DEPTH,  # and --compile, --compile-mode: every front end's run modes
+    CHECKPOINT_SEGMENT,
+    MIXED_DEPTH,  # and --compile, --compile-mode, --checkpoint-segment: every front end's
     Flag(
         "--mixed-depth-levels",
         "first-loop",
@@ -265,17 +263,3 @@ def flags_in_errors(side: str) -> Iterator[None]:
         yield
     except ConfigError as err:
         raise err.renamed(flags_of_fields(side)) from None
-
-
-def checkpoint_segment(value: Any) -> int | str:
-    """``--checkpoint-segment``: a number of levels >= 0, or ``"sqrt"``.
-
-    Raises:
-        ConfigError: anything else, naming the flag.
-    """
-    text = str(value).strip()
-    if text == "sqrt":
-        return text
-    if text.isdigit():
-        return int(text)
-    raise ConfigError("--checkpoint-segment", value, "must be a number of levels >= 0 or 'sqrt'")

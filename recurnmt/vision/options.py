@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from recurnmt.flags import COMPILE, COMPILE_MODE, MIXED_DEPTH, add_flags
+from recurnmt.flags import CHECKPOINT_SEGMENT, COMPILE, COMPILE_MODE, MIXED_DEPTH, add_flags
 from recurnmt.modules import ConfigError
 
 DEFAULT_LR = 2e-3  # the digits recipe's
@@ -79,10 +79,14 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--grad-checkpointing",
+        "--checkpoint-activations",  # fairseq-train's spelling
         action="store_true",
-        help="activation checkpointing per level (less memory, one more forward per level)",
+        help="activation checkpointing per level (less memory, one more forward per level); "
+        "--checkpoint-segment K for segments of K levels",
     )
-    add_flags(g, (COMPILE, COMPILE_MODE), with_defaults=True)  # as fairseq-train's
+    add_flags(
+        g, (CHECKPOINT_SEGMENT, COMPILE, COMPILE_MODE), with_defaults=True
+    )  # as fairseq-train's
     g.add_argument(
         "--finetune",
         metavar="CKPT",

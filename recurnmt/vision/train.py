@@ -31,6 +31,7 @@ logits says how with a ``training_wrapper(mixed_depth)`` method (a DVT cascade: 
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
 import sys
@@ -57,7 +58,7 @@ from torch.utils.data import DataLoader, Subset
 
 from recurnmt.cli import entry_point
 from recurnmt.device import deterministic_algorithms
-from recurnmt.flags import is_on
+from recurnmt.flags import checkpoint_segment, is_on
 from recurnmt.modules import ConfigError
 from recurnmt.modules.compile import from_flags
 from recurnmt.parameters import count_parameters
@@ -314,13 +315,36 @@ def _printer(info: DistInfo) -> Callable[[str], None]:
     return log
 
 
+def set_grad_checkpointing(model: nn.Module, segment: int | str) -> None:
+    """timm's ``set_grad_checkpointing``, with segments of ``segment`` levels (0: per level)
+    where the model's stacks take them (``--checkpoint-segment``).
+
+    Raises:
+        ConfigError: segments for a model that checkpoints per block only (MRLA's ResNets).
+    """
+    if not segment:
+        model.set_grad_checkpointing(True)
+        return
+    if "segment" not in inspect.signature(model.set_grad_checkpointing).parameters:
+        raise ConfigError(
+            "--checkpoint-segment", segment,
+            f"{type(model).__name__} checkpoints per block only (no stack of levels)",
+        )  # fmt: skip
+    model.set_grad_checkpointing(True, segment=segment)
+
+
 def _place_model(
     model: nn.Module, args: Namespace, spec: DataSpec, img_size: tuple[int, int], info: DistInfo
 ) -> None:
     """The model's data configuration, checkpointing, device and memory layout."""
     _data_cfg(model, spec, img_size)
+    segment = checkpoint_segment(args.checkpoint_segment)
+    if segment and not args.grad_checkpointing:
+        raise ConfigError(
+            "--checkpoint-segment", segment, "needs --checkpoint-activations (--grad-checkpointing)"
+        )
     if args.grad_checkpointing:
-        model.set_grad_checkpointing(True)
+        set_grad_checkpointing(model, segment)
     model.to(info.device)
     if args.channels_last:  # NHWC weights for the convolutions, to match the images
         model.to(memory_format=torch.channels_last)

@@ -202,10 +202,11 @@ class DVTCascade(nn.Module):
             f"stages.{k}.{name}" for k, s in enumerate(self.stages) for name in s.no_weight_decay()
         }
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Activation checkpointing per level of every stage (timm's API)."""
+    def set_grad_checkpointing(self, enable: bool = True, segment: int | str = 0) -> None:
+        """Activation checkpointing per level of every stage (timm's API), or per ``segment``
+        of levels (:meth:`~recurnmt.modules.RecurrentStack.set_grad_checkpointing`)."""
         for stage in self.stages:
-            stage.set_grad_checkpointing(enable)
+            stage.set_grad_checkpointing(enable, segment=segment)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Fresh heads of ``num_classes`` outputs at every exit (and their pooling where

@@ -250,10 +250,11 @@ class SReT(nn.Module):
         self.img_size = to_2tuple(img_size)
         self.pos_embed.resize_(ConvStem.grid_size(self.img_size))
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Activation checkpointing per level of every stage (timm's API)."""
+    def set_grad_checkpointing(self, enable: bool = True, segment: int | str = 0) -> None:
+        """Activation checkpointing per level of every stage (timm's API), or per ``segment``
+        of levels (:meth:`~recurnmt.modules.RecurrentStack.set_grad_checkpointing`)."""
         for stage in self.stages:
-            stage.set_grad_checkpointing(enable)
+            stage.set_grad_checkpointing(enable, segment=segment)
 
     def set_depth(self, depth: int | None) -> None:
         """Runs ``depth`` levels over all stages: every block looped R' times instead of
