@@ -117,17 +117,14 @@ def hf_config(model: Any, args: Any, arch: str) -> Any:
         raise ValueError(
             "export needs one joined dictionary (fairseq-preprocess --joined-dictionary)"
         )
-    learned = [bool(getattr(args, f"{side}_learned_pos", False)) for side in ("encoder", "decoder")]
-    if learned[0] != learned[1]:
-        raise ValueError("--encoder-learned-pos and --decoder-learned-pos must agree to export")
-    positions = "learned" if learned[0] else "sinusoidal"
-    if getattr(args, "no_token_positional_embeddings", False):
-        positions = "none"
+    tokens = model.encoder.embed.tokens  # the token front end, written as it is
+    if model.decoder.embed.tokens != tokens:  # the exported config holds one for both sides
+        raise ValueError(
+            "the encoder's and decoder's token front ends must agree to export "
+            f"(--encoder-learned-pos, --decoder-learned-pos): {tokens} and "
+            f"{model.decoder.embed.tokens}"
+        )
     head = model.decoder.output_projection
-    # the model's own factor: fairseq's --no-scale-embedding and recurnmt's --scale-embedding
-    scales = {side.embed.embed_scale for side in (model.encoder, model.decoder)}
-    if len(scales) != 1:
-        raise ValueError(f"the encoder and decoder scale their embeddings differently: {scales}")
     return RecurnmtConfig(
         vocab_size=len(tgt),
         d_model=model.encoder.stack_cfg.embed_dim,
@@ -137,9 +134,7 @@ def hf_config(model: Any, args: Any, arch: str) -> Any:
         decoder_levels=getattr(args, "decoder_levels", None),
         max_source_positions=model.encoder.max_source_positions,
         max_target_positions=model.decoder.max_target_positions,
-        scale_embedding=scales.pop() != 1.0,
-        positions=positions,
-        layernorm_embedding=bool(getattr(args, "layernorm_embedding", False)),
+        **tokens.to_dict(),
         share_input_embeddings=model.encoder.embed_tokens is model.decoder.embed_tokens,
         tie_output_projection=head is None,
         output_projection_bias=head is not None and head.bias is not None,

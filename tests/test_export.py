@@ -100,6 +100,47 @@ def test_ringformer_exports_as_its_authors_built_it_and_as_before(flags):
     assert (ours - theirs).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--encoder-learned-pos", "--decoder-learned-pos", "--layernorm-embedding"],
+        ["--no-token-positional-embeddings", "--no-scale-embedding"],
+    ],
+    ids=["learned+ln", "none+unscaled"],
+)
+def test_the_token_front_end_is_one_config_in_both_front_ends(flags):
+    """The translation model's TokenConfig is the exported config's, field for field, and
+    the exported front end embeds as the translation one."""
+    from recurnmt.nmt.embedding import token_config
+
+    model, args, _ = build("recurrent_transformer_tiny", *flags)
+    model.eval()
+    hf = convert(model, args, "recurrent_transformer_tiny")
+    assert hf.config.tokens == token_config(args, "encoder") == model.encoder.embed.tokens
+    assert hf.encoder.embed.scale == model.encoder.embed.embed_scale
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        theirs, _ = model(src, lengths, prev)
+        ours = hf(input_ids=src, decoder_input_ids=prev).logits
+    assert (ours - theirs).abs().max() <= 1e-5
+
+
+def test_token_front_ends_that_differ_by_side_are_refused_naming_the_flags():
+    model, args, _ = build("recurrent_transformer_tiny", "--decoder-learned-pos")
+    with pytest.raises(ValueError, match="token front ends must agree.*--decoder-learned-pos"):
+        convert(model, args, "recurrent_transformer_tiny")
+
+
+def test_a_token_config_refuses_an_unknown_kind_of_positions():
+    from recurnmt.modules import ConfigError
+    from recurnmt.modules.tokens import TokenConfig
+
+    with pytest.raises(ConfigError, match="positions='rotary': sinusoidal, learned or none"):
+        TokenConfig(positions="rotary")
+    config = TokenConfig("learned", False, True)
+    assert TokenConfig.from_dict({**config.to_dict(), "d_model": 8}) == config
+
+
 def test_the_cache_decodes_step_by_step_as_the_full_pass():
     _, hf, _ = _exported("ringformer_tiny")
     src, _, prev = batch()

@@ -13,6 +13,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from recurnmt.modules import StackConfig
+from recurnmt.modules.tokens import TokenConfig
 
 MODEL_TYPE = "recurnmt"
 
@@ -41,13 +42,10 @@ class RecurnmtConfig(PretrainedConfig):
         decoder_levels: elastic depth of the decoder.
         max_source_positions: longest source (fairseq's ``--max-source-positions``).
         max_target_positions: longest target.
-        scale_embedding: token embeddings times sqrt(H) (fairseq, unless --no-scale-embedding
-            or --scale-embedding off, RingFormer's code). The biases of the attention and FFN
-            projections (--block-bias) and the level signals' initialisation are in the
-            stacks' ``StackConfig`` (``bias``, ``signal.down_init``).
-        positions: ``sinusoidal`` (fairseq's default), ``learned`` (``--*-learned-pos``) or
-            ``none`` (``--no-token-positional-embeddings``).
-        layernorm_embedding: a layer norm after the embeddings (``--layernorm-embedding``).
+        scale_embedding, positions, layernorm_embedding: both sides' token front end, the
+            fields of :class:`~recurnmt.modules.tokens.TokenConfig` (:attr:`tokens`). The
+            biases of the attention and FFN projections (--block-bias) and the level signals'
+            initialisation are in the stacks' ``StackConfig`` (``bias``, ``signal.down_init``).
         share_input_embeddings: one token embedding for the encoder and decoder inputs.
         tie_output_projection: the output projection is the decoder's input embedding.
         output_projection_bias: the output projection has a bias (RingFormer A.1).
@@ -82,6 +80,11 @@ class RecurnmtConfig(PretrainedConfig):
     eos_token_id: int | list[int] | None = 2
     unk_token_id: int | None = 3
     decoder_start_token_id: int | None = 2
+
+    @property
+    def tokens(self) -> TokenConfig:
+        """Both sides' token front end."""
+        return TokenConfig.from_dict(self.to_dict())
 
     def stack_config(self, side: str) -> StackConfig:
         """The :class:`StackConfig` of ``side`` (``encoder`` or ``decoder``)."""

@@ -17,7 +17,6 @@ built and declared as tied weights, so ``save_pretrained`` stores each once in s
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -38,13 +37,15 @@ from recurnmt.modules import (
     positions_hooks,
 )
 from recurnmt.modules.builders import build_level_embedding
+from recurnmt.modules.tokens import TokenConfig
 
 
 class TokenFrontEnd(nn.Module):
-    """``LN?(scale * E[tokens] + P[positions])`` of one side, as fairseq's transformer.
+    """``LN?(scale * E[tokens] + P[positions])`` of one side, as fairseq's transformer
+    (:class:`~recurnmt.modules.tokens.TokenConfig`, the translation model's own).
 
     Args:
-        config: the model configuration.
+        tokens: the front end's settings (the configuration's :attr:`RecurnmtConfig.tokens`).
         embed_tokens: this side's (possibly shared) token embedding.
         max_positions: longest sequence of this side.
         add_positions: False when the stack adds them at every level (Universal Transformer).
@@ -52,24 +53,22 @@ class TokenFrontEnd(nn.Module):
 
     def __init__(
         self,
-        config: RecurnmtConfig,
+        tokens: TokenConfig,
         embed_tokens: nn.Embedding,
         max_positions: int,
         add_positions: bool,
     ) -> None:
         super().__init__()
-        dim, pad = config.d_model, config.pad_token_id
+        dim, pad = embed_tokens.embedding_dim, embed_tokens.padding_idx
         self.embed_tokens = embed_tokens
         self.padding_idx = pad
         self.add_positions = add_positions
-        self.scale = math.sqrt(dim) if config.scale_embedding else 1.0
-        if config.positions not in ("sinusoidal", "learned", "none"):
-            raise ValueError(f"positions={config.positions!r}: sinusoidal, learned or none")
+        self.scale = tokens.scale(dim)
         self.embed_positions = None
-        if config.positions == "learned":  # fairseq's LearnedPositionalEmbedding layout
+        if tokens.positions == "learned":  # fairseq's LearnedPositionalEmbedding layout
             self.embed_positions = nn.Embedding(max_positions + pad + 1, dim, padding_idx=pad)
-        self.use_positions = config.positions != "none"
-        self.layernorm_embedding = nn.LayerNorm(dim) if config.layernorm_embedding else None
+        self.use_positions = tokens.positions != "none"
+        self.layernorm_embedding = nn.LayerNorm(dim) if tokens.layernorm_embedding else None
 
     def positions(self, tokens: Tensor, offset: int = 0) -> Tensor | None:
         """B x T x C position embeddings (None when the model has none)."""
@@ -108,7 +107,7 @@ class StackSide(nn.Module):
             config.max_source_positions if side == "encoder" else config.max_target_positions
         )
         self.embed = TokenFrontEnd(
-            config,
+            config.tokens,
             embed_tokens,
             max_positions,
             add_positions=not self.stack_cfg.coordinates.positions_every_level,

@@ -32,7 +32,7 @@ from recurnmt.modules import (
     build_stack,
     positions_hooks,
 )
-from recurnmt.nmt.embedding import TokenEmbedding
+from recurnmt.nmt.embedding import TokenEmbedding, token_config
 from recurnmt.nmt.encoder import SENTENCE
 
 IncrementalState = dict[str, StackCache]
@@ -48,10 +48,10 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
         super().__init__(dictionary)
         self.max_target_positions = args.max_target_positions
         self.embed = TokenEmbedding(
-            args,
+            token_config(args, "decoder"),
             embed_tokens,
             args.max_target_positions,
-            "decoder",
+            args.dropout,
             add_positions=not stack_cfg.coordinates.positions_every_level,
         )
         self.padding_idx = self.embed.padding_idx

@@ -8,51 +8,60 @@ from fairseq.modules import LayerNorm, PositionalEmbedding
 from torch import Tensor, nn
 
 from recurnmt.modules.dropout import Dropout
-from recurnmt.nmt.embedding_layout import embedding_scale
+from recurnmt.modules.tokens import TokenConfig
+from recurnmt.nmt.embedding_layout import scales_embedding
+
+
+def token_config(args: Any, side: str) -> TokenConfig:
+    """A side's token front end as fairseq's flags set it: ``--no-token-positional-embeddings``,
+    ``--{side}-learned-pos``, ``--no-scale-embedding`` (and recurnmt's ``--scale-embedding``,
+    :func:`~recurnmt.nmt.embedding_layout.scales_embedding`), ``--layernorm-embedding``."""
+    positions = "learned" if getattr(args, f"{side}_learned_pos", False) else "sinusoidal"
+    if getattr(args, "no_token_positional_embeddings", False):
+        positions = "none"
+    return TokenConfig(
+        positions=positions,
+        scale_embedding=scales_embedding(args),
+        layernorm_embedding=bool(getattr(args, "layernorm_embedding", False)),
+    )
 
 
 class TokenEmbedding(nn.Module):
-    """``dropout(LN?(scale * E[tokens] + P[positions]))``, as fairseq's transformer does.
+    """``dropout(LN?(scale * E[tokens] + P[positions]))``, as fairseq's transformer does
+    (:class:`~recurnmt.modules.tokens.TokenConfig`), on fairseq's position modules.
 
     Args:
-        args: fairseq arguments; reads ``scale_embedding`` / ``no_scale_embedding``,
-            ``layernorm_embedding``, ``dropout`` and ``{side}_learned_pos`` /
-            ``no_token_positional_embeddings``.
+        tokens: the front end's settings (:func:`token_config`).
         embed_tokens: the (possibly shared) token embedding.
         max_positions: longest sequence.
-        side: ``encoder`` or ``decoder``.
+        dropout: dropout on the output.
         add_positions: add the positions to the input; when False they are returned for the
             stack to add at every level (Universal Transformer).
     """
 
     def __init__(
         self,
-        args: Any,
+        tokens: TokenConfig,
         embed_tokens: nn.Embedding,
         max_positions: int,
-        side: str,
+        dropout: float,
         add_positions: bool = True,
     ):
         super().__init__()
-        self.add_positions = add_positions
+        self.tokens, self.add_positions = tokens, add_positions
         dim = embed_tokens.embedding_dim
         self.embed_tokens = embed_tokens
         self.padding_idx = embed_tokens.padding_idx
-        self.embed_scale = embedding_scale(args, dim)
+        self.embed_scale = tokens.scale(dim)
         self.embed_positions = (
             PositionalEmbedding(
-                max_positions,
-                dim,
-                self.padding_idx,
-                learned=getattr(args, f"{side}_learned_pos", False),
+                max_positions, dim, self.padding_idx, learned=tokens.positions == "learned"
             )
-            if not getattr(args, "no_token_positional_embeddings", False)
+            if tokens.positions != "none"
             else None
         )
-        self.layernorm_embedding = (
-            LayerNorm(dim) if getattr(args, "layernorm_embedding", False) else None
-        )
-        self.dropout = Dropout(args.dropout)
+        self.layernorm_embedding = LayerNorm(dim) if tokens.layernorm_embedding else None
+        self.dropout = Dropout(dropout)
 
     def max_positions(self, limit: int) -> int:
         if self.embed_positions is None:

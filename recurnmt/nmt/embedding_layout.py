@@ -30,7 +30,6 @@ N(0, 1/H), which gives the stack the same input at step 0 but trains the table a
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from torch import nn
@@ -77,15 +76,13 @@ LAYOUT_FLAGS = (
 """The layout's flags (off by default: fairseq's layouts are unchanged)."""
 
 
-def embedding_scale(args: Any, dim: int) -> float:
-    """The factor on the token embeddings: sqrt(``dim``) unless ``--scale-embedding off`` or
-    fairseq's ``--no-scale-embedding``."""
-    if (
+def scales_embedding(args: Any) -> bool:
+    """Whether the token embeddings are scaled by sqrt(width): unless ``--scale-embedding off``
+    or fairseq's ``--no-scale-embedding``."""
+    return not (
         getattr(args, "no_scale_embedding", False)
         or getattr(args, "scale_embedding", "on") == "off"
-    ):
-        return 1.0
-    return math.sqrt(dim)
+    )
 
 
 def authors_initialisation(args: Any, embedding: nn.Embedding) -> None:

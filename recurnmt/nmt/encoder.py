@@ -9,7 +9,7 @@ from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
 from recurnmt.modules import LevelOutputs, StackConfig, build_stack, positions_hooks
-from recurnmt.nmt.embedding import TokenEmbedding
+from recurnmt.nmt.embedding import TokenEmbedding, token_config
 
 EncoderOut = dict[str, list[Tensor]]
 SENTENCE = "sentence_index"  # encoder_out key: the source sentence of every row (B)
@@ -28,10 +28,10 @@ class RecurrentEncoder(FairseqEncoder):
         super().__init__(dictionary)
         self.max_source_positions = args.max_source_positions
         self.embed = TokenEmbedding(
-            args,
+            token_config(args, "encoder"),
             embed_tokens,
             args.max_source_positions,
-            "encoder",
+            args.dropout,
             add_positions=not stack_cfg.coordinates.positions_every_level,
         )
         self.padding_idx = self.embed.padding_idx
