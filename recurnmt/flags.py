@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recurnmt.modules.config import ConfigError
+from recurnmt.modules.config import SHARING_SCHEMES, ConfigError
+from recurnmt.modules.relaxed_init import INITS
 
 
 @dataclass(frozen=True)
@@ -115,3 +116,40 @@ def checkpoint_segment(value: Any) -> int | str:
 def is_on(value: Any) -> bool:
     """A switch given as ``on``/``off`` (or a bool, from older saved arguments)."""
     return value is True or value == "on"
+
+
+# the relaxed-recursion converters' settings (recurnmt-convert and its vision twin): one target
+# stack's shape and how the source's layers start it
+UNIQUE_LAYERS = Flag(
+    "--unique-layers",
+    None,
+    dict(
+        type=int,
+        metavar="M",
+        help="M unique blocks (both sides of a translation model); default: the target's",
+    ),
+)
+SHARING_SCHEME = Flag(
+    "--sharing-scheme",
+    "cycle",
+    dict(choices=SHARING_SCHEMES, help="which block a level runs (relaxed recursion: cycle)"),
+)
+INIT = Flag(
+    "--init",
+    "stepwise",
+    dict(
+        choices=INITS,
+        help="shared blocks from layers at even intervals (stepwise), the mean of the layers "
+        "that share a block (average) or the first M layers (lower)",
+    ),
+)
+LEVEL_LORA_RANK = Flag(
+    "--level-lora-rank",
+    None,
+    dict(
+        metavar="R",
+        help="each level's LoRA rank, or full (exactly the source); default: the target's",
+    ),
+)
+CONVERSION_FLAGS = (UNIQUE_LAYERS, SHARING_SCHEME, INIT, LEVEL_LORA_RANK)
+"""The settings both converters take, spelt and meant alike."""

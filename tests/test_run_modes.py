@@ -1,6 +1,7 @@
-"""The run modes (compilation, mixed depth) are declared once (recurnmt/flags.py RUN_MODES) and
-every front end takes them with the same spelling, values and defaults: fairseq-train's
-parser and the image trainer's."""
+"""Settings that two front ends share are declared once (recurnmt/flags.py) and taken with the
+same spelling, values and defaults: the run modes (compilation, mixed depth, checkpoint
+segments) by fairseq-train's parser and the image trainer's, the conversion settings by both
+converters."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from recurnmt.flags import RUN_MODES, is_on
+from recurnmt.flags import CONVERSION_FLAGS, RUN_MODES, is_on
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.build import arch_train_args
 from recurnmt.vision.options import parse_args as vision_args
@@ -45,9 +46,23 @@ def test_a_bad_value_is_refused_by_both(capsys):
     assert "--mixed-depth: invalid choice: 'maybe'" in capsys.readouterr().err
 
 
-def test_no_front_end_declares_a_run_mode_again():
-    """The flags of RUN_MODES appear in an add_argument call nowhere in recurnmt/."""
-    names = "|".join(re.escape(f.flag) for f in RUN_MODES)
+@pytest.mark.parametrize(
+    "argv", [[], ["--unique-layers", "2", "--init", "average", "--level-lora-rank", "full"]]
+)
+def test_both_converters_read_a_setting_alike(argv):
+    from recurnmt.nmt.convert import build_parser as nmt_parser
+    from recurnmt.vision.convert import build_parser as vision_parser
+
+    nmt = nmt_parser().parse_args(["a.pt", "b.pt", *argv])
+    vision = vision_parser().parse_args(["a.pt", "b.pt", *argv])
+    for flag in CONVERSION_FLAGS:
+        assert getattr(nmt, flag.dest) == getattr(vision, flag.dest), flag.flag
+
+
+def test_no_front_end_declares_a_shared_flag_again():
+    """The flags of RUN_MODES and CONVERSION_FLAGS appear in an add_argument call nowhere in
+    recurnmt/."""
+    names = "|".join(re.escape(f.flag) for f in (*RUN_MODES, *CONVERSION_FLAGS))
     pattern = re.compile(rf"add_argument\(\s*\"({names})\"")
     found = [
         f"{path.relative_to(ROOT)}: {m.group(1)}"

@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from recurnmt.cli import entry_point
-from recurnmt.modules.config import SHARING_SCHEMES
-from recurnmt.modules.relaxed_init import INITS
+from recurnmt.flags import CONVERSION_FLAGS, add_flags
 
 PROG = "recurnmt-convert"
 SOURCE_FAMILY = "recurrent_transformer"
@@ -95,22 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--arch", default="relaxed_transformer", help="recurnmt architecture of the result"
     )
-    parser.add_argument("--unique-layers", type=int, metavar="M", help="M blocks, both sides")
+    add_flags(parser, CONVERSION_FLAGS, with_defaults=True)  # as the vision converter's
     parser.add_argument("--encoder-unique-layers", type=int, metavar="M")
     parser.add_argument("--decoder-unique-layers", type=int, metavar="M")
-    parser.add_argument("--sharing-scheme", choices=SHARING_SCHEMES, default="cycle")
-    parser.add_argument(
-        "--init",
-        choices=INITS,
-        default="stepwise",
-        help="shared blocks from layers at even intervals (stepwise), the mean of the layers "
-        "that share a block (average) or the first M layers (lower)",
-    )
-    parser.add_argument(
-        "--level-lora-rank",
-        metavar="R",
-        help="each level's LoRA rank, or full (exactly the source); default: the arch's",
-    )
     parser.add_argument("--layer-norms", choices=("per-level", "per-block"))
     parser.add_argument("--force", action="store_true", help="replace an existing OUT")
     return parser

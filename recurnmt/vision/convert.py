@@ -26,9 +26,10 @@ import torch
 from torch import Tensor
 
 from recurnmt.cli import entry_point
+from recurnmt.flags import CONVERSION_FLAGS, add_flags
 from recurnmt.modules import ConfigError
-from recurnmt.modules.config import SHARING_SCHEMES
-from recurnmt.modules.relaxed_init import INITS, relax_stack
+from recurnmt.modules.config import rank_or_full
+from recurnmt.modules.relaxed_init import relax_stack
 from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from recurnmt.vision.models.vit import VisionTransformer
 from recurnmt.vision.registry import create_model
@@ -61,12 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("source", type=Path, help="recurnmt.vision checkpoint or timm weights")
     parser.add_argument("out", type=Path, help="the converted checkpoint to write")
     parser.add_argument("--model", default="deit_tiny_relaxed_patch16_224", help="relaxed model")
-    parser.add_argument("--unique-layers", type=int, metavar="M", help="default: the model's")
-    parser.add_argument("--sharing-scheme", choices=SHARING_SCHEMES, default="cycle")
-    parser.add_argument("--init", choices=INITS, default="stepwise")
-    parser.add_argument(
-        "--level-lora-rank", metavar="R", help="a rank, or full; default: the model's"
-    )
+    add_flags(parser, CONVERSION_FLAGS, with_defaults=True)  # as recurnmt-convert's
     parser.add_argument("--num-heads", type=int, help="heads of timm weights (width / 64)")
     parser.add_argument(
         "--use-ema",
@@ -210,16 +206,10 @@ def convert(
     kwargs = {**vit_settings(teacher), "sharing": sharing_scheme}
     if unique_layers is not None:
         kwargs["unique_layers"] = unique_layers
-    if level_lora_rank is not None:
-        full = str(level_lora_rank).strip() == "full"
-        try:
-            kwargs["lora_rank"] = teacher.embed_dim if full else int(level_lora_rank)
-        except ValueError:
-            raise ValueError(
-                f"--level-lora-rank={level_lora_rank!r}: choose a rank >= 0 or full"
-            ) from None
     flags = {"num_unique": "--unique-layers", "lora_rank": "--level-lora-rank"}
     try:
+        if level_lora_rank is not None:  # the stack option's own reading of a rank
+            kwargs["lora_rank"] = rank_or_full(level_lora_rank, {"embed_dim": teacher.embed_dim})
         relaxed = create_model(model, **kwargs)
     except ConfigError as err:
         raise err.renamed(flags) from None
