@@ -74,6 +74,38 @@ def test_a_new_option_with_a_flag_needs_only_its_part_config(monkeypatch):
         options.stack_configs(args)
 
 
+def test_a_new_option_reaches_the_image_models_as_a_keyword(monkeypatch):
+    """The same declaration gives the ViTs (timm's create_model keywords) the option, under its
+    name (no keyword declared), with its errors."""
+    from recurnmt.vision.models import vit
+
+    monkeypatch.setattr(vit, "StackConfig", GatedStackConfig)
+    cfg = vit.vit_stack_config(embed_dim=16, depth=2, num_heads=2, gate_init=0.5)
+    assert build_gate(cfg) == 0.5 and cfg.embed_dim == 16 and cfg.depth.num_levels == 2
+    with pytest.raises(ConfigError, match="gate_init=-1.0: must be >= 0"):
+        vit.vit_stack_config(embed_dim=16, depth=2, num_heads=2, gate_init=-1.0)
+    with pytest.raises(TypeError, match="'gate_start' is no keyword of a ViT's stack"):
+        vit.vit_stack_config(embed_dim=16, depth=2, num_heads=2, gate_start=1.0)
+
+
+def test_image_models_spell_options_as_timm_and_name_them_so_in_errors():
+    """timm's keywords for the options timm has (depth, drop_path_rate, ...), the option's
+    name for the rest (signal_rank for signal.rank); an error names the keyword."""
+    from recurnmt.vision.models.vit import vit_stack_config
+    from recurnmt.vision.registry import create_model
+
+    model = create_model(
+        "ringformer_vit_mini_patch4", depth=4, drop_path_rate=0.1, signal_rank=2, lrc="both"
+    )
+    cfg = model.stack_cfg
+    assert (cfg.depth.num_levels, cfg.regularization.drop_path, cfg.signal.rank) == (4, 0.1, 2)
+    assert cfg.residual.lrc == "both"
+    with pytest.raises(ConfigError, match="unique_layers=7: must not exceed depth=6"):
+        vit_stack_config(embed_dim=16, depth=6, num_heads=2, unique_layers=7)
+    with pytest.raises(ConfigError, match="signal_rank=99: must lie between 1 and embed_dim=16"):
+        vit_stack_config(embed_dim=16, depth=6, num_heads=2, signal_kind="lowrank", signal_rank=99)
+
+
 # ---------------------------------------------------------------- every declared flag works
 
 

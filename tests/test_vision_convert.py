@@ -123,7 +123,7 @@ def test_a_low_rank_prints_its_measured_difference(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--unique-layers", "7"], "--unique-layers=7: must not exceed num_levels=6"),
+        (["--unique-layers", "7"], "--unique-layers=7: must not exceed depth=6"),
         (["--level-lora-rank", "33"], "--level-lora-rank=33: must lie between 0"),
         (["--level-lora-rank", "half"], "--level-lora-rank='half': choose a rank >= 0 or full"),
         (["--model", "vit_xl"], "unknown vision model 'vit_xl'"),

@@ -63,7 +63,7 @@ class DepthConfig(Part):
             ``sequence`` (0,0,1,1,..), ``cycle`` (0,1,0,1,..) or ``cycle_rev``.
     """
 
-    num_levels: int = option(6)
+    num_levels: int = option(6, keyword="depth")
     num_unique: int | None = option(
         None,
         "unique {side} blocks M over the N = --{side}-layers levels (1: fully recurrent; "
@@ -71,6 +71,7 @@ class DepthConfig(Part):
         flag="--{side}-unique-layers",
         type=int,
         metavar="M",
+        keyword="unique_layers",
     )
     sharing: str = option(
         "cycle",
@@ -204,10 +205,10 @@ class RegularizationConfig(Part):
             that span several stacks (SReT's stages); overrides ``drop_path``.
     """
 
-    dropout: float = option(0.1)
-    attention_dropout: float = option(0.0)
+    dropout: float = option(0.1, keyword="drop_rate")
+    attention_dropout: float = option(0.0, keyword="attn_drop_rate")
     activation_dropout: float = option(0.0)
-    drop_path: float = option(0.0)
+    drop_path: float = option(0.0, keyword="drop_path_rate")
     level_drop_path: tuple[float, ...] = option(())
 
     def check(self, stack: StackConfig) -> None:

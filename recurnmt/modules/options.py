@@ -11,9 +11,12 @@ sets it. Everything else is derived from that one declaration:
   configuration was grouped into parts, unique across the parts);
 * the translation front end adds the flag, fills its default and reads it back
   (:mod:`recurnmt.nmt.options`), and names it in errors;
+* the image models take it as a keyword (:func:`option_keywords`: timm's name where it has
+  one, ``depth`` for ``num_levels``; otherwise the option's name, ``signal_rank`` for
+  ``signal.rank``), and the exported models' config by its name;
 * families (:mod:`recurnmt.modules.families`) are written as option values.
 
-Nothing here imports a front end: a flag is only a name and a help text.
+Nothing here imports a front end: a flag or a keyword is only a name and a help text.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class Option:
             holds text: its default is the default value written out.
         type: argparse's ``type`` of the flag.
         metavar: argparse's ``metavar`` of the flag.
+        keyword: the image models' keyword (timm's name, ``depth``, ``drop_path_rate``) where
+            it is not the option's name with ``_`` for ``.``.
     """
 
     help: str
@@ -62,6 +67,7 @@ class Option:
     parse: Callable[[Any, Mapping[str, Any]], Any] | None = None
     type: Callable[[str], Any] | None = None
     metavar: str | None = None
+    keyword: str | None = None
 
     def to_value(self, name: str, text: Any, options: Mapping[str, Any]) -> Any:
         """The value of the flag's ``text`` (``options``: the options read so far).
@@ -166,4 +172,21 @@ def option_fields(config: type) -> dict[str, OptionField]:
             if name in found:
                 raise ValueError(f"two stack options are called {name!r}")
             found[name] = OptionField(part_name, f.name, meta)
+    return found
+
+
+@functools.cache
+def option_keywords(config: type) -> dict[str, str]:
+    """``{keyword: option name}`` of a stack config class: the keyword arguments the image
+    models take for its options (:attr:`Option.keyword`, else the name with ``_`` for ``.``).
+
+    Raises:
+        ValueError: two options share a keyword.
+    """
+    found: dict[str, str] = {}
+    for name, where in option_fields(config).items():
+        keyword = where.option.keyword or name.replace(".", "_")
+        if keyword in found:
+            raise ValueError(f"two stack options have the keyword {keyword!r}")
+        found[keyword] = name
     return found

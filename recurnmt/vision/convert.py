@@ -206,7 +206,7 @@ def convert(
     kwargs = {**vit_settings(teacher), "sharing": sharing_scheme}
     if unique_layers is not None:
         kwargs["unique_layers"] = unique_layers
-    flags = {"num_unique": "--unique-layers", "lora_rank": "--level-lora-rank"}
+    flags = {"unique_layers": "--unique-layers", "lora_rank": "--level-lora-rank"}  # keywords
     try:
         if level_lora_rank is not None:  # the stack option's own reading of a rank
             kwargs["lora_rank"] = rank_or_full(level_lora_rank, {"embed_dim": teacher.embed_dim})

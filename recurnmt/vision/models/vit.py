@@ -36,8 +36,8 @@ T = N + 1 with the class token.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -54,6 +54,7 @@ from recurnmt.modules import (
     build_stack,
     positions_hooks,
 )
+from recurnmt.modules.options import option_keywords
 from recurnmt.vision.layers import PatchEmbed, PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.features import feature_take_indices, level_intermediates
 from recurnmt.vision.layers.layer_attention import LayerAttention
@@ -279,89 +280,54 @@ def _check_pool(global_pool: str, num_prefix_tokens: int) -> str:
 
 
 # a family's options (recurnmt.modules.families) under the names of vit_stack_config
-_VIT_NAMES = {"num_unique": "unique_layers", "num_levels": "depth"}
+# a ViT's stack unless told otherwise (ViT eq. 2-3; timm's and DeiT's settings): pre-LN GELU
+# blocks, layer norms with eps 1e-6, no dropout, each block's levels in a row (SReT's loop)
+VIT_STACK = {
+    "normalize_before": True,
+    "activation": "gelu",
+    "norm_eps": 1e-6,
+    "dropout": 0.0,
+    "sharing": "sequence",
+}
 
 
 def vit_family(name: str) -> dict[str, Any]:
-    """The family ``name`` of :data:`recurnmt.modules.FAMILIES` as :func:`vit_stack_config`
-    settings (its ``signal.*`` options as one ``signal``)."""
-    changes = FAMILIES[name].changes()
-    args = {_VIT_NAMES.get(k, k): v for k, v in changes.items() if not k.startswith("signal.")}
-    signal = {k.removeprefix("signal."): v for k, v in changes.items() if k.startswith("signal.")}
-    if signal:
-        args["signal"] = SignalConfig(**signal)
-    return args
+    """The family ``name`` of :data:`recurnmt.modules.FAMILIES` as the image models' keywords
+    (:func:`~recurnmt.modules.options.option_keywords`)."""
+    keywords = {name: kw for kw, name in option_keywords(StackConfig).items()}
+    return {keywords[option]: value for option, value in FAMILIES[name].changes().items()}
 
 
 def vit_stack_config(
-    *,
-    embed_dim: int,
-    depth: int,
-    num_heads: int,
-    unique_layers: int | None = None,
-    ffn_dim: int | None = None,
-    mlp_ratio: float = 4.0,
-    sharing: str = "sequence",
-    norms_per_level: bool = False,
-    signal: SignalConfig | None = None,
-    ffn_sharing: str = "block",
-    positions_every_level: bool = False,
-    drop_rate: float = 0.0,
-    attn_drop_rate: float = 0.0,
-    drop_path_rate: float = 0.0,
-    norm_eps: float = 1e-6,
-    lrc: str = "none",
-    nll_ratio: float = 0.0,
-    lora_rank: int = 0,
-    **options: Any,
+    *, embed_dim: int, depth: int, mlp_ratio: float = 4.0, **keywords: Any
 ) -> StackConfig:
-    """The pre-LN GELU stack of a ViT (ViT eq. 2-3): ``depth`` levels over ``unique_layers``
-    blocks. The names match the translation options: ``depth`` is ``--encoder-layers`` (the
-    levels a token passes, timm's ``depth``), ``unique_layers`` is ``--encoder-unique-layers``.
+    """The stack of a ViT: :data:`VIT_STACK` with ``keywords``, every stack option under its
+    image-model keyword (:func:`~recurnmt.modules.options.option_keywords`: timm's names
+    ``depth``, ``unique_layers``, ``drop_rate``, ``attn_drop_rate``, ``drop_path_rate``; the
+    option's name otherwise, ``signal_rank`` for ``signal.rank``), or a whole part by its field
+    (``signal=SignalConfig(...)``). ``depth`` levels over ``unique_layers`` blocks (``depth``
+    when omitted; with the default ``sharing="sequence"`` and ``depth = R * unique_layers``
+    every block runs R times in a row, SReT's internal loop, SReT eq. 4, sec. 5.2); the FFN
+    ``embed_dim * mlp_ratio`` wide unless ``ffn_dim``; drop path rising linearly to
+    ``drop_path_rate`` at the last level.
 
-    Args:
-        depth: number of levels N.
-        unique_layers: number of unique blocks M (1 = fully recurrent); ``depth`` when omitted.
-        ffn_dim: FFN inner width; ``embed_dim * mlp_ratio`` when omitted.
-        sharing: level order, see :class:`~recurnmt.modules.DepthPlan`; with the default
-            ``sequence`` and ``depth = R * unique_layers`` every block runs R times in a row,
-            SReT's internal loop (SReT eq. 4, sec. 5.2).
-        ffn_sharing: ``shared`` gives One Wide FFN (one FFN for all blocks).
-        positions_every_level: add the position embedding at every level (UT).
-        drop_rate: dropout on the residual branches.
-        attn_drop_rate: dropout on the attention probabilities.
-        drop_path_rate: stochastic depth at the last level (0 at the first, linear between).
-        norm_eps: epsilon of every layer norm (1e-6 as in timm and DeiT).
-        lrc: SReT's learnable residual coefficients on every residual (eq. 9-10; ``both``),
-            NLLs' included, or ``none``.
-        nll_ratio: SReT's non-linear projection layer after every level, weights of its own,
-            with this hidden ratio (eq. 5-6; 0: none).
-        lora_rank: relaxed recursion, every level's own LoRA rank on every linear of its
-            block, with bias deltas (Relaxed Recursive Transformers eq. 3; 0: none).
-        options: any other stack option by its name (``bias``, ``activation``,
-            ``coordinate_scale``, ...; :mod:`recurnmt.modules.config`).
+    Raises:
+        TypeError: a keyword that is no stack option's.
+        ConfigError: an impossible setting, named by its keyword.
     """
-    return StackConfig.from_options(
-        embed_dim=embed_dim,
-        ffn_dim=ffn_dim if ffn_dim is not None else int(embed_dim * mlp_ratio),
-        num_heads=num_heads,
-        num_levels=depth,
-        num_unique=unique_layers,
-        sharing=sharing,
-        norms_per_level=norms_per_level,
-        normalize_before=True,
-        signal=signal or SignalConfig(),
-        ffn_sharing=ffn_sharing,
-        positions_every_level=positions_every_level,
-        dropout=drop_rate,
-        attention_dropout=attn_drop_rate,
-        **{"activation": "gelu", **options},
-        drop_path=drop_path_rate,
-        norm_eps=norm_eps,
-        lrc=lrc,
-        nll_ratio=nll_ratio,
-        lora_rank=lora_rank,
-    )
+    names = option_keywords(StackConfig)
+    parts = {f.name for f in dataclasses.fields(StackConfig)}  # whole: signal=SignalConfig()
+    options = {"embed_dim": embed_dim, "num_levels": depth, **VIT_STACK}
+    options["ffn_dim"] = int(embed_dim * mlp_ratio)
+    for keyword, value in keywords.items():
+        if keyword not in names and keyword not in parts:
+            raise TypeError(f"{keyword!r} is no keyword of a ViT's stack")
+        if value is not None or keyword != "ffn_dim":
+            options[names.get(keyword, keyword)] = value
+    try:
+        return StackConfig.from_options(**options)
+    except ConfigError as err:
+        raise err.renamed({name: kw for kw, name in names.items() if kw != name}) from None
 
 
 _IMAGE_KEYS = ("img_size", "patch_size", "in_chans", "num_classes", "class_token", "global_pool")
@@ -383,14 +349,6 @@ def _create_vit(defaults: dict, kwargs: dict) -> VisionTransformer:
     level has no MRLA (the head never reads the patch tokens it would change).
     """
     args = {**defaults, **kwargs}
-    shortcuts = {
-        "signal_rank": "rank",
-        "signal_down_init": "down_init",
-        "signal_down_std": "down_std",
-    }
-    signal = {field: args.pop(key) for key, field in shortcuts.items() if key in args}
-    if signal:
-        args["signal"] = replace(args.get("signal") or SignalConfig(), **signal)
     image = {k: args.pop(k) for k in _IMAGE_KEYS if k in args}
     pos_embed = args.pop("pos_embed", "learned")
     drop_rate = args.get("drop_rate", 0.0)
