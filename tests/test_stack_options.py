@@ -74,6 +74,27 @@ def test_a_new_option_with_a_flag_needs_only_its_part_config(monkeypatch):
         options.stack_configs(args)
 
 
+@dataclasses.dataclass(frozen=True)
+class QuietGateConfig(Part):
+    """A new option without a flag (translation keeps its declared default)."""
+
+    init: float = option(1.0, name="quiet_gate_init")
+
+
+@dataclasses.dataclass(frozen=True)
+class QuietStackConfig(StackConfig):
+    quiet: QuietGateConfig = part(QuietGateConfig)
+
+
+def test_a_new_option_without_a_flag_takes_its_default_in_translation(monkeypatch):
+    args = build("ringformer_tiny")[1]
+    monkeypatch.setattr(options, "StackConfig", QuietStackConfig)
+    monkeypatch.setattr(options, "stack_options", lambda: option_fields(QuietStackConfig))
+    encoder, decoder = options.stack_configs(args)
+    assert encoder.quiet.init == decoder.quiet.init == 1.0
+    assert decoder.block.cross_attention and not encoder.block.cross_attention
+
+
 def test_a_new_option_reaches_the_image_models_as_a_keyword(monkeypatch):
     """The same declaration gives the ViTs (timm's create_model keywords) the option, under its
     name (no keyword declared), with its errors."""

@@ -465,8 +465,8 @@ class HaltingConfig(Part):
 
     act: bool = option(
         False,
-        "Adaptive Computation Time halting over the levels (Universal Transformer); train "
-        "with --criterion recurrent_label_smoothed_cross_entropy for the ponder cost",
+        "Adaptive Computation Time halting over the levels (Universal Transformer sec. 2.2); "
+        "its ponder cost is a term of the training loss",
         flag="--act",
         words=ON_OFF,
     )
