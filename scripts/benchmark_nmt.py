@@ -18,7 +18,7 @@ table reports absolute figures and ratios to fairseq's ``transformer``:
 * generation sentences per second (beam search with the incremental decoder);
 * memory: on CUDA the peak ``max_memory_allocated`` of training; on CPU, where no allocator
   keeps a peak, the activations one training forward saves for backward
-  (:mod:`recurnmt.runs.memory`), which is deterministic; ``ckpt mem`` is the same with
+  (:mod:`recurnmt.runs.activation_memory`), which is deterministic; ``ckpt mem`` is the same with
   fairseq's ``--checkpoint-activations`` (per level in recurnmt's stacks);
 * the decoder's incremental cache after beam search decoded one batch (``--gen-batch``
   sentences): all of it, and its cross-attention part (the projected encoder keys and

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from recurnmt.modules import ConfigError, SignalConfig, StackConfig
-from recurnmt.modules.config import stack_options
+from recurnmt.modules.config import option_declarations
 
 
 def test_message_is_setting_value_reason():
@@ -69,7 +69,7 @@ def test_errors_survive_pickling():
 )
 def test_stack_config_errors_name_config_fields(changes, setting):
     """Every name in the error is an option's name, so callers can map it to their own names."""
-    fields = set(stack_options())
+    fields = set(option_declarations())
     with pytest.raises(ConfigError) as err:
         StackConfig.from_options(**({"embed_dim": 32, "num_heads": 4, "num_levels": 4} | changes))
     assert err.value.setting == setting

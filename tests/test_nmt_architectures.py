@@ -23,7 +23,7 @@ from recurnmt.nmt.defaults import (
     fill_arch_defaults,
     fill_defaults,
 )
-from recurnmt.nmt.options import add_recurrent_args
+from recurnmt.nmt.flags import add_recurrent_args
 from tests.nmt_helpers import batch, build
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from recurnmt.modules import ConfigError, StackConfig
-from recurnmt.modules.config import stack_options
-from recurnmt.nmt import options
+from recurnmt.modules.config import option_declarations
+from recurnmt.nmt import flags as nmt_flags
 from recurnmt.parameters import parameter_report
 from tests.nmt_helpers import build
 
@@ -160,9 +160,9 @@ def test_every_stack_config_field_is_set_from_the_arguments(monkeypatch):
         given.append(set(values))
         return StackConfig.from_options(**values)
 
-    monkeypatch.setattr(options, "stack_config", record)
-    options.stack_configs(args)
-    fields = set(stack_options())
+    monkeypatch.setattr(nmt_flags, "stack_config", record)
+    nmt_flags.stack_configs(args)
+    fields = set(option_declarations())
     assert given == [fields, fields]
 
 
@@ -170,7 +170,7 @@ def test_every_flag_of_a_stack_field_is_an_option():
     """The field -> flag table names real fairseq arguments (errors name existing flags)."""
     _, args, _ = build("ringformer_tiny")
     for side in ("encoder", "decoder"):
-        for field, flag in options.flags_of_fields(side).items():
+        for field, flag in nmt_flags.flags_of_fields(side).items():
             assert hasattr(args, flag[2:].replace("-", "_")), (field, flag)
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from recurnmt.modules.config import ConfigError, StackConfig, stack_options
-from recurnmt.modules.options import Part, option, option_fields, part
-from recurnmt.nmt import defaults, options
+from recurnmt.modules.config import ConfigError, StackConfig, option_declarations
+from recurnmt.modules.declarations import Part, option, option_fields, part
+from recurnmt.nmt import defaults
+from recurnmt.nmt import flags as nmt_flags
 from tests.nmt_helpers import build
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,19 +60,19 @@ def build_gate(cfg: GatedStackConfig) -> float:
 def test_a_new_option_with_a_flag_needs_only_its_part_config(monkeypatch):
     args = build("ringformer_tiny")[1]  # fairseq's arguments, before the option existed
     # the library's StackConfig with the new part (in the library: a field of StackConfig)
-    monkeypatch.setattr(options, "StackConfig", GatedStackConfig)
-    monkeypatch.setattr(options, "stack_options", lambda: option_fields(GatedStackConfig))
+    monkeypatch.setattr(nmt_flags, "StackConfig", GatedStackConfig)
+    monkeypatch.setattr(nmt_flags, "option_declarations", lambda: option_fields(GatedStackConfig))
     parser = argparse.ArgumentParser()
-    options.add_recurrent_args(parser)
+    nmt_flags.add_recurrent_args(parser)
     assert "--level-gate-init" in parser.format_help()
-    assert options.recurnmt_defaults()["level_gate_init"] == 1.0
-    assert options.flags_of_fields("decoder")["gate_init"] == "--level-gate-init"
+    assert nmt_flags.recurnmt_defaults()["level_gate_init"] == 1.0
+    assert nmt_flags.flags_of_fields("decoder")["gate_init"] == "--level-gate-init"
     args.level_gate_init = 0.5
-    encoder, decoder = options.stack_configs(args)
+    encoder, decoder = nmt_flags.stack_configs(args)
     assert build_gate(encoder) == build_gate(decoder) == 0.5
     args.level_gate_init = -1.0
     with pytest.raises(ConfigError, match="--level-gate-init=-1.0: must be >= 0"):
-        options.stack_configs(args)
+        nmt_flags.stack_configs(args)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +89,9 @@ class QuietStackConfig(StackConfig):
 
 def test_a_new_option_without_a_flag_takes_its_default_in_translation(monkeypatch):
     args = build("ringformer_tiny")[1]
-    monkeypatch.setattr(options, "StackConfig", QuietStackConfig)
-    monkeypatch.setattr(options, "stack_options", lambda: option_fields(QuietStackConfig))
-    encoder, decoder = options.stack_configs(args)
+    monkeypatch.setattr(nmt_flags, "StackConfig", QuietStackConfig)
+    monkeypatch.setattr(nmt_flags, "option_declarations", lambda: option_fields(QuietStackConfig))
+    encoder, decoder = nmt_flags.stack_configs(args)
     assert encoder.quiet.init == decoder.quiet.init == 1.0
     assert decoder.block.cross_attention and not encoder.block.cross_attention
 
@@ -132,23 +133,23 @@ def test_image_models_spell_options_as_timm_and_name_them_so_in_errors():
 
 def test_every_declared_flag_is_added_defaulted_and_read():
     parser = argparse.ArgumentParser()
-    options.add_recurrent_args(parser)
+    nmt_flags.add_recurrent_args(parser)
     added = {a.dest for a in parser._actions}
     for side in ("encoder", "decoder"):
-        for name, where in stack_options().items():
-            arg = options.arg_of(name, side)
+        for name, where in option_declarations().items():
+            arg = nmt_flags.arg_of(name, side)
             if where.option.flag is None or arg is None:
                 continue
             assert arg in added and arg in defaults.BASE, (name, arg)
-            assert options.flags_of_fields(side)[name] == "--" + arg.replace("_", "-")
+            assert nmt_flags.flags_of_fields(side)[name] == "--" + arg.replace("_", "-")
 
 
 def test_the_defaults_build_the_stack_configs_defaults():
     """BASE is StackConfig's defaults as the flags spell them (a plain stack)."""
     args = build("recurrent_transformer_tiny")[1]
-    values = options.side_options(args, "encoder")
+    values = nmt_flags.side_options(args, "encoder")
     default = StackConfig().options()
-    flagged = [n for n, w in stack_options().items() if w.option.flag]
+    flagged = [n for n, w in option_declarations().items() if w.option.flag]
     assert {n: values[n] for n in flagged} == {n: default[n] for n in flagged}
 
 

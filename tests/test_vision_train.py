@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from recurnmt.modules import ConfigError
 from recurnmt.vision import evaluate as evaluate_cli
 from recurnmt.vision import train as train_cli
+from recurnmt.vision.arguments import parse_args
 from recurnmt.vision.checkpoint import load_checkpoint
 from recurnmt.vision.distributed import (
     DistInfo,
@@ -28,7 +29,6 @@ from recurnmt.vision.distributed import (
     resolve_device,
 )
 from recurnmt.vision.losses import ClassificationLoss, distillation_loss
-from recurnmt.vision.options import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = [
@@ -571,8 +571,8 @@ def test_two_process_zero_trains_like_ddp_and_resumes(tmp_path, device):
 @pytest.mark.parametrize("config", sorted((REPO / "configs" / "vision").glob("*.yaml")))
 def test_shipped_configs_parse_and_build(config):
     from recurnmt.vision import create_model
+    from recurnmt.vision.arguments import parse_args
     from recurnmt.vision.data import SPECS
-    from recurnmt.vision.options import parse_args
 
     args = parse_args(["--config", str(config)])
     spec = SPECS[args.data]

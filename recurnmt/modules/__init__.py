@@ -9,7 +9,7 @@ The layers, bottom up (see ARCHITECTURE.md at the repository root):
 * :class:`TransformerBlock` (built sub-modules) and :class:`LevelParts` (what a level owns);
 * :class:`DepthPlan` (level -> block) and :class:`RecurrentStack` (the one level loop),
   extended per call by :class:`LevelHook` objects;
-* :class:`StackConfig` (part configs whose fields are the options, :mod:`~recurnmt.modules.options`)
+* :class:`StackConfig` (part configs whose fields are the options, :mod:`~recurnmt.modules.declarations`)
   and :func:`build_stack`, which turn a configuration into a stack; :data:`FAMILIES`, what
   makes each architecture family, in option values;
   :func:`~recurnmt.modules.relaxed_init.relax_stack` starts a relaxed recursive stack from a

@@ -5,12 +5,12 @@ one builder reads (:mod:`recurnmt.modules.builders`): the depth plan (how many u
 execute over how many levels, and in which order), the block, its norms, dropout, and the
 per-level parts of the papers (RingFormer level signals, Universal Transformer coordinates
 and halting, SReT residuals and slicing, relaxed recursion's LoRA). Every option is declared
-once, as a field of its part (:func:`~recurnmt.modules.options.option`): default, valid values
+once, as a field of its part (:func:`~recurnmt.modules.declarations.option`): default, valid values
 and the translation flag that sets it. Impossible settings raise :class:`ConfigError` naming
 the option, before any weight exists.
 
 Adding an option: a field of its part (and a rule in the part's ``check`` if it needs one),
-read by the part's builder. Adding a part: a :class:`~recurnmt.modules.options.Part` here,
+read by the part's builder. Adding a part: a :class:`~recurnmt.modules.declarations.Part` here,
 a field of :class:`StackConfig`, and its builder.
 """
 
@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from recurnmt.modules.declarations import OptionField, Part, option, option_fields, part
 from recurnmt.modules.errors import ConfigError
-from recurnmt.modules.options import OptionField, Part, option, option_fields, part
 
 __all__ = [
     "BlockConfig",
@@ -660,7 +660,7 @@ class StackConfig:
         return self.signal.rank if self.signal.rank is not None else self.embed_dim // 16
 
 
-def stack_options() -> dict[str, OptionField]:
+def option_declarations() -> dict[str, OptionField]:
     """``{option name: where it lives}`` of every :class:`StackConfig` option, in declaration
     order (the width first)."""
     return option_fields(StackConfig)

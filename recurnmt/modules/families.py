@@ -1,6 +1,6 @@
 """What makes each architecture family, once, in the block library's words.
 
-A family is the option values (:mod:`recurnmt.modules.options`) that turn a plain stack into
+A family is the option values (:mod:`recurnmt.modules.declarations`) that turn a plain stack into
 the paper's: one shared block with per-level norms and signals (RingFormer), sinusoidal
 coordinates at every level (Universal Transformer), one FFN for all blocks (One Wide FFN), ...
 Sizes (widths, depth) are not the family's: the front ends choose them. Every front end applies
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from recurnmt.modules.config import StackConfig, stack_options
+from recurnmt.modules.config import StackConfig, option_declarations
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Family:
     title: str = ""
 
     def __post_init__(self) -> None:
-        unknown = (set(self.options) | set(self.decoder)) - set(stack_options())
+        unknown = (set(self.options) | set(self.decoder)) - set(option_declarations())
         if unknown:
             raise ValueError(f"{sorted(unknown)} are no stack options")
 

@@ -14,7 +14,7 @@ A setting takes the first value given by, in order:
    :data:`FAMILY_MODEL`;
 4. :data:`SIZES`;
 5. :data:`BASE`, every recurnmt option: a vanilla Transformer built from our blocks (derived
-   from the options' declarations, :mod:`recurnmt.nmt.options`);
+   from the options' declarations, :mod:`recurnmt.nmt.flags`);
 6. fairseq's transformer ``base_architecture``, for fairseq's own options.
 
 :func:`fill_defaults` fills only what is unset, so a second run changes nothing: fairseq runs
@@ -35,13 +35,13 @@ from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from recurnmt.modules import ConfigError
 from recurnmt.modules.families import FAMILIES
-from recurnmt.nmt.options import flag_values, recurnmt_defaults
+from recurnmt.nmt.flags import flag_values, recurnmt_defaults
 from recurnmt.nmt.registry import RECURRENT_CRITERION
 
 Defaults = dict[str, Any]
 
 # every recurnmt option: a stack option's field default, as its flag spells it, and the model
-# flags' (recurnmt.nmt.options); a vanilla Transformer built from our blocks
+# flags' (recurnmt.nmt.flags); a vanilla Transformer built from our blocks
 BASE: Defaults = recurnmt_defaults()
 
 # what a model saved before these options existed was built with (issue 29)

@@ -26,7 +26,7 @@ from recurnmt.nmt.defaults import fill_arch_defaults
 from recurnmt.nmt.distributed_checks import check_distributed
 from recurnmt.nmt.embedding_layout import authors_initialisation, check_embedding_layout
 from recurnmt.nmt.encoder import RecurrentEncoder
-from recurnmt.nmt.options import add_recurrent_args, flags_in_errors, stack_configs
+from recurnmt.nmt.flags import add_recurrent_args, flags_in_errors, stack_configs
 from recurnmt.nmt.registry import MODEL_NAME, RECURRENT_CRITERION, register_model_once
 
 __all__ = ["MODEL_NAME", "RECURRENT_CRITERION", "RecurrentTransformerModel"]

@@ -121,7 +121,7 @@ def peak_memory_mb(step, device: torch.device) -> float:
 
     On CUDA the peak ``torch.cuda.max_memory_allocated`` during the step, weights, gradients
     and optimizer state included; on the CPU, which keeps no peak, the bytes of the distinct
-    storages the forward saves for backward (:mod:`recurnmt.runs.memory`).
+    storages the forward saves for backward (:mod:`recurnmt.runs.activation_memory`).
     """
     if device.type == "cuda":
         sync(device)
@@ -129,7 +129,7 @@ def peak_memory_mb(step, device: torch.device) -> float:
         step().backward()
         sync(device)
         return torch.cuda.max_memory_allocated(device) / 2**20
-    from recurnmt.runs.memory import saved_for_backward_bytes
+    from recurnmt.runs.activation_memory import saved_for_backward_bytes
 
     loss, saved = saved_for_backward_bytes(step)
     loss.backward()

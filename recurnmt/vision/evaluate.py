@@ -15,13 +15,13 @@ import sys
 from recurnmt.cli import entry_point
 from recurnmt.modules import ConfigError
 from recurnmt.parameters import count_parameters
+from recurnmt.vision.arguments import parse_size
 from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
 from recurnmt.vision.data import build_dataset
 from recurnmt.vision.data.loader import eval_loader
 from recurnmt.vision.distributed import process_group
 from recurnmt.vision.engine import Precision, evaluate
 from recurnmt.vision.flops import count_macs, throughput
-from recurnmt.vision.options import parse_size
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -62,6 +62,7 @@ from recurnmt.flags import checkpoint_segment, is_on
 from recurnmt.modules import ConfigError
 from recurnmt.modules.compile import from_flags
 from recurnmt.parameters import count_parameters
+from recurnmt.vision.arguments import parse_args
 from recurnmt.vision.checkpoint import (
     load_checkpoint,
     model_from_checkpoint,
@@ -77,7 +78,6 @@ from recurnmt.vision.engine import Precision, evaluate, train_one_epoch
 from recurnmt.vision.exits import evaluate_exits
 from recurnmt.vision.losses import ClassificationLoss
 from recurnmt.vision.mixed_depth import MixedDepth
-from recurnmt.vision.options import parse_args
 from recurnmt.vision.registry import create_model
 from recurnmt.vision.zero import (
     ZeroRedundancyOptimizer,

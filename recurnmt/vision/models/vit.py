@@ -54,7 +54,7 @@ from recurnmt.modules import (
     build_stack,
     positions_hooks,
 )
-from recurnmt.modules.options import option_keywords
+from recurnmt.modules.declarations import option_keywords
 from recurnmt.vision.layers import PatchEmbed, PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.features import feature_take_indices, level_intermediates
 from recurnmt.vision.layers.layer_attention import LayerAttention
@@ -293,7 +293,7 @@ VIT_STACK = {
 
 def vit_family(name: str) -> dict[str, Any]:
     """The family ``name`` of :data:`recurnmt.modules.FAMILIES` as the image models' keywords
-    (:func:`~recurnmt.modules.options.option_keywords`)."""
+    (:func:`~recurnmt.modules.declarations.option_keywords`)."""
     keywords = {name: kw for kw, name in option_keywords(StackConfig).items()}
     return {keywords[option]: value for option, value in FAMILIES[name].changes().items()}
 
@@ -302,7 +302,7 @@ def vit_stack_config(
     *, embed_dim: int, depth: int, mlp_ratio: float = 4.0, **keywords: Any
 ) -> StackConfig:
     """The stack of a ViT: :data:`VIT_STACK` with ``keywords``, every stack option under its
-    image-model keyword (:func:`~recurnmt.modules.options.option_keywords`: timm's names
+    image-model keyword (:func:`~recurnmt.modules.declarations.option_keywords`: timm's names
     ``depth``, ``unique_layers``, ``drop_rate``, ``attn_drop_rate``, ``drop_path_rate``; the
     option's name otherwise, ``signal_rank`` for ``signal.rank``), or a whole part by its field
     (``signal=SignalConfig(...)``). ``depth`` levels over ``unique_layers`` blocks (``depth``

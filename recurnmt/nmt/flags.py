@@ -28,7 +28,7 @@ from recurnmt.flags import (
     add_flags,
     defaults,
 )
-from recurnmt.modules.config import ConfigError, StackConfig, stack_options
+from recurnmt.modules.config import ConfigError, StackConfig, option_declarations
 from recurnmt.nmt.embedding_layout import LAYOUT_FLAGS
 
 SIDES = ("encoder", "decoder")
@@ -108,7 +108,7 @@ def arg_of(option: str, side: str) -> str | None:
     or only the other side's, as ``--encoder-attn-groups``)."""
     if option in FAIRSEQ_ARGS:
         return FAIRSEQ_ARGS[option].format(side=side)
-    flag = stack_options()[option].option.flag
+    flag = option_declarations()[option].option.flag
     if flag is None:
         return None
     other = SIDES[1 - SIDES.index(side)]
@@ -120,7 +120,7 @@ def arg_of(option: str, side: str) -> str | None:
 def _recurnmt_flags() -> Iterator[tuple[str, str, Any]]:
     """``(flag, option name, help)`` of every stack option with a flag of recurnmt's, in
     declaration order; a flag per side is given for both sides."""
-    for name, where in stack_options().items():
+    for name, where in option_declarations().items():
         flag = where.option.flag
         if flag is None:
             continue
@@ -135,7 +135,7 @@ def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
     """Adds recurnmt's options (fairseq hands models an argument group); their defaults are
     :data:`recurnmt.nmt.defaults.BASE`."""
     for flag, name, help in _recurnmt_flags():
-        kwargs = stack_options()[name].option.argparse_kwargs() | {"help": help}
+        kwargs = option_declarations()[name].option.argparse_kwargs() | {"help": help}
         parser.add_argument(flag, **kwargs)
     add_flags(parser, MODEL_FLAGS)
     add_flags(parser, LAYOUT_FLAGS)
@@ -143,7 +143,7 @@ def add_recurrent_args(parser: argparse.ArgumentParser) -> None:
 
 def option_text(option: str, value: Any) -> Any:
     """The flag's spelling of ``value`` of ``option`` (``True`` -> ``on``, ...)."""
-    where = stack_options()[option]
+    where = option_declarations()[option]
     return where.option.to_text(value) if where.option.flag else value
 
 
@@ -196,7 +196,7 @@ def check_supported(args: Any) -> None:
 
 def flags_of_fields(side: str) -> dict[str, str]:
     """Stack option -> the command-line flag that sets it, for the ``side`` stack."""
-    args = {name: arg_of(name, side) for name in stack_options()}
+    args = {name: arg_of(name, side) for name in option_declarations()}
     return {name: _flag(arg) for name, arg in args.items() if arg is not None}
 
 
@@ -226,12 +226,12 @@ def side_options(args: Any, side: str) -> dict[str, Any]:
     """
     declared = StackConfig().options()
     values: dict[str, Any] = {}
-    for name, where in stack_options().items():
+    for name, where in option_declarations().items():
         arg = arg_of(name, side)
         if arg is not None:
             values[name] = where.option.to_value(name, getattr(args, arg), values)
     values |= _fixed(side, values)
-    return {name: values.get(name, declared[name]) for name in stack_options()}
+    return {name: values.get(name, declared[name]) for name in option_declarations()}
 
 
 def stack_config(options: Mapping[str, Any]) -> StackConfig:

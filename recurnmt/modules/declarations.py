@@ -10,7 +10,7 @@ sets it. Everything else is derived from that one declaration:
   the option by its name (:attr:`Option.name`: the name the option had before the stack's
   configuration was grouped into parts, unique across the parts);
 * the translation front end adds the flag, fills its default and reads it back
-  (:mod:`recurnmt.nmt.options`), and names it in errors;
+  (:mod:`recurnmt.nmt.flags`), and names it in errors;
 * the image models take it as a keyword (:func:`option_keywords`: timm's name where it has
   one, ``depth`` for ``num_levels``; otherwise the option's name, ``signal_rank`` for
   ``signal.rank``), and the exported models' config by its name;
@@ -47,7 +47,7 @@ class Option:
             ``--{side}-unique-layers``; a flag naming one side, ``--encoder-attn-groups``,
             sets that side only and the other keeps the default). None: no flag of recurnmt's
             (fairseq's own flags and the settings fixed for translation are listed in
-            :mod:`recurnmt.nmt.options`).
+            :mod:`recurnmt.nmt.flags`).
         choices: the valid values; the part refuses others and the flag offers them.
         words: the flag's words for the values, ``{word: value}`` (``on`` / ``off``).
         parse: the flag's text -> the value, given the options read so far (a rank ``full``
