@@ -150,7 +150,8 @@ BAD_INPUTS: dict[str, BadInput] = {
     ),
     "python -m recurnmt.vision.evaluate": _missing("best.pt"),
     "python -m recurnmt.vision.budget": _missing("dvt.pt"),
-    "python -m recurnmt.runs.evaluate": _nmt_evaluate,
+    "python -m recurnmt.runs.scoring": _nmt_evaluate,
+    "python -m recurnmt.runs.evaluate": _nmt_evaluate,  # its former name
     "python -m recurnmt.runs.averaging": lambda tmp: (
         ["--inputs", str(tmp / "c1.pt"), "--output", str(tmp / "avg.pt")],
         "c1.pt",

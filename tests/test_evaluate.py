@@ -16,7 +16,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.scoring import bleu as fairseq_bleu
 
-from recurnmt.runs import evaluate
+from recurnmt.runs import scoring
 from recurnmt.runs.evaluation import EvalSettings, evaluation_steps
 from recurnmt.runs.presets import PRESETS
 from recurnmt.runs.scoring import (
@@ -155,7 +155,7 @@ def test_evaluation_script_writes_the_scores(tmp_path, capsys):
         "--hyp-out",
         str(tmp_path / "h"),
     ]
-    assert evaluate.main(argv) == 0
+    assert scoring.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["arch"] == "ringformer_wmt_en_de" and result["beam"] == 4
     assert result["sacrebleu"]["score"] == round(
@@ -178,9 +178,9 @@ def test_truncated_output_is_reported(tmp_path, capsys):
     ref = tmp_path / "r.txt"
     ref.write_text("\n".join(REFS_RAW) + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match="fairseq-generate output"):
-        evaluate.main([str(gen), "--reference", str(ref)])
-    assert evaluate.cli([str(gen), "--reference", str(ref)]) == 2
-    assert capsys.readouterr().err.startswith("python -m recurnmt.runs.evaluate: error: ")
+        scoring.main([str(gen), "--reference", str(ref)])
+    assert scoring.cli([str(gen), "--reference", str(ref)]) == 2
+    assert capsys.readouterr().err.startswith("python -m recurnmt.runs.scoring: error: ")
 
 
 # --- the evaluation commands of each dataset ---------------------------------------------------
@@ -251,6 +251,23 @@ def test_model_report_of_a_saved_model(tmp_path):
     history = {"criterion_name": "c", "optimizer_name": "o", "lr_scheduler_state": {}}
     state = {"args": args, "model": model.state_dict(), "extra_state": {}}
     torch.save({**state, "optimizer_history": [{**history, "num_updates": 0}]}, tmp_path / "c.pt")
-    report = evaluate.model_report(tmp_path / "c.pt", tmp_path)
+    report = scoring.model_report(tmp_path / "c.pt", tmp_path)
     assert report["arch"] == "ringformer_tiny"
     assert report["params"]["p_star"] == parameter_report(model).p_star > 0
+
+
+def test_the_former_command_name_still_scores(tmp_path):
+    """``python -m recurnmt.runs.evaluate`` (the scoring command's name before) runs
+    ``recurnmt.runs.scoring`` and says so."""
+    import subprocess
+    import sys
+
+    gen = tmp_path / "gen.out"
+    gen.write_text("D-0\t-0.1\tthe cat\n", encoding="utf-8")
+    ref = tmp_path / "ref.txt"
+    ref.write_text("the cat\n", encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "recurnmt.runs.evaluate", str(gen), "--reference", str(ref)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "recurnmt.runs.scoring" in done.stderr and "BLEU" in done.stdout

@@ -3,7 +3,7 @@
 :func:`evaluation_steps` builds them from a dataset preset (:mod:`recurnmt.runs.presets`) and
 the ``evaluate:`` settings of a recipe (:class:`EvalSettings`): checkpoint averaging with
 :mod:`recurnmt.runs.averaging`, ``fairseq-generate`` with the dataset's beam and length penalty,
-then the scoring command :mod:`recurnmt.runs.evaluate`, which writes ``result.json``.
+then the scoring command :mod:`recurnmt.runs.scoring`, which writes ``result.json``.
 ``recurnmt-run-nmt-recipe run`` runs them after training; this module's command runs them for
 a run trained otherwise.
 
@@ -152,7 +152,7 @@ def evaluation_steps(
     score_cmd = [
         sys.executable,
         "-m",
-        "recurnmt.runs.evaluate",
+        "recurnmt.runs.scoring",
         str(gen_out),
         "--reference",
         str(data / f"{settings.subset}.raw.{target}"),
