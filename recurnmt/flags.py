@@ -4,9 +4,10 @@ Stack options declare their flags on their part configs (:mod:`recurnmt.modules.
 other settings are :class:`Flag` entries next to the code that reads them: a translation
 model's (checkpoint segments, elastic depth, the embedding layout: they reach fairseq's parser
 through :func:`recurnmt.nmt.flags.add_recurrent_args` and their defaults through
-:data:`recurnmt.nmt.defaults.BASE`) and the run modes every front end takes
-(:data:`RUN_MODES`: compilation and mixed depth, the same spelling and meaning in
-``fairseq-train`` and the image trainer).
+:data:`recurnmt.nmt.defaults.BASE`), the run modes every front end takes (:data:`RUN_MODES`:
+compilation, mixed depth and checkpoint segments, the same spelling and meaning in
+``fairseq-train`` and the image trainer), and the settings both relaxed-recursion converters
+take (:data:`CONVERSION_FLAGS`).
 """
 
 from __future__ import annotations
