@@ -337,7 +337,7 @@ def test_generate_with_drafts_gives_the_same_output(arch):
     mask = src.ne(DICT.pad()).long()
     with torch.no_grad():
         plain = hf.generate(input_ids=src, attention_mask=mask, num_beams=1)
-        for levels, tokens in ((1, 2), (2, 4), (2, 1)):
+        for levels, tokens in ((0, 4), (1, 2), (2, 4), (2, 1)):  # 0: the loop, no drafts
             drafted = hf.generate(
                 input_ids=src, attention_mask=mask, num_beams=1, draft_levels=levels,
                 draft_tokens=tokens,
