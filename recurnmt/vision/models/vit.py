@@ -93,8 +93,9 @@ def vit_stack_config(
     for keyword, value in keywords.items():
         if keyword not in names and keyword not in parts:
             raise TypeError(f"{keyword!r} is no keyword of a ViT's stack")
-        if value is not None or keyword != "ffn_dim":
-            options[names.get(keyword, keyword)] = value
+        if keyword == "ffn_dim" and value is None:
+            continue  # omitted: embed_dim * mlp_ratio
+        options[names.get(keyword, keyword)] = value
     try:
         return StackConfig.from_options(**options)
     except ConfigError as err:
