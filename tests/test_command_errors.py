@@ -4,7 +4,8 @@ The commands are discovered, not listed: every console script of ``setup.cfg`` a
 ``python -m`` entry point (a module of ``recurnmt/`` or ``data_prep/`` with an
 ``if __name__ == "__main__":`` block, or a package's ``__main__.py``) and every script of
 ``scripts/`` with such a block (``python scripts/NAME.py``, or ``python -m scripts.NAME`` where
-its ``PROG`` says so). :data:`BAD_INPUTS` gives each a bad setting or a missing file;
+its ``PROG`` says so) or package of ``scripts/`` with a ``__main__.py`` (``python -m
+scripts.NAME``). :data:`BAD_INPUTS` gives each a bad setting or a missing file;
 a new command without an entry there fails :func:`test_every_command_has_a_bad_input`.
 
 They run in this process (``runpy``, as ``python -m`` and ``python script.py`` would, or the
@@ -62,6 +63,9 @@ def discover_commands() -> dict[str, tuple[str, str]]:
                 commands[f"python -m {'.'.join(parts[:-1])}"] = ("module", ".".join(parts[:-1]))
             elif path.name != "__init__.py" and has_main_block(path):
                 commands[f"python -m {'.'.join(parts)}"] = ("module", ".".join(parts))
+    for path in sorted((REPO / "scripts").glob("*/__main__.py")):
+        module = f"scripts.{path.parent.name}"
+        commands[f"python -m {module}"] = ("module", module)
     for path in sorted((REPO / "scripts").glob("*.py")):
         if has_main_block(path):
             module = f"scripts.{path.stem}"

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py: the report of a real tiny CPU run, its targets, the refusal without
+"""scripts/gpu_check/: the report of a real tiny CPU run, its targets, the refusal without
 CUDA, its argument errors and the environment plumbing it can show here (no GPU figure)."""
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from pathlib import Path
 import pytest
 
 from recurnmt.cli import UserError, entry_point
+from scripts.gpu_check import __main__ as gpu_check
 from tests import nmt_fixtures
 from tests.script_modules import load_script
 
 data = nmt_fixtures.data  # the shared fixture, found by pytest under this name
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-gpu_check = load_script("gpu_check")
 
 
 def worker_opts(flags: str, **extra) -> argparse.Namespace:
