@@ -16,6 +16,7 @@ import pytest
 
 from recurnmt.cli import UserError, entry_point
 from scripts.gpu_check import __main__ as gpu_check
+from scripts.gpu_check import environment as gpu_env
 from tests import nmt_fixtures
 from tests.script_modules import load_script
 
@@ -222,12 +223,12 @@ def test_generation_settings_each_make_a_step_and_a_report_section(tmp_path, mon
 
 
 def test_only_missing_packages_are_installed_at_their_pins():
-    pins = gpu_check.pinned_requirements()
+    pins = gpu_env.pinned_requirements()
     assert "torch==2.14.1" in pins and "cython==3.3.1" in pins and "pytest==9.2.0" in pins
     assert not any(r.startswith("ruff") for r in pins)
     # the GPU machine's own torch, torchvision and numpy stay, whatever their versions
     installed = {"torch": "2.11.0", "torchvision": "0.26.0", "numpy": "2.5.2", "timm": None}
-    missing = gpu_check.missing_requirements(installed)
+    missing = gpu_env.missing_requirements(installed)
     assert not any(r.split("==")[0] in ("torch", "torchvision", "numpy") for r in missing)
     assert "timm==1.0.31" in missing and "fairseq-fixed==0.12.3.1" in missing
 
@@ -245,7 +246,7 @@ def test_list_missing_prints_what_the_wheels_folder_must_hold(monkeypatch, capsy
 def test_the_venv_sees_the_base_interpreters_packages(tmp_path):
     site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
     site.mkdir(parents=True)
-    pth = gpu_check.base_site_pth(tmp_path / "venv", ["/opt/torch/site-packages"])
+    pth = gpu_env.base_site_pth(tmp_path / "venv", ["/opt/torch/site-packages"])
     assert pth.parent == site and pth.read_text() == "/opt/torch/site-packages\n"
 
 

@@ -4,14 +4,11 @@ it runs)."""
 from __future__ import annotations
 
 import argparse
-import configparser
 import datetime
 import functools
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -21,8 +18,17 @@ from recurnmt.cli import UserError, entry_point  # standard library only
 from recurnmt.runs.artifacts import portable  # standard library only
 from recurnmt.runs.timed import Budget, run_streamed  # standard library only
 from scripts import gpu_check
-
-ROOT = Path(__file__).resolve().parents[2]
+from scripts.gpu_check.environment import (
+    REPORTED_PACKAGES,
+    ROOT,
+    build_environment,
+    child_env,
+    has_nvidia_driver,
+    missing_requirements,
+    normalize,
+    pinned_requirements,
+    probe,
+)
 
 PROG = "python -m scripts.gpu_check"
 DTYPES = ("fp32", "bf16", "fp16")
@@ -88,8 +94,6 @@ FAIRSEQ_SIZES = {
     "smoke": "--archs transformer ringformer --embed-dim 32 --ffn-dim 64 --heads 2 --levels 2 "
     "--max-tokens 1024 --epochs 2 --max-train 100 --gen-shards 100 --gen-len 4 --workers 1",
 }
-REPORTED_PACKAGES = ("numpy", "fairseq-fixed", "timm", "torchvision", "triton")
-
 
 # --- targets and report --------------------------------------------------------------------
 
@@ -366,140 +370,6 @@ def render_report(check: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --- environment ---------------------------------------------------------------------------
-
-PROBE = """
-import json, platform, sys
-from importlib import metadata
-out = {"python": platform.python_version(), "executable": sys.executable, "packages": {},
-       "site": [p for p in sys.path if p.endswith("-packages")]}
-for name in sys.argv[1:]:
-    try:
-        out["packages"][name] = metadata.version(name)
-    except metadata.PackageNotFoundError:
-        out["packages"][name] = None
-try:
-    import torch
-except ImportError:
-    out["torch"] = None
-else:
-    cuda = torch.cuda.is_available()
-    out.update(torch=torch.__version__, cuda=torch.version.cuda, cuda_available=cuda,
-               cudnn=torch.backends.cudnn.version() if cuda else None,
-               device_name=torch.cuda.get_device_name() if cuda else
-               f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)")
-print(json.dumps(out))
-"""
-
-
-def probe(python: Path | str, packages: list[str] = ()) -> dict:
-    """What ``python`` holds: its version, torch and CUDA, and ``packages``' versions."""
-    proc = subprocess.run(
-        [str(python), "-c", PROBE, *packages], capture_output=True, text=True, cwd=ROOT
-    )
-    if proc.returncode:
-        raise UserError(f"{python} does not run: {proc.stderr.strip()[-500:]}")
-    return json.loads(proc.stdout)
-
-
-def has_nvidia_driver() -> bool:
-    return shutil.which("nvidia-smi") is not None or Path("/proc/driver/nvidia/version").exists()
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-# fairseq-fixed 0.12.3.1's requirements but torchaudio: it is installed without its own
-# (--no-deps), since recurnmt never imports torchaudio, and a torchaudio other than the one
-# built for the machine's torch breaks transformers' imports (docs/install.md)
-FAIRSEQ_REQUIRES = (
-    "cffi", "cython", "hydra-core", "omegaconf", "numpy", "regex", "sacrebleu", "tqdm",
-    "bitarray", "scikit-learn", "packaging",
-)  # fmt: skip
-
-
-def pinned_requirements() -> list[str]:
-    """``name==version`` of what the GPU environment needs, at requirements/lock.txt's versions:
-    setup.cfg's requirements with the vision extra and pytest, fairseq-fixed's own but
-    torchaudio (:data:`FAIRSEQ_REQUIRES`), and the build tools of fairseq's C extensions."""
-    cfg = configparser.ConfigParser()
-    cfg.read(ROOT / "setup.cfg")
-    extras = cfg["options.extras_require"]
-    lines = cfg["options"]["install_requires"].splitlines() + extras["vision"].splitlines()
-    lines += [r for r in extras["dev"].splitlines() if "pytest" in r]
-    names = [re.match(r"[A-Za-z0-9._-]+", r.strip()).group(0) for r in lines if r.strip()]
-    names = ["cython", "setuptools", "wheel", *names, *FAIRSEQ_REQUIRES]
-    lock = {}
-    for line in (ROOT / "requirements" / "lock.txt").read_text(encoding="utf-8").splitlines():
-        if "==" in line and not line.startswith("#"):
-            name, version = line.split("==")
-            lock[normalize(name)] = version
-    return list(dict.fromkeys(f"{normalize(n)}=={lock[normalize(n)]}" for n in names))
-
-
-def missing_requirements(installed: dict[str, str | None]) -> list[str]:
-    """The pinned requirements whose package is not installed at all (an installed one is
-    kept at its version: the GPU machine's torch, torchvision and numpy stay)."""
-    have = {normalize(k) for k, v in installed.items() if v}
-    return [r for r in pinned_requirements() if normalize(r.split("==")[0]) not in have]
-
-
-def base_site_pth(venv: Path, site_dirs: list[str]) -> Path:
-    """Makes ``venv`` see ``site_dirs`` after its own packages (what it installs wins)."""
-    (lib,) = (venv / "lib").glob("python3*/site-packages")
-    pth = lib / "_recurnmt_gpu_base.pth"
-    pth.write_text("".join(f"{d}\n" for d in site_dirs), encoding="utf-8")
-    return pth
-
-
-def pip(
-    python: Path, args: list[str], opts: argparse.Namespace, index_url: str | None = None
-) -> None:
-    """``pip install``: from ``opts.wheels`` alone when given, else from the index; its
-    output streamed to the terminal and ``opts.log``."""
-    wheels = opts.wheels
-    source = ["--no-index", "--find-links", str(wheels)] if wheels else []
-    if index_url and not wheels:
-        source = ["--index-url", index_url]
-    cmd = [str(python), "-m", "pip", "install", "--progress-bar", "off", *source, *args]
-    if run_streamed(cmd, opts.log, cwd=ROOT).returncode:
-        where = f"the wheels in {wheels}" if wheels else "the package index"
-        raise UserError(f"pip could not install {' '.join(args)} from {where} (log: {opts.log})")
-
-
-def build_environment(opts: argparse.Namespace) -> Path:
-    """``opts.venv`` on ``opts.python``'s torch, with the rest installed; its python."""
-    base = probe(opts.python)
-    venv_python = opts.venv / "bin" / "python"
-    if not venv_python.exists():
-        print(f"creating {opts.venv} on {base['executable']} (Python {base['python']})")
-        if subprocess.run([str(opts.python), "-m", "venv", str(opts.venv)]).returncode:
-            raise UserError(f"{opts.python} -m venv {opts.venv} failed (is ensurepip there?)")
-    base_site_pth(opts.venv, base.get("site") or [])
-    names = sorted({normalize(r.split("==")[0]) for r in pinned_requirements()})
-    installed = probe(venv_python, names)
-    if installed["torch"] is None or installed["cuda"] is None:
-        pins = [r for r in pinned_requirements() if r.split("==")[0] in ("torch", "torchvision")]
-        print(f"no CUDA torch in {opts.python}: installing {' '.join(pins)} (CUDA wheel)")
-        pip(venv_python, pins, opts, opts.torch_index_url)
-        installed = probe(venv_python, names)
-    missing = missing_requirements(installed["packages"])
-    first = [r for r in missing if r.split("==")[0] in ("numpy", "cython", "setuptools", "wheel")]
-    fairseq = [r for r in missing if r.startswith("fairseq-fixed")]
-    rest = [r for r in missing if r not in first + fairseq]
-    if first:
-        pip(venv_python, first, opts)
-    if fairseq:  # a wheel, or its C extensions compile against the torch and numpy installed;
-        # its requirements but torchaudio are among the rest (FAIRSEQ_REQUIRES)
-        pip(venv_python, ["--no-build-isolation", "--no-deps", *fairseq], opts)
-    if rest:
-        pip(venv_python, rest, opts)
-    # recurnmt itself: its requirements are all there now, the machine's torch among them
-    pip(venv_python, ["--no-deps", "--no-build-isolation", "-e", str(ROOT)], opts)
-    return venv_python
-
-
 # --- the run -------------------------------------------------------------------------------
 
 # the default budget: 8 minutes of wall time on one H100/H200, installation included
@@ -555,10 +425,6 @@ def scaled(flags: str, factor: float, keys: tuple[str, ...]) -> list[str]:
         if token in keys:
             tokens[i + 1] = str(max(1, round(int(tokens[i + 1]) * factor)))
     return tokens
-
-
-def child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 
 
 def failure(run, what: str) -> dict:
