@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from recurnmt.cli import UserError, entry_point
+from recurnmt.runs.timed import Budget
 from scripts.gpu_check import __main__ as gpu_check
 from scripts.gpu_check import environment as gpu_env
+from scripts.gpu_check import report as gpu_report
 from tests import nmt_fixtures
 from tests.script_modules import load_script
 
@@ -90,14 +92,14 @@ def test_the_report_of_a_real_tiny_cpu_run(tiny_run):
     assert (transformer["cross_attentions"], ut["cross_attentions"]) == (2, 1)
     assert ut["cross_cache_mb"] == pytest.approx(transformer["cross_cache_mb"] / 8, rel=0.05)
     assert 0 < ut["cache_mb"] and 0 < transformer["peak_mem_mb"]
-    report = gpu_check.render_report(tiny_run)
+    report = gpu_report.render_report(tiny_run)
     assert "CPU smoke run at a tiny size: no GPU figure" in report
     assert f"| torch | {tiny_run['environment']['torch']} " in report
     assert "| timm | 1.0 |" in report and "| triton | not installed |" in report
     assert "| tests (`pytest -m cuda`) | not run (test) |" in report
     # which attention kernels each side may take (the fixture predates the field: the default)
     assert "| attention | `RECURNMT_SDPA=no-cudnn`: cuDNN's attention last" in report
-    torch_choice = gpu_check.render_report({**tiny_run, "sdpa": "torch"})
+    torch_choice = gpu_report.render_report({**tiny_run, "sdpa": "torch"})
     assert "| attention | `RECURNMT_SDPA=torch`: torch's own order" in torch_choice
     lines = report.splitlines()
     assert "## Translation, bf16" in lines and "## Images, bf16" in lines
@@ -125,18 +127,18 @@ def test_the_nmt_worker_measures_on_the_device_in_mixed_precision(data, device):
 def test_speed_targets_hold_for_shared_families_in_fp16(tiny_run):
     transformer, ut = tiny_run["nmt"]["bf16"]["results"]
     vanilla = {**transformer, "arch": "recurrent_transformer"}  # unshared: no speed target
-    fp16 = gpu_check.nmt_targets(ut, transformer, "fp16")
+    fp16 = gpu_report.nmt_targets(ut, transformer, "fp16")
     assert fp16["train_tokens_per_s"].cell(1.004) == ">= 1.00 met"
     assert fp16["gen_sentences_per_s"].cell(0.99) == ">= 1.00 **missed**"
-    assert gpu_check.nmt_targets(vanilla, transformer, "fp16")["train_tokens_per_s"] is None
-    assert gpu_check.nmt_targets(transformer, transformer, "fp16")["cross_cache_mb"].bound == 1
+    assert gpu_report.nmt_targets(vanilla, transformer, "fp16")["train_tokens_per_s"] is None
+    assert gpu_report.nmt_targets(transformer, transformer, "fp16")["cross_cache_mb"].bound == 1
     assert fp16["cross_cache_mb"].cell(0.51) == "<= 0.50 **missed**"
 
 
 def test_a_failed_benchmark_is_reported(tiny_run):
     check = {**tiny_run, "vision": {"fp16": {"error": "worker timm vit failed"}}}
     assert "The step did not finish:\n\n```\nworker timm vit failed\n```" in (
-        gpu_check.render_report(check)
+        gpu_report.render_report(check)
     )
 
 
@@ -204,7 +206,7 @@ def test_generation_settings_each_make_a_step_and_a_report_section(tmp_path, mon
     )
     assert flag(iwslt, "--embed-dim") == "512" and flag(iwslt, "--dtype") == "fp16"
 
-    report = gpu_check.Report(opts, steps, gpu_check.Budget(480))
+    report = gpu_report.Report(opts, steps, Budget(480))
     rows = [
         {"arch": "transformer", "wall_ms_per_step": 6.0, "median_ms_per_step": 6.5},
         {"arch": "owf", "wall_ms_per_step": 5.0, "median_ms_per_step": 5.5},
@@ -216,7 +218,7 @@ def test_generation_settings_each_make_a_step_and_a_report_section(tmp_path, mon
     assert written["done"] == ["decode fp16 iwslt-b1"] and list(written["decode"]) == [
         "fp16 iwslt-b1"
     ]
-    lines = gpu_check.decode_lines(written)
+    lines = gpu_report.decode_lines(written)
     assert "## Generation (beam search), fp16 iwslt-b1" in lines
     assert any("beam 1, exactly 32 tokens" in line and "FF=1024, 4 heads" in line for line in lines)
     assert "| `owf` | 5.000 | 5.500 | 1.20 | >= 1.00 met |" in lines  # fp16: the target
@@ -372,7 +374,7 @@ def test_steps_share_the_budget_and_those_left_too_little_are_not_run(tmp_path, 
                                  "fp32", "bf16", "--parts", "nmt", "vision"])  # fmt: skip
     steps = gpu_check.plan_steps(opts)
     assert [s.name for s in steps] == ["nmt fp32", "nmt bf16", "vision fp32", "vision bf16"]
-    budget = gpu_check.Budget(100, reserve=10)
+    budget = Budget(100, reserve=10)
     limits = []
 
     def runner(python, opts, step, limit):
@@ -381,8 +383,8 @@ def test_steps_share_the_budget_and_those_left_too_little_are_not_run(tmp_path, 
         return {"settings": {}, "results": []}
 
     monkeypatch.setattr(gpu_check, "RUNNERS", {"nmt": runner, "vision": runner})
-    monkeypatch.setattr(gpu_check, "render_report", lambda check: "report")
-    report = gpu_check.Report(opts, steps, budget)
+    monkeypatch.setattr(gpu_report, "render_report", lambda check: "report")
+    report = gpu_report.Report(opts, steps, budget)
     gpu_check.run_steps(Path(sys.executable), opts, report, steps)
     # 90 s left at first: 90 x 2.5 / 5 = 45 s; then 54 x 1 / 2.5 = 22 s; then 18 s left:
     # 18 x 1 / 1.5 = 12 s and at most 18 s, less than a step needs
@@ -407,7 +409,7 @@ def test_generation_is_measured_first_with_its_target_in_fp16(tmp_path):
     settings = dict(sentences=64, beam=4, decode_len=32, embed_dim=512, ffn_dim=2048)
     settings.update(heads=8, levels=6, rounds=10)
     doc = {"settings": settings, "results": rows}
-    lines = gpu_check.decode_lines({"decode": {"fp16": doc, "bf16": doc}})
+    lines = gpu_report.decode_lines({"decode": {"fp16": doc, "bf16": doc}})
     assert "| `ringformer` | 7.500 | 8.000 | 1.07 | >= 1.00 met |" in lines
     assert "| `sret` | 10.000 | 11.000 | 0.80 | >= 1.00 **missed** |" in lines
     assert "| `transformer` | 8.000 | 9.000 | 1.00 | - |" in lines
