@@ -19,6 +19,7 @@ from recurnmt.runs.timed import Budget
 from scripts.gpu_check import __main__ as gpu_check
 from scripts.gpu_check import environment as gpu_env
 from scripts.gpu_check import report as gpu_report
+from scripts.gpu_check import steps as gpu_steps
 from tests import nmt_fixtures
 from tests.script_modules import load_script
 
@@ -45,12 +46,12 @@ def tiny_run(data: Path) -> dict:
     """A real tiny CPU measurement, in this process: fairseq's transformer against the
     Universal Transformer, timm's ViT against the RingFormer ViT, bf16, two levels."""
     nmt, vision = load_script("benchmark_nmt"), load_script("benchmark_vision")
-    nmt_opts = worker_opts(gpu_check.NMT_SIZES["smoke"], data=data)
+    nmt_opts = worker_opts(gpu_steps.NMT_SIZES["smoke"], data=data)
     nmt_rows = [
         nmt.worker(argparse.Namespace(**vars(nmt_opts), arch=arch))
         for arch in ("transformer", "universal_transformer")
     ]
-    vision_opts = worker_opts(gpu_check.VISION_SIZES["smoke"])
+    vision_opts = worker_opts(gpu_steps.VISION_SIZES["smoke"])
     vision_rows = [
         vision.worker(argparse.Namespace(**vars(vision_opts), model=model))
         for model in ("timm vit", "ringformer_vit")
@@ -116,7 +117,7 @@ def test_the_nmt_worker_measures_on_the_device_in_mixed_precision(data, device):
     """bf16 on the CPU, fp16 on CUDA (autocast and loss scaler in training, fp16 weights in
     beam search, the allocator's peak as memory); the shared decoder's one memory projection."""
     nmt = load_script("benchmark_nmt")
-    opts = worker_opts(gpu_check.NMT_SIZES["smoke"], data=data, arch="universal_transformer")
+    opts = worker_opts(gpu_steps.NMT_SIZES["smoke"], data=data, arch="universal_transformer")
     opts.device, opts.dtype = str(device), "fp16" if device.type == "cuda" else "bf16"
     result = nmt.worker(opts)
     assert result["train_tokens_per_s"] > 0 and result["gen_sentences_per_s"] > 0
@@ -178,7 +179,7 @@ def test_generation_settings_each_make_a_step_and_a_report_section(tmp_path, mon
     out = tmp_path / "r.md"
     flags = ["--out", str(out), "--dtypes", "fp16", "bf16", "--parts", "decode", "fairseq"]
     opts = gpu_check.parse_args([*flags, "--decode", "base-b4", "iwslt-b1"])
-    steps = gpu_check.plan_steps(opts)
+    steps = gpu_steps.plan_steps(opts)
     assert [s.name for s in steps] == [
         "decode fp16", "decode fp16 iwslt-b1", "decode bf16", "decode bf16 iwslt-b1",
         "fairseq fp16",
@@ -189,9 +190,9 @@ def test_generation_settings_each_make_a_step_and_a_report_section(tmp_path, mon
         commands[out.name] = cmd
         return {"settings": {}, "results": []}
 
-    monkeypatch.setattr(gpu_check, "run_json_command", run)
+    monkeypatch.setattr(gpu_steps, "run_json_command", run)
     for step in steps[:2]:
-        gpu_check.run_decode(Path(sys.executable), opts, step, 60)
+        gpu_steps.run_decode(Path(sys.executable), opts, step, 60)
     base, iwslt = commands["decode_fp16.json"], commands["decode_fp16_iwslt-b1.json"]
     flag = lambda cmd, name: cmd[cmd.index(name) + 1]  # noqa: E731
     assert (flag(base, "--ffn-dim"), flag(base, "--heads"), flag(base, "--beam")) == (
@@ -372,7 +373,7 @@ def _alive(pid: int, seconds: float = 20) -> bool:
 def test_steps_share_the_budget_and_those_left_too_little_are_not_run(tmp_path, monkeypatch):
     opts = gpu_check.parse_args(["--cpu-smoke", "--out", str(tmp_path / "r.md"), "--dtypes",
                                  "fp32", "bf16", "--parts", "nmt", "vision"])  # fmt: skip
-    steps = gpu_check.plan_steps(opts)
+    steps = gpu_steps.plan_steps(opts)
     assert [s.name for s in steps] == ["nmt fp32", "nmt bf16", "vision fp32", "vision bf16"]
     budget = Budget(100, reserve=10)
     limits = []
@@ -382,10 +383,10 @@ def test_steps_share_the_budget_and_those_left_too_little_are_not_run(tmp_path, 
         budget.start -= 36  # each step takes 36 s of the budget
         return {"settings": {}, "results": []}
 
-    monkeypatch.setattr(gpu_check, "RUNNERS", {"nmt": runner, "vision": runner})
+    monkeypatch.setattr(gpu_steps, "RUNNERS", {"nmt": runner, "vision": runner})
     monkeypatch.setattr(gpu_report, "render_report", lambda check: "report")
     report = gpu_report.Report(opts, steps, budget)
-    gpu_check.run_steps(Path(sys.executable), opts, report, steps)
+    gpu_steps.run_steps(Path(sys.executable), opts, report, steps)
     # 90 s left at first: 90 x 2.5 / 5 = 45 s; then 54 x 1 / 2.5 = 22 s; then 18 s left:
     # 18 x 1 / 1.5 = 12 s and at most 18 s, less than a step needs
     assert limits == [("nmt fp32", 45), ("nmt bf16", 22)]
@@ -399,7 +400,7 @@ def test_steps_share_the_budget_and_those_left_too_little_are_not_run(tmp_path, 
 
 def test_generation_is_measured_first_with_its_target_in_fp16(tmp_path):
     opts = gpu_check.parse_args(["--out", str(tmp_path / "r.md"), "--dtypes", "fp16", "bf16"])
-    steps = [s.name for s in gpu_check.plan_steps(opts)]
+    steps = [s.name for s in gpu_steps.plan_steps(opts)]
     assert steps[:3] == ["decode fp16", "decode bf16", "fairseq fp16"]
     rows = [
         {"arch": "transformer", "wall_ms_per_step": 8.0, "median_ms_per_step": 9.0},
@@ -417,14 +418,14 @@ def test_generation_is_measured_first_with_its_target_in_fp16(tmp_path):
 
 
 def test_step_sizes_follow_the_budget():
-    check = gpu_check.NMT_SIZES["check"]
+    check = gpu_steps.NMT_SIZES["check"]
     keys = ("--steps", "--sentences")
-    assert gpu_check.scaled(check, 1.0, keys) == check.split()
-    doubled = gpu_check.scaled(check, 2.0, keys)
+    assert gpu_steps.scaled(check, 1.0, keys) == check.split()
+    doubled = gpu_steps.scaled(check, 2.0, keys)
     assert doubled[doubled.index("--steps") + 1] == "20"
     assert doubled[doubled.index("--sentences") + 1] == "256"
     assert doubled[doubled.index("--levels") + 1] == "6"  # the model's size stays
-    tiny = gpu_check.scaled(check, 0.01, keys)
+    tiny = gpu_steps.scaled(check, 0.01, keys)
     assert tiny[tiny.index("--steps") + 1] == "1"
     assert gpu_check.parse_args(["--budget", "960"]).scale == 2.0
     with pytest.raises(ValueError, match="--budget 5: at least 20 seconds"):

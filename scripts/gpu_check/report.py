@@ -17,7 +17,7 @@ from recurnmt.runs.artifacts import portable  # standard library only
 from recurnmt.runs.timed import Budget  # standard library only
 
 if TYPE_CHECKING:
-    from scripts.gpu_check.__main__ import Step
+    from scripts.gpu_check.steps import Step
 
 # the command, as the report and the check's errors name it
 PROG = "python -m scripts.gpu_check"
