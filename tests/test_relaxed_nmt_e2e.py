@@ -1,6 +1,7 @@
-"""``scripts/relaxed_nmt.py`` end to end at a tiny size: teacher, conversion, fine-tuning (on
-the teacher's translations), training from scratch, the table, the verdict and the plot; a
-second run reuses every finished run."""
+"""``scripts/relaxed_nmt.py`` end to end at a tiny size: the teacher to its plateau, a
+conversion, the lr selection, fine-tuning (on the teacher's translations), every control
+(from scratch for K and for T + K, the teacher continued and re-warmed), the page with its
+verdicts, bootstrap and plot; a second run reuses every finished run."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ pytestmark = pytest.mark.e2e
 
 TINY = [
     "--embed-dim", "32", "--ffn-dim", "64", "--heads", "2", "--levels", "2",
-    "--max-update", "3", "--finetune-updates", "2", "--unique", "1", "--ranks", "4",
-    "--nproc", "1", "--max-tokens", "1024", "--warmup", "1", "--distill",
+    "--interval", "2", "--max-update", "4", "--patience", "1", "--budgets", "2",
+    "--unique", "1", "--inits", "stepwise", "--ranks", "4", "--main-rank", "4",
+    "--seeds", "1", "--tune-lrs", "1e-3", "--tune-warmup", "1", "--warmup", "1",
+    "--nproc", "1", "--max-tokens", "1024", "--distill",
 ]  # fmt: skip
 
 
@@ -36,20 +39,27 @@ def driver(*args: str) -> str:
     return proc.stdout
 
 
-def test_the_experiment_runs_writes_its_report_and_reuses_finished_runs(data, tmp_path):
+def test_the_study_runs_writes_its_page_and_reuses_finished_runs(data, tmp_path):
     doc = tmp_path / "docs" / "relaxed_nmt.md"
     args = ["--data", str(data), "--out", str(tmp_path / "runs"), "--doc", str(doc), *TINY]
     out = driver(*args)
     assert "[distilled] 1,500 training pairs" in out
-    results = json.loads(doc.with_suffix(".json").read_text(encoding="utf-8"))
-    kinds = [r["kind"] for r in results]
-    assert kinds == ["teacher", "converted", "fine-tuned", "from scratch"]
-    assert [r["updates"] for r in results] == [3, 3, 5, 5]
-    assert results[0]["p_star"] > results[1]["p_star"] == results[3]["p_star"]
-    assert all(r["valid_ppl"] > 0 and r["chrf"] >= 0 for r in results)
+    found = json.loads(doc.with_suffix(".json").read_text(encoding="utf-8"))
+    assert found["pending"] == []
+    kinds = [r["kind"] for r in found["results"]]
+    assert kinds == [
+        "teacher", "converted", "fine-tuned", "scratch K", "teacher re-warmed",
+        "teacher continued", "scratch T+K",
+    ]  # fmt: skip
+    teacher = found["results"][0]
+    assert teacher["updates"] in (2, 4) and teacher["stopped_at"] <= 4
+    total = found["results"][-1]
+    assert total["teacher_updates"] == teacher["updates"] and list(total["points"]) == ["2"]
+    assert all((tmp_path / "runs" / r["hyps"]).exists() for r in found["results"][:-1])
     text = doc.read_text(encoding="utf-8")
-    assert "| fine-tuned | 1 | 4 |" in text and "the teacher's translations" in text
-    assert "At equal total updates (5), the converted and fine-tuned models" in text
-    assert "higher sacreBLEU in" in text and doc.with_suffix(".png").stat().st_size > 0
+    assert "## K = 2 updates of uptraining" in text and "| teacher continued |" in text
+    assert "At equal uptraining budget" in text and "At equal total budget" in text
+    assert "Paired bootstrap" in text and "Still to run" not in text
+    assert doc.with_suffix(".png").stat().st_size > 0
     again = driver(*args)
-    assert again.count("reusing") == 4 and "training" not in again
+    assert "] ..." not in again and "runs to do" not in again  # every run reused

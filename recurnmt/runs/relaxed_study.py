@@ -1,0 +1,539 @@
+"""The relaxed-recursion study on the axis the method claims: a trained transformer (a sunk
+cost) converted into relaxed recursive models and uptrained, against the same models trained
+from scratch (Relaxed Recursive Transformers, Bae et al., ICLR 2025, Sec. 3-4: uptraining
+from a pretrained model at a small budget).
+
+Every run is a real ``fairseq-train`` / ``recurnmt-convert`` / ``fairseq-generate`` command
+with its log in its run directory; a finished run (``RUN/result.json``) is reused while the
+settings it depends on are unchanged, so the study can be stopped and resumed
+(``scripts/relaxed_nmt.py --hours H`` stops starting runs after H hours). The runs, in the
+order they execute (the main comparison first, so a partial study is already a complete
+comparison for its main cells):
+
+1. ``teacher``: fairseq's ``transformer`` (H=128, FF=512, 4 heads, 6 layers, pre-LN, shared
+   embeddings) trained to its plateau: Adam at lr 3e-3, inverse-sqrt decay after 400 warm-up
+   updates, dropout 0.1, validated every ``--interval`` (350) updates, stopped after ``--patience``
+   validations without a lower validation loss; its best checkpoint (update T) is the teacher.
+2. ``convert/CELL``: ``recurnmt-convert`` of the teacher to every cell: M blocks a side looped
+   in a cycle, an init (average, stepwise or lower: Bae et al. Sec. 3.2), per-level LoRA rank
+   r (0, 8, 32 or full; SVD-initialised, Sec. 3.3), evaluated as converted.
+3. ``tune/CELL/kK/lrLR/sS``: the conversion fine-tuned for K updates with a recipe of its own
+   (``--finetune-from-model``: a fresh optimizer; ``--tune-warmup`` warm-up updates to peak
+   lr LR, linear decay to 0 over K); LR chosen on validation perplexity at the smallest K on the
+   first main cell among ``--tune-lrs`` (the ``recipe`` stage).
+4. Controls at every K: ``scratch/M-rR/kK/sS`` (the relaxed architecture from scratch for K
+   updates, the short recipe: lr 3e-3, K/7 warm-up updates, linear decay), ``total/M-rR/sS``
+   (the relaxed architecture from scratch with the teacher's own recipe for T + K updates:
+   equal total budget; one run, evaluated at every T + K), ``continued/kK`` (the teacher's
+   own training resumed from its best checkpoint, optimizer and schedule included, for K
+   more updates) and ``rewarmed/kK/lrLR/sS`` (the teacher fine-tuned with the fine-tuning
+   recipe: what restarting costs, without converting).
+
+Every model is evaluated alike (:func:`evaluate`): ``fairseq-generate`` on the test set
+(beam 4, length penalty 1.5, sentencepiece removed; detokenized sacreBLEU and chrF against
+the raw references, hypotheses kept for the paired bootstrap) and ``fairseq-validate`` on
+the validation set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recurnmt.cli import UserError
+from recurnmt.runs.commands import (
+    fairseq_tool,
+    generate_command,
+    run_logged,
+    train_command,
+    user_dir,
+)
+from recurnmt.runs.experiment import decoding_flags, recipe_flags, run_flags, size_flags
+from recurnmt.runs.fairseq_log import log_records
+from recurnmt.runs.launch import cpu_train_command
+
+TEACHER = "transformer"  # fairseq's own
+RELAXED = "relaxed_transformer"
+INITS = ("stepwise", "average", "lower")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One conversion: M blocks a side, an init, a LoRA rank (``"full"``: the width)."""
+
+    unique: int
+    init: str
+    rank: str
+
+    @property
+    def name(self) -> str:
+        return f"m{self.unique}-{self.init}-r{self.rank}"
+
+    @property
+    def arch_name(self) -> str:
+        """The relaxed architecture (the init does not change it)."""
+        return f"m{self.unique}-r{self.rank}"
+
+
+def relaxed_flags(unique: int, rank: str) -> list[str]:
+    """The relaxed architecture's own flags (both sides alike)."""
+    return [
+        "--encoder-unique-layers", str(unique), "--decoder-unique-layers", str(unique),
+        "--sharing-scheme", "cycle", "--level-lora-rank", str(rank), "--layer-norms", "per-level",
+    ]  # fmt: skip
+
+
+def p_star(arch: str, flags: list[str]) -> int:
+    """P* (RingFormer Table 1: embeddings and head excluded) of ``arch`` with ``flags``."""
+    from recurnmt.nmt.build import build_model
+    from recurnmt.parameters import parameter_report
+
+    return parameter_report(build_model(arch, [*flags, "--share-all-embeddings"])[0]).p_star
+
+
+@dataclass
+class Run:
+    """One run of the study: its directory name, what its result depends on, and the work."""
+
+    name: str
+    settings: dict[str, Any]
+    body: Callable[[Path], dict[str, Any]]
+    updates: int  # training updates it costs (the plan's estimate of its work)
+
+
+class Study:
+    """The study's runs over one prepared corpus (``args``: scripts/relaxed_nmt.py's options,
+    with ``data`` and ``langs`` resolved)."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.selection_k = min(args.budgets)  # the fine-tuning lr is chosen at this K
+        self.out: Path = args.out
+        self.cells = [
+            Cell(m, i, str(r)) for m in args.unique for i in args.inits for r in args.ranks
+        ]
+        self.main = [Cell(m, args.main_init, str(args.main_rank)) for m in args.unique]
+        for cell in self.main:
+            if cell not in self.cells:
+                self.cells.append(cell)
+
+    # -- settings and recipes ----------------------------------------------------------------
+
+    def base_settings(self) -> dict[str, Any]:
+        """What every run depends on: the corpus, the size, the evaluation."""
+        keys = ("embed_dim", "ffn_dim", "heads", "levels", "max_tokens", "beam", "lenpen", "nproc")
+        return {k: getattr(self.args, k) for k in keys} | {"data": str(self.args.data)}
+
+    def teacher_settings(self) -> dict[str, Any]:
+        a = self.args
+        keys = ("lr", "warmup", "dropout", "patience", "max_update", "interval")
+        return self.base_settings() | {k: getattr(a, k) for k in keys} | {"seed": 1}
+
+    def size(self) -> list[str]:
+        return size_flags(argparse.Namespace(**vars(self.args), pre_ln=True))
+
+    def recipe(self, updates: int, *, lr: float, warmup: int, schedule: str, seed: int):
+        """fairseq flags of a training recipe (shared embeddings, Adam, label smoothing)."""
+        a = self.args
+        values = dict(
+            lr=lr, warmup=warmup, lr_scheduler=schedule, max_update=updates, seed=seed,
+            dropout=a.dropout, max_tokens=a.max_tokens, nproc=a.nproc,
+        )  # fmt: skip
+        return recipe_flags(argparse.Namespace(**values))
+
+    def teacher_recipe(self, updates: int, seed: int = 1) -> list[str]:
+        """The teacher's own recipe: inverse-sqrt decay after ``--warmup`` updates."""
+        a = self.args
+        return self.recipe(updates, lr=a.lr, warmup=a.warmup, schedule="inverse_sqrt", seed=seed)
+
+    def short_recipe(self, updates: int, seed: int) -> list[str]:
+        """Training from scratch for a short budget: linear decay to 0 over it, K/7 warm-up
+        (the demo's 200 of 1,400)."""
+        warmup = max(1, updates // 7)
+        return self.recipe(
+            updates, lr=self.args.lr, warmup=warmup, schedule="polynomial_decay", seed=seed
+        )
+
+    def tune_recipe(self, updates: int, lr: float, seed: int) -> list[str]:
+        """Fine-tuning: ``--tune-warmup`` warm-up updates to ``lr``, linear decay to 0."""
+        warmup = min(self.args.tune_warmup, max(1, updates // 2))
+        return self.recipe(updates, lr=lr, warmup=warmup, schedule="polynomial_decay", seed=seed)
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def train(self, arch: str, flags: list[str], run_dir: Path, data: Path | None = None):
+        """Trains ``arch`` with ``flags`` into ``run_dir/checkpoints``; returns the log."""
+        cmd = train_command(
+            data or self.args.data,
+            arch,
+            [*flags, *run_flags(run_dir / "checkpoints")],
+            start=cpu_train_command(self.args.nproc),
+        )
+        run_logged(cmd, run_dir / "train.log")
+        return run_dir / "train.log"
+
+    def evaluate(self, checkpoint: Path, run_dir: Path, tag: str = "") -> dict[str, Any]:
+        """sacreBLEU and chrF on the test set (hypotheses kept in ``hyp{tag}.txt``),
+        perplexity on the validation set."""
+        import sacrebleu
+
+        from recurnmt.runs.scoring import read_hypotheses
+
+        a = self.args
+        out = run_dir / f"generate{tag}.txt"
+        gen = generate_command(a.data, checkpoint, decoding_flags(a.beam, a.lenpen))
+        run_logged(gen, run_dir / f"generate{tag}.log", stdout=out)
+        hyps = read_hypotheses(out.read_text(encoding="utf-8").splitlines(), "D")
+        (run_dir / f"hyp{tag}.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+        refs = (a.data / f"test.raw.{a.langs[1]}").read_text(encoding="utf-8").splitlines()
+        bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+        validate = [
+            *fairseq_tool("validate"), str(a.data), "--task", "translation",
+            "--user-dir", str(user_dir()), "--path", str(checkpoint), "--valid-subset", "valid",
+            "--max-tokens", "8000", "--cpu",
+        ]  # fmt: skip
+        run_logged(validate, run_dir / f"validate{tag}.log")
+        found = log_records(run_dir / f"validate{tag}.log", "valid")
+        ppl = float(found[-1]["ppl"]) if found and "ppl" in found[-1] else None
+        out.unlink()  # the hypotheses are kept; fairseq's full output is not needed again
+        return {
+            "bleu": round(bleu.corpus_score(hyps, [refs]).score, 2),
+            "chrf": round(chrf.corpus_score(hyps, [refs]).score, 2),
+            "valid_ppl": ppl,
+            "hyps": str((run_dir / f"hyp{tag}.txt").relative_to(self.out)),
+            "bleu_signature": str(bleu.get_signature()),
+        }
+
+    def train_data(self) -> Path:
+        """The corpus the students train on: the real one, or with ``--distill`` the
+        teacher's translations of its training set (made once, after the teacher)."""
+        if not self.args.distill:
+            return self.args.data
+        return distilled(self.teacher_checkpoint(), self.out / "distilled", self.args)
+
+    # -- the runs ----------------------------------------------------------------------------
+
+    @property
+    def teacher_dir(self) -> Path:
+        return self.out / "teacher"
+
+    def teacher_run(self) -> Run:
+        def body(run_dir: Path) -> dict[str, Any]:
+            a = self.args
+            plateau = [
+                "--validate-interval-updates", str(self.args.interval), "--save-interval-updates",
+                str(self.args.interval), "--keep-interval-updates", "1", "--validate-interval", "1000",
+                "--save-interval", "1000", "--patience", str(a.patience),
+            ]  # fmt: skip
+            log = self.train(TEACHER, [*self.size(), *self.teacher_recipe(a.max_update), *plateau],
+                             run_dir)  # fmt: skip
+            curve = [(int(float(r["num_updates"])), float(r["loss"]))
+                     for r in log_records(log, "valid") if "num_updates" in r]  # fmt: skip
+            if not curve:
+                raise UserError(f"the teacher's log {log} holds no validation")
+            best_updates, best_loss = min(curve, key=lambda c: (c[1], c[0]))
+            for extra in (run_dir / "checkpoints").glob("checkpoint_*_*.pt"):
+                extra.unlink()
+            found = self.evaluate(run_dir / "checkpoints" / "checkpoint_best.pt", run_dir)
+            return {
+                "kind": "teacher", "p_star": p_star(TEACHER, self.size()),
+                "updates": best_updates, "best_valid_loss": best_loss,
+                "stopped_at": curve[-1][0], "curve": curve, **found,
+            }  # fmt: skip
+
+        return Run("teacher", self.teacher_settings(), body, self.args.max_update)
+
+    def teacher_result(self) -> dict[str, Any]:
+        return json.loads((self.teacher_dir / "result.json").read_text(encoding="utf-8"))
+
+    def teacher_checkpoint(self) -> Path:
+        return self.teacher_dir / "checkpoints" / "checkpoint_best.pt"
+
+    def dependent(self, **extra: Any) -> dict[str, Any]:
+        """Settings of a run that starts from the teacher (or is measured against its T)."""
+        return self.base_settings() | {"teacher": self.teacher_settings(), **extra}
+
+    def converted_path(self, cell: Cell) -> Path:
+        return self.out / "convert" / cell.name / "converted.pt"
+
+    def convert_run(self, cell: Cell) -> Run:
+        def body(run_dir: Path) -> dict[str, Any]:
+            from recurnmt.nmt.convert import convert
+
+            conv = convert(
+                self.teacher_checkpoint(), self.converted_path(cell), arch=RELAXED,
+                encoder_unique_layers=cell.unique, decoder_unique_layers=cell.unique,
+                init=cell.init, level_lora_rank=cell.rank, layer_norms="per-level", force=True,
+            )  # fmt: skip
+            found = self.evaluate(conv.out, run_dir)
+            return {
+                "kind": "converted", **self.cell_fields(cell), "updates": 0,
+                "max_logit_difference": conv.max_logit_difference,
+                "energy_kept": conv.energy_kept, **found,
+            }  # fmt: skip
+
+        return Run(f"convert/{cell.name}", self.dependent(cell=cell.name), body, 0)
+
+    def cell_fields(self, cell: Cell) -> dict[str, Any]:
+        flags = [*self.size(), *relaxed_flags(cell.unique, cell.rank)]
+        return {"unique": cell.unique, "init": cell.init, "rank": cell.rank,
+                "p_star": p_star(RELAXED, flags)}  # fmt: skip
+
+    def tune_run(self, cell: Cell, k: int, lr: float, seed: int) -> Run:
+        def body(run_dir: Path) -> dict[str, Any]:
+            flags = [*self.size(), *relaxed_flags(cell.unique, cell.rank),
+                     *self.tune_recipe(k, lr, seed),
+                     "--finetune-from-model", str(self.converted_path(cell))]  # fmt: skip
+            self.train(RELAXED, flags, run_dir, self.train_data())
+            found = self.evaluate(run_dir / "checkpoints" / "checkpoint_last.pt", run_dir)
+            return {"kind": "fine-tuned", **self.cell_fields(cell), "k": k, "lr": lr,
+                    "seed": seed, "updates": k, **found}  # fmt: skip
+
+        name = f"tune/{cell.name}/k{k}/lr{lr:g}/s{seed}"
+        settings = self.dependent(cell=cell.name, k=k, lr=lr, seed=seed, **self.tune_settings())
+        return Run(name, settings, body, k)
+
+    def tune_settings(self) -> dict[str, Any]:
+        return {"tune_warmup": self.args.tune_warmup, "distill": self.args.distill}
+
+    def scratch_run(self, unique: int, rank: str, k: int, seed: int) -> Run:
+        def body(run_dir: Path) -> dict[str, Any]:
+            flags = [*self.size(), *relaxed_flags(unique, rank), *self.short_recipe(k, seed)]
+            self.train(RELAXED, flags, run_dir, self.train_data())
+            found = self.evaluate(run_dir / "checkpoints" / "checkpoint_last.pt", run_dir)
+            fields = self.cell_fields(Cell(unique, "-", rank))
+            return {**fields, "kind": "scratch K", "k": k, "seed": seed, "updates": k, **found}
+
+        settings = self.base_settings() | {
+            "arch": f"m{unique}-r{rank}", "k": k, "seed": seed, "lr": self.args.lr,
+            "dropout": self.args.dropout, "distill": self.args.distill,
+        }  # fmt: skip
+        return Run(f"scratch/m{unique}-r{rank}/k{k}/s{seed}", settings, body, k)
+
+    def total_run(self, unique: int, rank: str, seed: int) -> Run:
+        """From scratch with the teacher's recipe for T + K updates, evaluated at every K."""
+        budgets = sorted(self.args.budgets)
+
+        def body(run_dir: Path) -> dict[str, Any]:
+            t = self.teacher_result()["updates"]
+            saves = ["--save-interval-updates", str(self.args.interval), "--validate-interval-updates",
+                     "0", "--disable-validation"]  # fmt: skip
+            flags = [*self.size(), *relaxed_flags(unique, rank),
+                     *self.teacher_recipe(t + budgets[-1], seed), *saves]  # fmt: skip
+            self.train(RELAXED, flags, run_dir, self.train_data())
+            ckpts = run_dir / "checkpoints"
+            wanted = {t + k: k for k in budgets}
+            points = {}
+            for path in sorted(ckpts.glob("checkpoint_*_*.pt")):
+                updates = int(path.stem.rsplit("_", 1)[1])
+                if updates in wanted:
+                    points[wanted[updates]] = self.evaluate(path, run_dir, f"-k{wanted[updates]}")
+                path.unlink()
+            missing = sorted(set(budgets) - set(points))
+            if missing:
+                raise UserError(f"{run_dir}: no checkpoint at T + K for K = {missing}")
+            fields = self.cell_fields(Cell(unique, "-", rank))
+            return {**fields, "kind": "scratch T+K", "seed": seed, "teacher_updates": t,
+                    "points": {str(k): v for k, v in points.items()}}  # fmt: skip
+
+        settings = self.dependent(arch=f"m{unique}-r{rank}", seed=seed, budgets=budgets,
+                                  distill=self.args.distill)  # fmt: skip
+        t_guess = self.args.max_update
+        return Run(f"total/m{unique}-r{rank}/s{seed}", settings, body, t_guess + budgets[-1])
+
+    def continued_run(self, k: int) -> Run:
+        def body(run_dir: Path) -> dict[str, Any]:
+            t = self.teacher_result()["updates"]
+            ckpts = run_dir / "checkpoints"
+            ckpts.mkdir(parents=True)
+            shutil.copy(self.teacher_checkpoint(), ckpts / "checkpoint_last.pt")
+            flags = [*self.size(), *self.teacher_recipe(t + k), "--validate-interval", "1000",
+                     "--save-interval", "1000"]  # fmt: skip
+            self.train(TEACHER, flags, run_dir)
+            found = self.evaluate(ckpts / "checkpoint_last.pt", run_dir)
+            return {"kind": "teacher continued", "p_star": p_star(TEACHER, self.size()),
+                    "k": k, "seed": 1, "updates": k, **found}  # fmt: skip
+
+        return Run(f"continued/k{k}", self.dependent(k=k), body, k)
+
+    def rewarmed_run(self, k: int, lr: float, seed: int) -> Run:
+        def body(run_dir: Path) -> dict[str, Any]:
+            flags = [*self.size(), *self.tune_recipe(k, lr, seed),
+                     "--finetune-from-model", str(self.teacher_checkpoint())]  # fmt: skip
+            self.train(TEACHER, flags, run_dir, self.train_data())
+            found = self.evaluate(run_dir / "checkpoints" / "checkpoint_last.pt", run_dir)
+            return {"kind": "teacher re-warmed", "p_star": p_star(TEACHER, self.size()),
+                    "k": k, "lr": lr, "seed": seed, "updates": k, **found}  # fmt: skip
+
+        settings = self.dependent(k=k, lr=lr, seed=seed, **self.tune_settings())
+        return Run(f"rewarmed/k{k}/lr{lr:g}/s{seed}", settings, body, k)
+
+    # -- the plan ----------------------------------------------------------------------------
+
+    def chosen_lr(self) -> float | None:
+        """The fine-tuning lr with the lowest validation perplexity at the smallest K on the first
+        main cell (None: not all of the selection has run)."""
+        found = [self.finished(self.tune_run(self.main[0], self.selection_k, lr, 1))
+                 for lr in self.args.tune_lrs]  # fmt: skip
+        if any(r is None for r in found):
+            return None
+        return min(found, key=lambda r: (r["valid_ppl"], r["lr"]))["lr"]
+
+    def stages(self) -> list[Callable[[], list[Run]]]:
+        """The plan in order; a stage is planned when the ones before it have run (the
+        fine-tuning lr is chosen by the selection)."""
+        a = self.args
+        seeds, first = a.seeds, a.seeds[:1]
+        ks = sorted(set(a.budgets))
+        ks.insert(0, ks.pop(len(ks) // 2))  # the middle budget first: the main comparison
+
+        def selection() -> list[Run]:
+            return [self.tune_run(self.main[0], self.selection_k, lr, 1) for lr in a.tune_lrs]
+
+        def main(seed_list: list[int]) -> Callable[[], list[Run]]:
+            def plan() -> list[Run]:
+                lr = self.chosen_lr()
+                runs = []
+                for k in ks:
+                    for seed in seed_list:
+                        for cell in self.main:
+                            runs.append(self.tune_run(cell, k, lr, seed))
+                            runs.append(self.scratch_run(cell.unique, cell.rank, k, seed))
+                        runs.append(self.rewarmed_run(k, lr, seed))
+                    if seed_list == first:
+                        runs.append(self.continued_run(k))
+                for seed in seed_list:
+                    runs += [self.total_run(c.unique, c.rank, seed) for c in self.main]
+                return runs
+
+            return plan
+
+        def grid() -> list[Run]:
+            lr = self.chosen_lr()
+            main_archs = {(m.unique, m.rank) for m in self.main}
+            archs = list(dict.fromkeys((c.unique, c.rank) for c in self.cells))
+            archs = [a for a in archs if a not in main_archs]
+            runs = []
+            for k in ks:
+                runs += [
+                    self.tune_run(c, k, lr, first[0]) for c in self.cells if c not in self.main
+                ]
+                runs += [self.scratch_run(m, r, k, first[0]) for m, r in archs]
+            return runs
+
+        return [
+            lambda: [self.teacher_run()],
+            lambda: [self.convert_run(c) for c in self.cells],
+            selection,
+            main(first),
+            main(seeds[1:]),
+            grid,
+        ]
+
+    # -- running -----------------------------------------------------------------------------
+
+    def finished(self, run: Run) -> dict[str, Any] | None:
+        """The run's stored result if its settings are unchanged."""
+        done = self.out / run.name / "result.json"
+        if not done.exists() or self.args.fresh:
+            return None
+        result = json.loads(done.read_text(encoding="utf-8"))
+        return result if result.get("settings") == json.loads(json.dumps(run.settings)) else None
+
+    def execute(self, run: Run) -> dict[str, Any]:
+        run_dir = self.out / run.name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        start = time.time()
+        result = {"run": run.name, **run.body(run_dir), "settings": run.settings}
+        result["seconds"] = round(time.time() - start, 1)
+        (run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        return result
+
+    def run(self, deadline: float | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+        """Runs the plan until it is done or ``deadline`` (``time.time()``) has passed.
+
+        Returns:
+            The finished results in plan order, and the names of the runs not yet run.
+        """
+        results, pending, seen = [], [], set()
+        for stage in self.stages():
+            if pending:  # a later stage needs the earlier ones' results
+                pending.append("(later stages)")
+                break
+            runs = stage()
+            todo = [r for r in runs if self.finished(r) is None]
+            total = sum(r.updates for r in todo)
+            if todo:
+                print(f"[plan] {len(todo)} of {len(runs)} runs to do ({total:,} updates)")
+            for run in runs:
+                result = self.finished(run)
+                if result is None and (deadline is None or time.time() < deadline):
+                    print(f"[{run.name}] ... ({time.strftime('%H:%M')})", flush=True)
+                    result = self.execute(run)
+                    print(f"[{run.name}] {summary(result)}", flush=True)
+                if result is None:
+                    pending.append(run.name)
+                elif run.name not in seen:  # a selection run is also a main-cell run
+                    seen.add(run.name)
+                    results.append(result)
+        return results, pending
+
+
+def summary(result: dict[str, Any]) -> str:
+    """One line: BLEU, chrF and perplexity (of every point of a T + K run)."""
+    points = result.get("points") or {"": result}
+    return (
+        "; ".join(
+            f"{'K=' + k + ': ' if k else ''}BLEU {p['bleu']:.2f}, chrF {p['chrf']:.2f}, "
+            f"valid ppl {p['valid_ppl']}"
+            for k, p in points.items()
+        )
+        + f" ({result.get('seconds', 0):.0f} s)"
+    )
+
+
+def distilled(teacher: Path, out: Path, args: argparse.Namespace) -> Path:
+    """The corpus with the teacher's translations of the training set as targets (Kim & Rush
+    2016, sequence-level distillation), binarized with the corpus's own dictionaries; made
+    once per teacher (its checkpoint's size and time stamp the result)."""
+    stat = teacher.stat()
+    stamp = json.dumps({"teacher": str(teacher), "size": stat.st_size, "mtime": stat.st_mtime,
+                        "beam": args.beam, "lenpen": args.lenpen}, sort_keys=True)  # fmt: skip
+    if (out / "done").exists() and (out / "done").read_text(encoding="utf-8") == stamp:
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "text").mkdir(parents=True)
+    src, tgt = args.langs
+    extra = ["--gen-subset", "train", "--post-process", "none"]  # pieces, as binarized
+    gen = generate_command(args.data, teacher, [*decoding_flags(args.beam, args.lenpen), *extra])
+    run_logged(gen, out / "generate.log", stdout=out / "generate-train.txt")
+    lines = (out / "generate-train.txt").read_text(encoding="utf-8").splitlines()
+    pairs = {}
+    for kind, side in (("S", src), ("H", tgt)):
+        found = {}
+        for line in lines:
+            if line.startswith(f"{kind}-"):
+                key, *_, text = line.split("\t")
+                found[int(key[2:])] = text
+        pairs[side] = [found[i] for i in sorted(found)]
+    for side, text in pairs.items():
+        (out / "text" / f"train.{side}").write_text("\n".join(text) + "\n", encoding="utf-8")
+    preprocess = [
+        *fairseq_tool("preprocess"), "--source-lang", src, "--target-lang", tgt,
+        "--trainpref", str(out / "text" / "train"), "--destdir", str(out),
+        "--srcdict", str(args.data / f"dict.{src}.txt"),
+        "--tgtdict", str(args.data / f"dict.{tgt}.txt"), "--workers", "1",
+    ]  # fmt: skip
+    run_logged(preprocess, out / "preprocess.log")
+    for path in args.data.glob("valid.*"):
+        shutil.copy(path, out / path.name)
+    (out / "done").write_text(stamp, encoding="utf-8")
+    print(f"[distilled] {len(pairs[src]):,} training pairs with the teacher's targets", flush=True)
+    return out
