@@ -149,6 +149,16 @@ def test_evaluation_is_deterministic_and_training_is_not():
     assert not torch.equal(first, stack(x).output)
 
 
+def test_an_evaluation_permutation_first_made_under_inference_mode_serves_autograd_later():
+    stack = build_stack(SRET.replace(attn_groups=(3, 2))).eval()
+    x = torch.randn(2, 13, 32)  # a length no other test caches
+    with torch.inference_mode():
+        first = stack(x).output
+    out = stack(x.requires_grad_()).output  # the cached permutation, now saved for backward
+    out.sum().backward()
+    assert torch.equal(first, out.detach()) and x.grad is not None
+
+
 def test_sliced_attention_is_refused_for_causal_decoders():
     with pytest.raises(ConfigError, match="encoder self-attention only"):
         SRET.replace(cross_attention=True)

@@ -77,15 +77,20 @@ def weighted_sum(
     """
     if skip_coef is None and main_coef is None:
         return skip + main
-    if not torch.is_grad_enabled():  # inference: the same two operations, without the
-        # autograd function's own cost (a decoding step calls this three times a level)
-        scaled = main * main_coef if main_coef is not None else main
-        return scaled + skip if skip_coef is None else torch.addcmul(scaled, skip, skip_coef)
-    if skip.shape != main.shape or skip.dtype != main.dtype:  # broadcasting: plain autograd
+    grad = torch.is_grad_enabled()
+    if not torch.jit.is_scripting():  # TorchScript compiles no autograd function
+        if grad and skip.shape == main.shape and skip.dtype == main.dtype:
+            return _WeightedSum.apply(skip, main, skip_coef, main_coef)
+    if grad:  # broadcasting (or TorchScript): plain autograd
         if main_coef is not None:
             main = main_coef * main
         return (skip_coef * skip if skip_coef is not None else skip) + main
-    return _WeightedSum.apply(skip, main, skip_coef, main_coef)
+    # inference: the same two operations, without the autograd function's own cost (a
+    # decoding step calls this three times a level)
+    scaled = main * main_coef if main_coef is not None else main
+    if skip_coef is None:
+        return scaled + skip
+    return torch.addcmul(scaled, skip, skip_coef)
 
 
 torch.fx.wrap(

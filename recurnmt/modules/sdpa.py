@@ -146,12 +146,18 @@ def scaled_dot_product_attention(
 ) -> Tensor:
     """``torch.nn.functional.scaled_dot_product_attention`` (same arguments, same result up
     to the rounding of the kernel taken): torch's choice, or the calling thread's
-    (:func:`kernel`)."""
-    chosen = _KERNELS.get()
-    if chosen is None or torch.compiler.is_compiling():
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
-        )
+    (:func:`kernel`); TorchScript compiles torch's choice only."""
+    if not torch.jit.is_scripting():
+        chosen = _KERNELS.get()
+        if chosen is not None and not torch.compiler.is_compiling():
+            return _chosen_kernel(chosen, q, k, v, attn_mask, dropout_p, is_causal)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+    )
+
+
+def _chosen_kernel(chosen, q, k, v, attn_mask, dropout_p, is_causal) -> Tensor:
+    """The first of the ``chosen`` kernels that takes the call."""
     for backend in chosen:
         out = _CALLERS[backend](q, k, v, attn_mask, dropout_p, is_causal)
         if out is not None:

@@ -36,12 +36,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from recurnmt.modules import sdpa
+from recurnmt.modules.tracing import traceable
 
 _EVAL_SEED = 20210712
 # (seed, length, device) -> the evaluation permutation; small: levels x lengths seen
 _eval_permutations: dict[tuple[int, int, str], Tensor] = {}
 
 
+@torch.jit.ignore  # a Python call in TorchScript: the permutations are cached here
+@traceable
 def group_permutation(length: int, training: bool, device: torch.device, seed: int = 0) -> Tensor:
     """The token permutation of one sliced attention call.
 
@@ -62,7 +65,8 @@ def group_permutation(length: int, training: bool, device: torch.device, seed: i
     if perm is None:
         # a CPU generator, so the permutation is the same on every device and machine
         g = torch.Generator().manual_seed(_EVAL_SEED + 1_000_003 * seed + length)
-        perm = torch.randperm(length, generator=g).to(device)
+        with torch.inference_mode(False):  # cached: a normal tensor, whatever mode made it
+            perm = torch.randperm(length, generator=g).to(device)
         _eval_permutations[key] = perm
     return perm
 
@@ -100,21 +104,13 @@ def sliced_group_attention(
     size = math.ceil(t / groups)  # tokens per slice
     extra = size * groups - t
 
-    def slice_up(x: Tensor) -> Tensor:
-        if perm is not None:
-            x = x.index_select(2, perm)  # B x H x T x D, permuted
-        if extra:
-            x = F.pad(x, (0, 0, 0, extra))
-        # B x H x (G * S) x D -> (B * G) x H x S x D
-        return x.view(b, h, groups, size, d).transpose(1, 2).reshape(b * groups, h, size, d)
-
     valid = torch.ones(b, t, dtype=torch.bool, device=q.device)
     if key_padding_mask is not None:
         valid = ~key_padding_mask
     if perm is not None:
         valid = valid.index_select(1, perm)
     valid = F.pad(valid, (0, extra), value=False)  # B x (G * S)
-    mask = None
+    mask: Tensor | None = None
     if key_padding_mask is not None or extra:
         # A key mask, (B * G) x 1 x 1 x S, which the fused SDPA kernels take as it is. A slice
         # with no real key (padding only) may see all of its slots, so that no row is empty
@@ -122,13 +118,28 @@ def sliced_group_attention(
         valid = valid.view(b * groups, size)
         valid = valid | ~valid.any(dim=1, keepdim=True)
         mask = valid[:, None, None, :]
-    out = sdpa.scaled_dot_product_attention(
-        slice_up(q), slice_up(k), slice_up(v), attn_mask=mask, dropout_p=dropout_p
+    q, k, v = (
+        _slices(q, perm, groups, extra),
+        _slices(k, perm, groups, extra),
+        _slices(v, perm, groups, extra),
     )
+    out = sdpa.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     # (B * G) x H x S x D -> B x H x (G * S) x D -> drop pad slots -> original order
     out = out.view(b, groups, h, size, d).transpose(1, 2).reshape(b, h, groups * size, d)
     out = out[:, :, :t]
     return out if perm is None else out.index_select(2, torch.argsort(perm))
+
+
+def _slices(x: Tensor, perm: Tensor | None, groups: int, extra: int) -> Tensor:
+    """B x H x T x D -> (B * G) x H x S x D: permuted (``perm``), padded by ``extra`` slots,
+    cut into ``groups`` slices of S tokens."""
+    b, h, _, d = x.shape
+    if perm is not None:
+        x = x.index_select(2, perm)  # B x H x T x D, permuted
+    if extra:
+        x = F.pad(x, (0, 0, 0, extra))
+    size = x.shape[2] // groups
+    return x.view(b, h, groups, size, d).transpose(1, 2).reshape(b * groups, h, size, d)
 
 
 # one call in a torch.fx graph (timm's feature extraction, torchvision's fx tools): the token

@@ -49,18 +49,13 @@ TOKEN_OUTPUT = (
     "(vit_*, deit*) spare its own ViTs from"
 )
 TORCHSCRIPT = "not scriptable yet: the level stack's hooks and configs are Python objects"
-SCRIPTED_GRAPH = (
-    "not scriptable yet: the torch.fx graph keeps the level stack's Python helpers as calls"
-)
 KNOWN_GAPS: dict[str, dict[str, str]] = {
     "test_model_default_cfgs": {"vit": TOKEN_OUTPUT, "dvt": TOKEN_OUTPUT},
     "test_model_forward_torchscript": dict.fromkeys(
         ("vit", "dvt", "sret", "mixer", "mrla_resnet"), TORCHSCRIPT
     ),
-    # an MRLA ResNet's fx graph scripts (its MRLA state is plain tensors)
-    "test_model_forward_fx_torchscript": dict.fromkeys(
-        ("vit", "dvt", "sret", "mixer"), SCRIPTED_GRAPH
-    ),
+    # every model's fx graph scripts (test_model_forward_fx_torchscript): the level loop is
+    # unrolled there and its helpers compile (recurnmt.modules.tracing)
 }
 
 

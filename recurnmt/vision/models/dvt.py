@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from recurnmt.modules.tracing import traceable
 from recurnmt.vision.layers import to_2tuple
 from recurnmt.vision.layers.reuse import FeatureReuse, Grid, RelationReuse, ReuseHook
 from recurnmt.vision.models.vit import VisionTransformer
@@ -75,6 +76,7 @@ class Upstream:
         return Upstream(pick(self.tokens), pick(self.logits), self.grid)
 
 
+@traceable
 class DVTCascade(nn.Module):
     """K vision transformers on increasing token grids with early exits (DVT sec. 3).
 
@@ -361,7 +363,7 @@ class DVTCascade(nn.Module):
 
 def resized(images: Tensor, size: tuple[int, int]) -> Tensor:
     """Images B x C x H x W at ``size`` (antialiased bilinear; themselves when equal)."""
-    if tuple(images.shape[-2:]) == size:
+    if images.shape[-2] == size[0] and images.shape[-1] == size[1]:
         return images
     return F.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
 

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from recurnmt.modules import DepthPlan, FeedForward, LevelHook, LevelParts, RecurrentStack
 from recurnmt.modules.residual import ResidualCoefficients
+from recurnmt.modules.tracing import traceable
 from recurnmt.vision.layers import PatchEmbed, to_2tuple
 from recurnmt.vision.registry import register_model
 
@@ -78,6 +79,7 @@ class MixerBlock(nn.Module):
         return parts.leave(self.lrc(u, self.drop(self.channel_mlp(self.norm2(u))), 1))
 
 
+@traceable
 class RecursiveMixer(nn.Module):
     """Patch embedding, M Mixer blocks each run ``loops`` times in a row, pooling, head.
 

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from recurnmt.modules import FAMILIES, ConfigError, StackConfig, build_stack
+from recurnmt.modules.tracing import traceable
 from recurnmt.vision.layers import PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.conv import ConvPooling, ConvStem
 from recurnmt.vision.layers.features import feature_take_indices, tokens_to_map
@@ -112,6 +113,7 @@ def attn_permute_schedule(setting: str | Sequence[bool], loops: int) -> tuple[bo
     return tuple(setting)
 
 
+@traceable
 class SReT(nn.Module):
     """A spatial-pyramid recursive transformer (SReT Table 10).
 

@@ -20,11 +20,13 @@ from recurnmt.modules import (
     RecurrentStack,
     positions_hooks,
 )
+from recurnmt.modules.tracing import traceable
 from recurnmt.vision.layers import PatchEmbed, PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.features import feature_take_indices, level_intermediates
 from recurnmt.vision.layers.layer_attention import LayerAttention
 
 
+@traceable
 class VisionTransformer(nn.Module):
     """Patch embedding, a level stack and a classifier (ViT eq. 1-4).
 
