@@ -74,7 +74,7 @@ def test_exit_status_of_main_and_user_errors_with_detail(capsys, monkeypatch):
 
 def test_vision_train_names_an_unknown_model(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "recurnmt.vision.train", "--model", "vit_xl"]
+        [sys.executable, "-m", "recurnmt.vision.runs.train", "--model", "vit_xl"]
         + ["--output", str(tmp_path / "run")],
         cwd=REPO,
         capture_output=True,
@@ -83,4 +83,4 @@ def test_vision_train_names_an_unknown_model(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith("python -m recurnmt.vision.train: error: unknown vision model")
+    assert lines[0].startswith("python -m recurnmt.vision.runs.train: error: unknown vision model")

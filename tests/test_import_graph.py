@@ -163,3 +163,18 @@ def test_running_experiments_sits_above_the_models():
     assert not upward, upward
     runs = [t for n, ts in graph.items() if n.startswith("recurnmt.runs") for t in ts]
     assert any(t.startswith("recurnmt.nmt") for t in runs)  # the check sees its imports
+
+
+def test_the_image_trainer_sits_above_the_image_models():
+    """recurnmt.vision.runs trains and measures the image models: no model part, registry,
+    converter or other package imports it."""
+    graph = import_graph("recurnmt")
+    upward = [
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if target.startswith("recurnmt.vision.runs") and not name.startswith("recurnmt.vision.runs")
+    ]
+    assert not upward, upward
+    runs = [t for n, ts in graph.items() if n.startswith("recurnmt.vision.runs") for t in ts]
+    assert any(t.startswith("recurnmt.vision.models") for t in runs)  # the check sees its imports

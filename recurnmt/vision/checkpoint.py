@@ -66,7 +66,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def model_from_checkpoint(ckpt: dict[str, Any]) -> nn.Module:
-    """Rebuilds the model stored in a checkpoint of ``recurnmt.vision.train`` with its weights.
+    """Rebuilds the model stored in a checkpoint of ``recurnmt.vision.runs.train`` with its weights.
 
     Raises:
         KeyError: the checkpoint names a model that is not registered.

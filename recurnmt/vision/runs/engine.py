@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from recurnmt.vision.checkpoint import unwrap
-from recurnmt.vision.distributed import DistInfo, all_reduce_sum
+from recurnmt.vision.runs.distributed import DistInfo, all_reduce_sum
 
 
 @dataclass

@@ -89,7 +89,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistInf
         raise DistributedSetupError(
             f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set but {', '.join(missing)} "
             "are not; launch multi-process training with torchrun, e.g. "
-            "`torchrun --nproc_per_node 2 -m recurnmt.vision.train ...`"
+            "`torchrun --nproc_per_node 2 -m recurnmt.vision.runs.train ...`"
         )
     rank, world, local = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
     if world < 1 or not 0 <= rank < world:

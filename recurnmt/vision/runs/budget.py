@@ -1,4 +1,4 @@
-"""Budgeted early exit for DVT cascades: ``python -m recurnmt.vision.budget CKPT [options]``.
+"""Budgeted early exit for DVT cascades: ``python -m recurnmt.vision.runs.budget CKPT [options]``.
 
 DVT (Wang et al. 2021, sec. 3.3) stops at the first exit whose softmax confidence reaches
 that exit's threshold eta_k. The thresholds are solved on held-out data for a compute budget
@@ -14,7 +14,7 @@ does not depend on which other samples run with it (:meth:`DVTCascade.early_exit
 against it); the command also runs the real early-exit inference on the test images.
 
 The cost of an exit is the multiply-accumulates ("FLOPs" in vision papers) of running the
-cascade up to it, reuse modules included, counted by :mod:`recurnmt.vision.flops`.
+cascade up to it, reuse modules included, counted by :mod:`recurnmt.vision.runs.flops`.
 
 Output: a table of budget, thresholds, test top-1, average MACs per image and the share of
 images leaving at each exit, the per-exit accuracies of the full cascade, and a PNG of
@@ -35,9 +35,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
 from recurnmt.cli import entry_point
-from recurnmt.vision.exits import ExitLogits, collect_exit_logits
-from recurnmt.vision.flops import count_macs
 from recurnmt.vision.models.dvt import DVTCascade
+from recurnmt.vision.runs.exits import ExitLogits, collect_exit_logits
+from recurnmt.vision.runs.flops import count_macs
 
 
 class _Prefix(nn.Module):
@@ -255,8 +255,8 @@ def run_early_exit(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m recurnmt.vision.budget", description=__doc__)
-    p.add_argument("checkpoint", help="a DVT checkpoint of recurnmt.vision.train")
+    p = argparse.ArgumentParser(prog="python -m recurnmt.vision.runs.budget", description=__doc__)
+    p.add_argument("checkpoint", help="a DVT checkpoint of recurnmt.vision.runs.train")
     p.add_argument("--data", help="data set (default: the training data set)")
     p.add_argument("--data-root", help="data folder (not needed for digits)")
     p.add_argument(
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
-cli = entry_point(main, "python -m recurnmt.vision.budget")
+cli = entry_point(main, "python -m recurnmt.vision.runs.budget")
 
 if __name__ == "__main__":
     sys.exit(cli())

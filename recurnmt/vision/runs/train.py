@@ -1,8 +1,8 @@
-"""Train an image classifier: ``python -m recurnmt.vision.train [options]``.
+"""Train an image classifier: ``python -m recurnmt.vision.runs.train [options]``.
 
 The default trains a small RingFormer-ViT on scikit-learn's bundled digits on a CPU::
 
-    python -m recurnmt.vision.train --output runs/digits
+    python -m recurnmt.vision.runs.train --output runs/digits
 
 Recipes (AdamW, cosine schedule with warmup, label smoothing, DeiT's augmentation) follow
 DeiT (Touvron et al. 2021, Table 9) and SReT (appendix E, Table 10); ``configs/vision/`` has
@@ -16,7 +16,7 @@ sec. 6; SReT uses weight decay 0 there), mixed precision (``--amp``), exact resu
 (``--resume auto``, with any number of data workers), tensorboard logs and, under
 ``torchrun``, data-parallel training on many GPUs or nodes (gloo on CPUs)::
 
-    torchrun --nproc_per_node 2 -m recurnmt.vision.train --output runs/digits-ddp
+    torchrun --nproc_per_node 2 -m recurnmt.vision.runs.train --output runs/digits-ddp
 
 ``--zero`` shards the optimizer state over the processes (ZeRO stage 1, :mod:`.zero`).
 
@@ -62,7 +62,6 @@ from recurnmt.flags import checkpoint_segment, is_on
 from recurnmt.modules import ConfigError
 from recurnmt.modules.compile import from_flags
 from recurnmt.parameters import count_parameters
-from recurnmt.vision.arguments import parse_args
 from recurnmt.vision.checkpoint import (
     load_checkpoint,
     model_from_checkpoint,
@@ -73,13 +72,14 @@ from recurnmt.vision.checkpoint import (
 )
 from recurnmt.vision.data import DataSpec, build_dataset, data_spec
 from recurnmt.vision.data.loader import eval_loader, train_loader
-from recurnmt.vision.distributed import DistInfo, check_batch_size, process_group
-from recurnmt.vision.engine import Precision, evaluate, train_one_epoch
-from recurnmt.vision.exits import evaluate_exits
-from recurnmt.vision.losses import ClassificationLoss
-from recurnmt.vision.mixed_depth import MixedDepth
 from recurnmt.vision.registry import create_model
-from recurnmt.vision.zero import (
+from recurnmt.vision.runs.arguments import parse_args
+from recurnmt.vision.runs.distributed import DistInfo, check_batch_size, process_group
+from recurnmt.vision.runs.engine import Precision, evaluate, train_one_epoch
+from recurnmt.vision.runs.exits import evaluate_exits
+from recurnmt.vision.runs.losses import ClassificationLoss
+from recurnmt.vision.runs.mixed_depth import MixedDepth
+from recurnmt.vision.runs.zero import (
     ZeroRedundancyOptimizer,
     full_optimizer_state,
     load_optimizer_state,
@@ -161,7 +161,7 @@ def build_optimization(
     update.
 
     ``shard`` (``--zero``, in a process group): the optimizer's state is sharded over the
-    processes (:func:`recurnmt.vision.zero.shard_optimizer`); the schedule sets its rate.
+    processes (:func:`recurnmt.vision.runs.zero.shard_optimizer`); the schedule sets its rate.
     """
     optimizer = create_optimizer_v2(
         # the bare parameters: timm would still exempt model.no_weight_decay()
@@ -660,7 +660,7 @@ def main(argv: list[str] | None = None) -> None:
         run(args, info)
 
 
-cli = entry_point(main, "python -m recurnmt.vision.train")
+cli = entry_point(main, "python -m recurnmt.vision.runs.train")
 
 if __name__ == "__main__":
     sys.exit(cli())

@@ -1,4 +1,4 @@
-"""Evaluate a checkpoint: ``python -m recurnmt.vision.evaluate CKPT [options]``.
+"""Evaluate a checkpoint: ``python -m recurnmt.vision.runs.evaluate CKPT [options]``.
 
 Prints top-1 and top-5 accuracy and loss on the evaluation split, the parameter count,
 multiply-accumulates per image (what vision papers call FLOPs; see :mod:`.flops`) and the
@@ -15,18 +15,20 @@ import sys
 from recurnmt.cli import entry_point
 from recurnmt.modules import ConfigError
 from recurnmt.parameters import count_parameters
-from recurnmt.vision.arguments import parse_size
 from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
 from recurnmt.vision.data import build_dataset
 from recurnmt.vision.data.loader import eval_loader
-from recurnmt.vision.distributed import process_group
-from recurnmt.vision.engine import Precision, evaluate
-from recurnmt.vision.flops import count_macs, throughput
+from recurnmt.vision.runs.arguments import parse_size
+from recurnmt.vision.runs.distributed import process_group
+from recurnmt.vision.runs.engine import Precision, evaluate
+from recurnmt.vision.runs.flops import count_macs, throughput
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m recurnmt.vision.evaluate", description=__doc__)
-    p.add_argument("checkpoint", help="checkpoint.pt or best.pt written by recurnmt.vision.train")
+    p = argparse.ArgumentParser(prog="python -m recurnmt.vision.runs.evaluate", description=__doc__)
+    p.add_argument(
+        "checkpoint", help="checkpoint.pt or best.pt written by recurnmt.vision.runs.train"
+    )
     p.add_argument("--data", help="data set (default: the training data set)")
     p.add_argument("--data-root", help="data folder (not needed for digits)")
     p.add_argument("--img-size", help="evaluation resolution (default: the model's)")
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
         return report
 
 
-cli = entry_point(main, "python -m recurnmt.vision.evaluate")
+cli = entry_point(main, "python -m recurnmt.vision.runs.evaluate")
 
 if __name__ == "__main__":
     sys.exit(cli())
