@@ -151,6 +151,9 @@ BAD_INPUTS: dict[str, BadInput] = {
     "python -m recurnmt.vision.runs.train": _vision_train,
     "python -m recurnmt.vision.runs.evaluate": _missing("best.pt"),
     "python -m recurnmt.vision.runs.budget": _missing("dvt.pt"),
+    "python -m recurnmt.vision.train": _vision_train,  # the former names
+    "python -m recurnmt.vision.evaluate": _missing("best.pt"),
+    "python -m recurnmt.vision.budget": _missing("dvt.pt"),
     "python -m recurnmt.runs.scoring": _nmt_evaluate,
     "python -m recurnmt.runs.evaluate": _nmt_evaluate,  # its former name
     "python -m recurnmt.runs.averaging": lambda tmp: (

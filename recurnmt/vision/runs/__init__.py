@@ -19,5 +19,6 @@ only: no model, no registry and no converter imports it.
 * :mod:`.budget`: ``python -m recurnmt.vision.runs.budget``, a DVT cascade's exit thresholds for a
   compute budget; :mod:`.exits`: every exit's logits and top-1.
 
-Nothing is imported here.
+The commands' former names (``python -m recurnmt.vision.train``, ``.evaluate``, ``.budget``)
+still run them, saying so once. Nothing is imported here.
 """
