@@ -9,8 +9,9 @@ converter, the analysis tools and distillation read) and ``convert.py`` (the con
 ``recurnmt.nmt.convert`` stays with its models). What moved here serves training and measuring
 only: no model, no registry and no converter imports it.
 
-* :mod:`.train`: ``python -m recurnmt.vision.runs.train``, a training run; :mod:`.arguments`:
-  its command line;
+* :mod:`.train`: ``python -m recurnmt.vision.runs.train``, the phases of a run and its loop;
+  :mod:`.setup` builds what a run holds (model, data, optimisation, loss), :mod:`.state` holds,
+  saves and restores it; :mod:`.arguments` is its command line;
 * :mod:`.engine`: one training epoch and one evaluation pass; :mod:`.losses`: the objectives;
   :mod:`.mixed_depth`: SReT's two branches as one module; :mod:`.zero`: ZeRO stage 1;
   :mod:`.distributed`: the process group;
