@@ -3,8 +3,11 @@
 :func:`recurnmt.vision.runs.setup.setup` builds a :class:`RunState`; :func:`resume` restores a
 checkpoint into it (``--resume``) and :func:`save` writes one after every epoch
 (``checkpoint.pt``, ``best.pt`` and the epoch's ``metrics.jsonl`` line) with every rank's random
-streams, so that a resumed run gives the same losses as a run that never stopped
-(:mod:`recurnmt.vision.checkpoint` reads and writes the files).
+streams (:mod:`recurnmt.vision.checkpoint` reads and writes the files).
+
+Restoring the random streams (torch, CUDA, Python, numpy: :func:`rng_state`) at an epoch
+boundary continues the run with the same data order (the sampler reshuffles from seed + epoch),
+the same augmentations and dropout masks, hence the same losses as a run that never stopped.
 """
 
 from __future__ import annotations
@@ -26,18 +29,36 @@ from timm.utils import ModelEmaV3
 from torch import nn
 from torch.utils.data import DataLoader
 
-from recurnmt.vision.checkpoint import (
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-    unwrap,
-)
+from recurnmt.vision.checkpoint import load_checkpoint, save_checkpoint
 from recurnmt.vision.data import DataSpec
-from recurnmt.vision.runs.distributed import DistInfo
+from recurnmt.vision.runs.distributed import DistInfo, unwrap
 from recurnmt.vision.runs.engine import Precision
 from recurnmt.vision.runs.losses import ClassificationLoss
 from recurnmt.vision.runs.zero import full_optimizer_state, load_optimizer_state
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's generator states, as tensors and plain values."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restores the states saved by :func:`rng_state`."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def seed_everything(seed: int) -> None:

@@ -80,7 +80,7 @@ def training_net(state: RunState) -> nn.Module:
     if compiled is not None:
         # after DDP, as timm's train.py does: dynamo then splits the graph at DDP's gradient
         # buckets, so that their communication overlaps the backward pass; checkpoints store
-        # the unwrapped model (checkpoint.unwrap), not the compiled wrapper
+        # the unwrapped model (distributed.unwrap), not the compiled wrapper
         net = torch.compile(net, backend=compiled.backend, mode=compiled.mode)
     return net
 
