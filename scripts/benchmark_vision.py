@@ -24,7 +24,7 @@ turns on the machine, one timed round at a time (:class:`recurnmt.runs.benchmark
 * parameters.
 
 ``--dtype bf16`` / ``fp16`` runs training and inference under ``torch.autocast`` (fp16 with a
-loss scaler, CUDA only), as ``recurnmt.vision.train --amp`` does. ``--json OUT`` writes the
+loss scaler, CUDA only), as ``recurnmt.vision.runs.train --amp`` does. ``--json OUT`` writes the
 figures with the device, versions and settings.
 
     python scripts/benchmark_vision.py                     # CPU-sized default
@@ -186,7 +186,7 @@ def real_images(count: int, size: int):
 def training_memory_mb(model, x, y, precision: MixedPrecision | None = None) -> float:
     """Memory of one training step: the CUDA peak, or on CPU the MB of the distinct tensor
     storages one training forward saves for backward (:func:`peak_memory_mb`)."""
-    from recurnmt.vision.losses import ClassificationLoss
+    from recurnmt.vision.runs.losses import ClassificationLoss
 
     precision = precision or MixedPrecision("fp32", x.device)
     criterion = ClassificationLoss()  # a DVT cascade's exits summed (a tuple in training)
@@ -203,7 +203,7 @@ def training_memory_mb(model, x, y, precision: MixedPrecision | None = None) -> 
 def worker(opts: argparse.Namespace) -> dict:
     """Benchmarks one model in this process; returns its figures."""
     turns, device, precision = start_worker(opts)
-    from recurnmt.vision.losses import ClassificationLoss
+    from recurnmt.vision.runs.losses import ClassificationLoss
 
     criterion = ClassificationLoss()  # a DVT cascade's exits summed (a tuple in training)
 

@@ -4,7 +4,7 @@ Builds one translation model (``--arch`` at the benchmarks' size flags, random t
 toy vocabulary) and one image model (``--vision-model``, random images), each twice with the
 same weights: eager, and compiled as the commands compile them (the NMT stacks through the
 model option ``--compile BACKEND``, the image model whole, as ``python -m
-recurnmt.vision.train --compile`` does). One step is a forward and backward pass on a fixed
+recurnmt.vision.runs.train --compile`` does). One step is a forward and backward pass on a fixed
 batch (no optimiser: compilation changes the passes only). The first compiled step compiles;
 its wall time is reported (inductor compiles in worker processes, outside this process's CPU
 time). Then, in ``--rounds`` rounds, eager and compiled each run ``--steps`` steps in turn,
@@ -60,7 +60,7 @@ def vision_steps(opts: argparse.Namespace) -> tuple[Callable[[], None], Callable
 
     from recurnmt.modules.compile import from_flags
     from recurnmt.vision import create_model
-    from recurnmt.vision.losses import ClassificationLoss
+    from recurnmt.vision.runs.losses import ClassificationLoss
 
     torch.manual_seed(0)
     model = create_model(opts.vision_model, num_classes=10).train()

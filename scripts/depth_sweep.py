@@ -2,7 +2,7 @@
 
 Elastic depth: a weight-shared model trained at N levels runs at K levels
 (``fairseq-generate --model-overrides "{'encoder_levels': K, 'decoder_levels': K}"``,
-``python -m recurnmt.vision.evaluate --levels K``). This script trains one model plainly and
+``python -m recurnmt.vision.runs.evaluate --levels K``). This script trains one model plainly and
 one with SReT's mixed-depth training (appendix B: the loss of the shallow branch, every block
 once, is added), same seed and budget, and scores both at K = 1 ... ``--max-levels``:
 
@@ -11,8 +11,8 @@ once, is added), same seed and budget, and scores both at K = 1 ... ``--max-leve
   ``scripts/compare_nmt.py``), the test set translated at every K (beam 4), detokenized
   sacreBLEU against the raw references;
 * ``vision``: RingFormer-ViTs (``--model``) on the digits with ``python -m
-  recurnmt.vision.train`` (``--mixed-depth`` for one), top-1 on the digits' evaluation half
-  with ``python -m recurnmt.vision.evaluate --levels K``, and its multiply-accumulates.
+  recurnmt.vision.runs.train`` (``--mixed-depth`` for one), top-1 on the digits' evaluation half
+  with ``python -m recurnmt.vision.runs.evaluate --levels K``, and its multiply-accumulates.
 
 A depth that a model does not define is asked of the model before anything runs and shown as
 refused, with the model's reason (RingFormer's level signals and norms are learned for its N
@@ -110,7 +110,7 @@ def nmt_score(args: argparse.Namespace, checkpoint: str, depth: int, run_dir: Pa
 
 def vision_train(args: argparse.Namespace, variant: str, run_dir: Path) -> dict[str, Any]:
     """Trains one image model; returns its command, wall seconds and checkpoint."""
-    cmd = [sys.executable, "-m", "recurnmt.vision.train", "--model", args.model]
+    cmd = [sys.executable, "-m", "recurnmt.vision.runs.train", "--model", args.model]
     cmd += ["--data", "digits", "--epochs", str(args.epochs), "--seed", str(args.seed)]
     cmd += ["--output", str(run_dir), "--no-progress", "--no-tensorboard"]
     cmd += ["--threads", str(args.threads)]
@@ -150,7 +150,14 @@ def vision_refusal(checkpoint: str, depth: int) -> str | None:
 
 def vision_score(args: argparse.Namespace, checkpoint: str, depth: int, run_dir: Path) -> Score:
     """Top-1 accuracy (and MACs per image) at ``depth`` levels."""
-    cmd = [sys.executable, "-m", "recurnmt.vision.evaluate", checkpoint, "--levels", str(depth)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recurnmt.vision.runs.evaluate",
+        checkpoint,
+        "--levels",
+        str(depth),
+    ]
     out = run_dir / f"evaluate-K{depth}.json"
     seconds = run_logged([*cmd, "--json"], run_dir / f"evaluate-K{depth}.log", stdout=out, cwd=ROOT)
     report = json.loads(out.read_text(encoding="utf-8").strip().splitlines()[-1])

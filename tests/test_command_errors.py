@@ -124,6 +124,10 @@ def _convert(tmp: Path) -> tuple[list[str], str]:
     return [str(tmp / "teacher.pt"), str(tmp / "out.pt")], "teacher.pt does not exist"
 
 
+def _vision_train(tmp: Path) -> tuple[list[str], str]:
+    return ["--model", "vit_xl", "--output", str(tmp / "run")], "vit_xl"
+
+
 def _hub_prep(tmp: Path) -> tuple[list[str], str]:
     return ["--src", "en", "--tgt", "en", "--out", str(tmp / "out")], "--src/--tgt"
 
@@ -148,10 +152,10 @@ BAD_INPUTS: dict[str, BadInput] = {
     "python -m recurnmt.analysis.plot_lrc": _missing("train.log"),
     "python -m recurnmt.analysis.cka": _cka,
     "python -m recurnmt.analysis.attention_distance": _attention_distance,
-    "python -m recurnmt.vision.train": lambda tmp: (
-        ["--model", "vit_xl", "--output", str(tmp / "run")],
-        "vit_xl",
-    ),
+    "python -m recurnmt.vision.runs.train": _vision_train,
+    "python -m recurnmt.vision.runs.evaluate": _missing("best.pt"),
+    "python -m recurnmt.vision.runs.budget": _missing("dvt.pt"),
+    "python -m recurnmt.vision.train": _vision_train,  # the former names
     "python -m recurnmt.vision.evaluate": _missing("best.pt"),
     "python -m recurnmt.vision.budget": _missing("dvt.pt"),
     "python -m recurnmt.runs.scoring": _nmt_evaluate,

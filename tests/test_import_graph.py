@@ -163,3 +163,25 @@ def test_running_experiments_sits_above_the_models():
     assert not upward, upward
     runs = [t for n, ts in graph.items() if n.startswith("recurnmt.runs") for t in ts]
     assert any(t.startswith("recurnmt.nmt") for t in runs)  # the check sees its imports
+
+
+# the image commands' former names: thin aliases that run recurnmt.vision.runs's commands
+VISION_ALIASES = {f"recurnmt.vision.{name}" for name in ("train", "evaluate", "budget")}
+
+
+def test_the_image_trainer_sits_above_the_image_models():
+    """recurnmt.vision.runs trains and measures the image models: no model part, registry,
+    converter or other package imports it (the commands' former names excepted)."""
+    graph = import_graph("recurnmt")
+    upward = [
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if target.startswith("recurnmt.vision.runs")
+        and not name.startswith("recurnmt.vision.runs")
+        and name not in VISION_ALIASES
+    ]
+    assert not upward, upward
+    runs = [t for n, ts in graph.items() if n.startswith("recurnmt.vision.runs") for t in ts]
+    assert any(t.startswith("recurnmt.vision.models") for t in runs)  # the check sees its imports
+    assert graph["recurnmt.vision.train"] == {"recurnmt.vision.runs.train"}  # and the aliases'

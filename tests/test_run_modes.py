@@ -13,8 +13,8 @@ import pytest
 from recurnmt.flags import CONVERSION_FLAGS, RUN_MODES, is_on
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.build import arch_train_args
-from recurnmt.vision.arguments import parse_args as vision_args
-from recurnmt.vision.train import set_grad_checkpointing
+from recurnmt.vision.runs.arguments import parse_args as vision_args
+from recurnmt.vision.runs.setup import set_grad_checkpointing
 from tests.test_vision_models import build_small, stacks_of
 
 ROOT = Path(__file__).resolve().parent.parent

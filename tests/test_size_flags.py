@@ -25,7 +25,7 @@ def test_no_file_but_the_declaration_declares_a_size_flag():
     # the depths a memory sweep measures (a list), the demo's depth (its recipe fixes the
     # rest), an attention call's heads
     assert found == {
-        "recurnmt/vision/evaluate.py": ["levels"],
+        "recurnmt/vision/runs/evaluate.py": ["levels"],
         "scripts/depth_memory.py": ["levels"],
         "scripts/demo_nmt.py": ["levels"],
         "scripts/sdpa_first_call.py": ["heads"],

@@ -17,18 +17,19 @@ import torch
 import torch.nn.functional as F
 
 from recurnmt.modules import ConfigError
-from recurnmt.vision import evaluate as evaluate_cli
-from recurnmt.vision import train as train_cli
-from recurnmt.vision.arguments import parse_args
 from recurnmt.vision.checkpoint import load_checkpoint
-from recurnmt.vision.distributed import (
+from recurnmt.vision.runs import evaluate as evaluate_cli
+from recurnmt.vision.runs import train as train_cli
+from recurnmt.vision.runs.arguments import parse_args
+from recurnmt.vision.runs.distributed import (
     DistInfo,
     DistributedSetupError,
     check_batch_size,
     init_distributed,
     resolve_device,
 )
-from recurnmt.vision.losses import ClassificationLoss, distillation_loss
+from recurnmt.vision.runs.losses import ClassificationLoss, distillation_loss
+from recurnmt.vision.runs.setup import build_optimization
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = [
@@ -81,7 +82,7 @@ def test_timm_optimizer_and_cosine_schedule_with_warmup():
     args = parse_args(["--lr", "1e-3", "--warmup-lr", "1e-6", "--min-lr", "1e-5"])
     args.epochs, args.warmup_epochs = 10, 2
     model = create_model("vit_mini_patch4", num_classes=3)
-    optimizer, scheduler = train_cli.build_optimization(model, args, steps=10)
+    optimizer, scheduler = build_optimization(model, args, steps=10)
     exempt = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
     assert id(model.cls_token) in exempt and id(model.pos_embed.weight) in exempt
     assert id(model.head.bias) in exempt and id(model.head.weight) not in exempt
@@ -103,7 +104,7 @@ def test_timm_step_schedule_and_weight_decay_on_everything():
 
     args = parse_args(["--config", "configs/vision/imagenet_mrla_resnet50.yaml"])
     model = create_model("vit_mini_patch4", num_classes=3)
-    optimizer, scheduler = train_cli.build_optimization(model, args, steps=10)
+    optimizer, scheduler = build_optimization(model, args, steps=10)
     assert type(optimizer).__name__ == "SGD" and not optimizer.defaults["nesterov"]
     assert all(g["weight_decay"] == 1e-4 for g in optimizer.param_groups)
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
@@ -116,7 +117,7 @@ def test_timm_step_schedule_and_weight_decay_on_everything():
         [0.1, 0.1, 0.01, 0.01, 0.001, 1e-4]
     )
     exempt = parse_args(["--opt", "momentum", "--sched", "step"])  # the default exemptions
-    optimizer, _ = train_cli.build_optimization(model, exempt, steps=10)
+    optimizer, _ = build_optimization(model, exempt, steps=10)
     assert any(g["weight_decay"] == 0 for g in optimizer.param_groups)
 
 
@@ -141,14 +142,14 @@ def test_zero_keeps_timm_groups_and_schedule_and_trains_like_timm(process_group_
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from recurnmt.vision import create_model
-    from recurnmt.vision.zero import full_optimizer_state, load_optimizer_state, shard_sizes
+    from recurnmt.vision.runs.zero import full_optimizer_state, load_optimizer_state, shard_sizes
 
     args = parse_args(["--lr", "1e-2", "--warmup-lr", "1e-3", "--min-lr", "1e-4"])
     args.epochs, args.warmup_epochs = 2, 1
     model = create_model("vit_mini_patch4", num_classes=3)
     twin = copy.deepcopy(model)
-    plain, plain_sched = train_cli.build_optimization(model, args, steps=2)
-    zero, zero_sched = train_cli.build_optimization(twin, args, steps=2, shard=True)
+    plain, plain_sched = build_optimization(model, args, steps=2)
+    zero, zero_sched = build_optimization(twin, args, steps=2, shard=True)
     assert isinstance(zero, ZeroRedundancyOptimizer) and type(zero.optim) is type(plain)
     assert shard_sizes(zero) == (count := sum(p.numel() for p in twin.parameters()), count)
     names = {id(p): n for net in (model, twin) for n, p in net.named_parameters()}
@@ -175,11 +176,11 @@ def test_zero_keeps_timm_groups_and_schedule_and_trains_like_timm(process_group_
     state = full_optimizer_state(zero, DistInfo())
     torch.testing.assert_close(state, plain.state_dict(), rtol=0, atol=0)
 
-    fresh, _ = train_cli.build_optimization(copy.deepcopy(twin), args, steps=2, shard=True)
+    fresh, _ = build_optimization(copy.deepcopy(twin), args, steps=2, shard=True)
     load_optimizer_state(fresh, plain.state_dict(), "ckpt.pt")  # a run without --zero's state
     assert not fresh.state  # the wrapper keeps no second copy of the shard's state
     assert len(fresh.optim.state) == len(plain.state)
-    other, _ = train_cli.build_optimization(create_model("sret_mini", num_classes=3), args, 2)
+    other, _ = build_optimization(create_model("sret_mini", num_classes=3), args, 2)
     with pytest.raises(ConfigError, match="--resume='ckpt.pt': its optimizer has parameter"):
         load_optimizer_state(fresh, other.state_dict(), "ckpt.pt")
 
@@ -194,7 +195,7 @@ def test_zero_refuses_optimizers_that_need_every_parameter(opt, reason):
     args = parse_args(["--opt", opt])
     model = create_model("vit_mini_patch4", num_classes=3)
     with pytest.raises(ConfigError, match=f"--opt='{opt}': .*{reason}.*--zero=True"):
-        train_cli.build_optimization(model, args, steps=2, shard=True)
+        build_optimization(model, args, steps=2, shard=True)
 
 
 def test_zero_in_one_process_is_logged_and_ignored(tmp_path, capsys):
@@ -251,7 +252,8 @@ def test_a_setup_error_is_one_line_at_the_command_line(tmp_path, capsys, monkeyp
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err == (
-        "python -m recurnmt.vision.train: error: --device 'tpu': expected auto, cpu or cuda[:N]\n"
+        "python -m recurnmt.vision.runs.train: error: --device 'tpu': expected auto, cpu or "
+        "cuda[:N]\n"
     )
 
 
@@ -491,7 +493,7 @@ def torchrun(out: Path, device: str, *flags: str) -> tuple[list[dict], str]:
         "2",
         "--standalone",
         "-m",
-        "recurnmt.vision.train",
+        "recurnmt.vision.runs.train",
         "--output",
         str(out),
         *FAST,
@@ -571,8 +573,8 @@ def test_two_process_zero_trains_like_ddp_and_resumes(tmp_path, device):
 @pytest.mark.parametrize("config", sorted((REPO / "configs" / "vision").glob("*.yaml")))
 def test_shipped_configs_parse_and_build(config):
     from recurnmt.vision import create_model
-    from recurnmt.vision.arguments import parse_args
     from recurnmt.vision.data import SPECS
+    from recurnmt.vision.runs.arguments import parse_args
 
     args = parse_args(["--config", str(config)])
     spec = SPECS[args.data]

@@ -2,7 +2,8 @@
 
 The models and their fairseq integration live in :mod:`recurnmt.nmt` and
 :mod:`recurnmt.vision`; this package runs them and reads what they wrote. It may import
-``recurnmt.nmt`` (lazily where fairseq is heavy), never the reverse.
+``recurnmt.nmt`` (lazily where fairseq is heavy), never the reverse. The image models' trainer
+and its commands are the image front end's own such package, :mod:`recurnmt.vision.runs`.
 
 * :mod:`.commands`: the one spelling of a ``fairseq-train`` / ``fairseq-generate`` command line
   (the ``--user-dir`` shim, option mappings as flags), and running commands in order or logged;

@@ -73,7 +73,7 @@ def add_device_arguments(parser: argparse.ArgumentParser, dtype_help: str = "") 
 @dataclass(frozen=True)
 class MixedPrecision:
     """``--dtype``: full precision (fp32) or autocast to bf16 / fp16, fp16 with loss scaling
-    (``torch.amp``: what ``fairseq-train --amp`` and ``recurnmt.vision.train --amp`` do)."""
+    (``torch.amp``: what ``fairseq-train --amp`` and ``recurnmt.vision.runs.train --amp`` do)."""
 
     name: str
     device: torch.device

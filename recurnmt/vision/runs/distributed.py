@@ -4,7 +4,8 @@
 MASTER_PORT. Without them the run is a single process. With them, the backend is NCCL on CUDA
 and gloo on CPU, and inconsistent setups are refused before any work is done, with a message
 that says what to change: a partial environment, a rank outside the world, more processes per
-node than visible GPUs, or ranks that disagree on the world size.
+node than visible GPUs, or ranks that disagree on the world size. :func:`unwrap` finds the model
+inside the wrappers a process trains (DDP, ``torch.compile``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from recurnmt.cli import UserError
 from recurnmt.device import resolve_device as _resolve_device
@@ -89,7 +91,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistInf
         raise DistributedSetupError(
             f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set but {', '.join(missing)} "
             "are not; launch multi-process training with torchrun, e.g. "
-            "`torchrun --nproc_per_node 2 -m recurnmt.vision.train ...`"
+            "`torchrun --nproc_per_node 2 -m recurnmt.vision.runs.train ...`"
         )
     rank, world, local = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
     if world < 1 or not 0 <= rank < world:
@@ -173,3 +175,10 @@ def process_group(device: str = "auto") -> Iterator[DistInfo]:
         cleanup(info, synchronize=False)
         raise
     cleanup(info)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DistributedDataParallel (or compiled) wrapper."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model

@@ -1,4 +1,4 @@
-"""Command-line options of ``python -m recurnmt.vision.train``.
+"""Command-line options of ``python -m recurnmt.vision.runs.train``.
 
 Any option can also come from a YAML file (``--config configs/vision/digits_ringformer.yaml``)
 whose keys are the option names with underscores; flags on the command line win over the file.
@@ -53,7 +53,7 @@ def parse_size(value: str | int | list | tuple | None) -> tuple[int, int] | None
 def build_parser() -> argparse.ArgumentParser:
     # defaults: the embedded digits recipe (a CPU minute); configs/vision/ has the papers'
     p = argparse.ArgumentParser(
-        prog="python -m recurnmt.vision.train",
+        prog="python -m recurnmt.vision.runs.train",
         description="Train an image classifier from recurnmt.vision (single process or torchrun).",
     )
     p.add_argument("--config", help="YAML file of option defaults")

@@ -1,4 +1,4 @@
-"""Optimizer-state sharding (ZeRO stage 1) for ``python -m recurnmt.vision.train --zero``.
+"""Optimizer-state sharding (ZeRO stage 1) for ``python -m recurnmt.vision.runs.train --zero``.
 
 Under DDP every process holds the whole optimizer state: for AdamW two moments per
 parameter, twice the model's size. ``--zero`` wraps timm's optimizer in torch's
@@ -37,7 +37,7 @@ with warnings.catch_warnings():
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from recurnmt.modules import ConfigError
-from recurnmt.vision.distributed import DistInfo
+from recurnmt.vision.runs.distributed import DistInfo
 
 
 def shard_optimizer(optimizer: Optimizer, opt_name: str) -> ZeroRedundancyOptimizer:

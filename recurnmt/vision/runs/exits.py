@@ -1,7 +1,7 @@
 """Every exit's logits and top-1 of a DVT cascade (Wang et al. 2021, sec. 3.3).
 
 The training command reports each exit's accuracy after an epoch (:func:`evaluate_exits`), and
-the budget command (:mod:`recurnmt.vision.budget`) solves its exit thresholds on the logits of
+the budget command (:mod:`recurnmt.vision.runs.budget`) solves its exit thresholds on the logits of
 :func:`collect_exit_logits`; both read them from here.
 """
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from recurnmt.vision.distributed import DistInfo, all_reduce_sum
-from recurnmt.vision.engine import Precision
 from recurnmt.vision.models.dvt import DVTCascade
+from recurnmt.vision.runs.distributed import DistInfo, all_reduce_sum
+from recurnmt.vision.runs.engine import Precision
 
 
 @dataclass

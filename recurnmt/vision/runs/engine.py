@@ -19,8 +19,7 @@ from timm.utils import ModelEmaV3
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from recurnmt.vision.checkpoint import unwrap
-from recurnmt.vision.distributed import DistInfo, all_reduce_sum
+from recurnmt.vision.runs.distributed import DistInfo, all_reduce_sum, unwrap
 
 
 @dataclass
