@@ -104,6 +104,15 @@ def read_checkpoint(path: Path) -> tuple[Any, str]:
     return cfg, arch
 
 
+def elastic_depth(args: Any) -> dict[str, int | None]:
+    """The model's elastic depth (:func:`recurnmt.flags.levels_flag`) under the names fairseq
+    and the exported config share: ``{"encoder_levels": ..., "decoder_levels": ...}``."""
+    from recurnmt.flags import levels_flag
+
+    dests = (levels_flag(side).dest for side in ("encoder", "decoder"))
+    return {dest: getattr(args, dest, None) for dest in dests}
+
+
 def hf_config(model: Any, args: Any, arch: str) -> Any:
     """The :class:`~recurnmt.hf.RecurnmtConfig` of a fairseq ``RecurrentTransformerModel``.
 
@@ -130,8 +139,7 @@ def hf_config(model: Any, args: Any, arch: str) -> Any:
         d_model=model.encoder.stack_cfg.embed_dim,
         encoder_stack=stack_config_to_dict(model.encoder.stack_cfg),
         decoder_stack=stack_config_to_dict(model.decoder.stack_cfg),
-        encoder_levels=getattr(args, "encoder_levels", None),
-        decoder_levels=getattr(args, "decoder_levels", None),
+        **elastic_depth(args),
         max_source_positions=model.encoder.max_source_positions,
         max_target_positions=model.decoder.max_target_positions,
         **tokens.to_dict(),

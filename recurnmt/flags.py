@@ -6,8 +6,9 @@ model's (checkpoint segments, elastic depth, the embedding layout: they reach fa
 through :func:`recurnmt.nmt.flags.add_recurrent_args` and their defaults through
 :data:`recurnmt.nmt.defaults.BASE`), the run modes every front end takes (:data:`RUN_MODES`:
 compilation, mixed depth and checkpoint segments, the same spelling and meaning in
-``fairseq-train`` and the image trainer), and the settings both relaxed-recursion converters
-take (:data:`CONVERSION_FLAGS`).
+``fairseq-train`` and the image trainer), elastic depth (:func:`levels_flag`: translation's
+model flags, the image evaluator, the export's config keys), and the settings both
+relaxed-recursion converters take (:data:`CONVERSION_FLAGS`).
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ class Flag:
             :func:`recurnmt.nmt.defaults.fill_defaults`, so checkpoints saved before it
             existed get it too).
         settings: ``add_argument``'s other keywords (help, choices, ...).
+        aliases: former spellings that still work (shown in ``--help`` beside the flag).
     """
 
     flag: str
     default: Any
     settings: dict[str, Any] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
 
     @property
     def dest(self) -> str:
@@ -47,7 +50,11 @@ def add_flags(parser, flags: Iterable[Flag], with_defaults: bool = False) -> Non
     the architecture (translation), or, ``with_defaults``, from the declarations."""
     for f in flags:
         parser.add_argument(
-            f.flag, **f.settings, **({"default": f.default} if with_defaults else {})
+            f.flag,
+            *f.aliases,
+            dest=f.dest,
+            **f.settings,
+            **({"default": f.default} if with_defaults else {}),
         )
 
 
@@ -98,6 +105,27 @@ CHECKPOINT_SEGMENT = Flag(
 )
 RUN_MODES = (COMPILE, COMPILE_MODE, MIXED_DEPTH, CHECKPOINT_SEGMENT)
 """The run modes of every front end, spelt and meant alike."""
+
+
+def levels_flag(side: str, aliases: tuple[str, ...] = ()) -> Flag:
+    """Elastic depth of the ``side`` stack (``encoder``: an image model's one stack too):
+    ``--{side}-levels K`` runs a trained weight-shared stack at K levels instead of its
+    trained depth (the modules' ``set_depth``; the ``transformers`` export's config key
+    ``{side}_levels``). The same spelling and meaning in ``fairseq-train``/``-generate``
+    (through ``--model-overrides``) and the image evaluator."""
+    return Flag(
+        f"--{side}-levels",
+        None,  # as built
+        dict(
+            type=int,
+            metavar="K",
+            help=f"run the {side} at K levels instead of its trained depth (elastic depth of "
+            "a trained shared model; in fairseq-generate: --model-overrides "
+            f"\"{{'{side}_levels': K}}\"); K beyond the trained depth needs parameter-free "
+            "level parts (Universal Transformer); SReT: K = loops x unique blocks",
+        ),
+        aliases,
+    )
 
 
 def checkpoint_segment(value: Any) -> int | str:

@@ -2,7 +2,7 @@
 
 Elastic depth: a weight-shared model trained at N levels runs at K levels
 (``fairseq-generate --model-overrides "{'encoder_levels': K, 'decoder_levels': K}"``,
-``python -m recurnmt.vision.runs.evaluate --levels K``). This script trains one model plainly and
+``python -m recurnmt.vision.runs.evaluate --encoder-levels K``). This script trains one model plainly and
 one with SReT's mixed-depth training (appendix B: the loss of the shallow branch, every block
 once, is added), same seed and budget, and scores both at K = 1 ... ``--max-levels``:
 
@@ -12,7 +12,7 @@ once, is added), same seed and budget, and scores both at K = 1 ... ``--max-leve
   sacreBLEU against the raw references;
 * ``vision``: RingFormer-ViTs (``--model``) on the digits with ``python -m
   recurnmt.vision.runs.train`` (``--mixed-depth`` for one), top-1 on the digits' evaluation half
-  with ``python -m recurnmt.vision.runs.evaluate --levels K``, and its multiply-accumulates.
+  with ``python -m recurnmt.vision.runs.evaluate --encoder-levels K``, and its multiply-accumulates.
 
 A depth that a model does not define is asked of the model before anything runs and shown as
 refused, with the model's reason (RingFormer's level signals and norms are learned for its N
@@ -144,7 +144,7 @@ def vision_refusal(checkpoint: str, depth: int) -> str | None:
     try:
         model.set_depth(depth)
     except ConfigError as err:
-        return str(err.renamed({"levels": "--levels"}))
+        return str(err.renamed({"levels": "--encoder-levels"}))
     return None
 
 
@@ -155,7 +155,7 @@ def vision_score(args: argparse.Namespace, checkpoint: str, depth: int, run_dir:
         "-m",
         "recurnmt.vision.runs.evaluate",
         checkpoint,
-        "--levels",
+        "--encoder-levels",
         str(depth),
     ]
     out = run_dir / f"evaluate-K{depth}.json"

@@ -102,3 +102,25 @@ def test_segments_without_checkpointing_are_refused_by_both(tmp_path):
     build("ringformer_tiny", "--checkpoint-segment", "2", "--checkpoint-activations")
     with pytest.raises(ConfigError, match="--checkpoint-segment.*needs --checkpoint-activations"):
         train(tmp_path, "--checkpoint-segment", "2")
+
+
+def test_elastic_depth_is_one_declaration_spelt_alike_everywhere():
+    """Translation's model flags, the image evaluator and the export's config keys name elastic
+    depth by one declaration (:func:`recurnmt.flags.levels_flag`)."""
+    from recurnmt.export import elastic_depth
+    from recurnmt.flags import levels_flag
+    from recurnmt.hf.configuration import RecurnmtConfig
+    from recurnmt.vision.runs.evaluate import build_parser as vision_evaluator
+
+    nmt = arch_train_args("ringformer_tiny", ["--encoder-levels", "3", "--decoder-levels", "2"])
+    assert (nmt.encoder_levels, nmt.decoder_levels) == (3, 2)
+    config = RecurnmtConfig(**elastic_depth(nmt))
+    assert (config.encoder_levels, config.decoder_levels) == (3, 2)
+    image = vision_evaluator().parse_args(["ckpt.pt", "--encoder-levels", "4"])
+    assert getattr(image, levels_flag("encoder").dest) == 4
+    assert vision_evaluator().parse_args(["ckpt.pt", "--levels", "4"]) == image  # before
+    pattern = re.compile(
+        r"add_argument\(\s*\"--(encoder|decoder)-levels\""
+    )  # plain --levels: a size
+    for path in (ROOT / "recurnmt").rglob("*.py"):
+        assert not pattern.search(path.read_text(encoding="utf-8")), path

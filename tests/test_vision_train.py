@@ -377,7 +377,7 @@ def test_evaluation_at_another_depth(tmp_path, capsys):
     base = ["--batch-size", "64", "--json"]
     reports = {}
     for levels in (None, 3, 9):  # trained with 6; a UiT's level embeddings extend
-        extra = [] if levels is None else ["--levels", str(levels)]
+        extra = [] if levels is None else ["--encoder-levels", str(levels)]
         evaluate_cli.main([ckpt, *base, *extra])
         reports[levels] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert reports[3]["levels"] == 3 and reports[None]["levels"] is None
@@ -391,8 +391,11 @@ def test_evaluation_at_another_depth(tmp_path, capsys):
         "--limit-train",
         "64",
     )
-    with pytest.raises(ConfigError, match="--levels=7: .*learned"):
-        evaluate_cli.main([str(tmp_path / "rf" / "checkpoint.pt"), "--levels", "7"])
+    with pytest.raises(ConfigError, match="--encoder-levels=7: .*learned"):
+        evaluate_cli.main([str(tmp_path / "rf" / "checkpoint.pt"), "--encoder-levels", "7"])
+    evaluate_cli.main([ckpt, *base, "--levels", "3"])  # the former spelling still works
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["levels"] == 3 and again["GMACs"] == reports[3]["GMACs"]
 
 
 def test_distillation_finetuning_and_evaluation(tmp_path, capsys):

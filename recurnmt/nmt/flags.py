@@ -27,6 +27,7 @@ from recurnmt.flags import (
     Flag,
     add_flags,
     defaults,
+    levels_flag,
 )
 from recurnmt.modules.config import ConfigError, StackConfig, option_declarations
 from recurnmt.nmt.embedding_layout import LAYOUT_FLAGS
@@ -75,21 +76,7 @@ MODEL_FLAGS = (
     ),
     COMPILE,
     COMPILE_MODE,
-    *(
-        Flag(
-            f"--{side}-levels",
-            None,  # elastic depth: run at another depth (None: as built)
-            dict(
-                type=int,
-                metavar="K",
-                help=f"run the {side} at K levels instead of --{side}-layers (elastic depth of "
-                "a trained shared model, e.g. fairseq-generate --model-overrides "
-                f"\"{{'{side}_levels': K}}\"); K beyond the built depth needs parameter-free "
-                "level parts (Universal Transformer)",
-            ),
-        )
-        for side in SIDES
-    ),
+    *(levels_flag(side) for side in SIDES),
 )
 """The model's flags that are no stack options."""
 

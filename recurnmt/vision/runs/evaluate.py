@@ -13,6 +13,7 @@ import json
 import sys
 
 from recurnmt.cli import entry_point
+from recurnmt.flags import add_flags, levels_flag
 from recurnmt.modules import ConfigError
 from recurnmt.parameters import count_parameters
 from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
@@ -23,6 +24,9 @@ from recurnmt.vision.runs.distributed import process_group
 from recurnmt.vision.runs.engine import Precision, evaluate
 from recurnmt.vision.runs.flops import count_macs, throughput
 
+# an image model's stack is an encoder: elastic depth as translation spells it
+ELASTIC_DEPTH = levels_flag("encoder", aliases=("--levels",))
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m recurnmt.vision.runs.evaluate", description=__doc__)
@@ -32,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="data set (default: the training data set)")
     p.add_argument("--data-root", help="data folder (not needed for digits)")
     p.add_argument("--img-size", help="evaluation resolution (default: the model's)")
-    p.add_argument(
-        "--levels",
-        type=int,
-        metavar="K",
-        help="run a weight-shared model at K levels instead of its trained depth (elastic "
-        "depth; SReT: K = loops x unique blocks)",
-    )
+    add_flags(p, [ELASTIC_DEPTH], with_defaults=True)  # translation's spelling (--levels: before)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--device", default="auto")
@@ -52,13 +50,15 @@ def main(argv: list[str] | None = None) -> dict:
     with process_group(args.device) as info:
         ckpt = load_checkpoint(args.checkpoint)
         model = model_from_checkpoint(ckpt).to(info.device).eval()
-        if args.levels is not None:
+        depth = getattr(args, ELASTIC_DEPTH.dest)
+        if depth is not None:
+            flag = ELASTIC_DEPTH.flag
             if not hasattr(model, "set_depth"):
-                raise ValueError(f"--levels: a {type(model).__name__} has no elastic depth")
+                raise ValueError(f"{flag}: a {type(model).__name__} has no elastic depth")
             try:
-                model.set_depth(args.levels)
+                model.set_depth(depth)
             except ConfigError as err:
-                raise err.renamed({"levels": "--levels"}) from None
+                raise err.renamed({"levels": flag}) from None
         img_size = parse_size(args.img_size) or tuple(model.img_size)
         data = args.data or ckpt.get("data", {}).get("name", "digits")
         root = args.data_root or ckpt.get("args", {}).get("data_root")
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
         shape = (1, spec.in_chans, *img_size)
         report = {
             "model": ckpt["model_name"],
-            "levels": args.levels,
+            "levels": depth,
             "data": data,
             "images": result.images,
             "top1": round(result.top1, 3),
@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> dict:
             if args.json:
                 print(json.dumps(report))
             else:
-                depth = f" at {args.levels} levels" if args.levels else ""
+                at = f" at {depth} levels" if depth else ""
                 print(
-                    f"{report['model']}{depth} on {data} ({report['images']} images, "
+                    f"{report['model']}{at} on {data} ({report['images']} images, "
                     f"{img_size[0]}x{img_size[1]}): top-1 {report['top1']:.2f}%  "
                     f"top-5 {report['top5']:.2f}%  loss {report['loss']:.4f}\n"
                     f"parameters {report['params_M']:.3f}M  "
