@@ -61,3 +61,16 @@ def test_paper_extensions_of_one_front_end_live_with_it():
 
     assert issubclass(layer_attention.LayerAttentionHook, recurnmt.modules.LevelHook)
     assert issubclass(reuse.ReuseHook, recurnmt.modules.LevelHook)
+
+
+def test_no_module_of_the_package_or_the_scripts_is_over_600_lines():
+    """Each module says one thing: a file past 600 lines is split by what its parts do (the
+    stack's part configs, the vision trainer, the GPU check were)."""
+    root = MODULES.parents[1]
+    long = {
+        str(path.relative_to(root)): n
+        for folder in ("recurnmt", "scripts")
+        for path in sorted((root / folder).rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 600
+    }
+    assert not long, long
