@@ -21,11 +21,9 @@ def test_no_file_but_the_declaration_declares_a_size_flag():
         for f in files
         if f.name != "experiment.py" and DECLARATION.search(f.read_text(encoding="utf-8"))
     }
-    # other options that share a spelling: the depth a trained image model is evaluated at,
-    # the depths a memory sweep measures (a list), the demo's depth (its recipe fixes the
-    # rest), an attention call's heads
+    # other options that share a spelling: the depths a memory sweep measures (a list), the
+    # demo's depth (its recipe fixes the rest), an attention call's heads
     assert found == {
-        "recurnmt/vision/runs/evaluate.py": ["levels"],
         "scripts/depth_memory.py": ["levels"],
         "scripts/demo_nmt.py": ["levels"],
         "scripts/sdpa_first_call.py": ["heads"],
