@@ -224,6 +224,10 @@ BAD_INPUTS: dict[str, BadInput] = {
         ["measure", "--data", str(tmp / "no_corpus")],
         "no_corpus: no binarized corpus there",
     ),
+    "python scripts/make_compat_fixtures.py": lambda tmp: (
+        ["--out", str(tmp / "bad_input.py")],
+        "bad_input.py: not a folder",
+    ),
     "python scripts/make_vision_fixtures.py": lambda tmp: (
         ["--out", str(tmp / "bad_input.py")],
         "bad_input.py",
