@@ -141,3 +141,33 @@ def test_impossible_settings_are_refused_naming_the_option(tmp_path):
         args = script.build_parser().parse_args(argv)
         with pytest.raises(Exception, match=named):
             script.check(args)
+
+
+def test_an_interrupted_run_goes_on_in_its_folder_and_keeps_its_logs(tmp_path, fake, monkeypatch):
+    from recurnmt.runs import relaxed_study
+    from recurnmt.runs.relaxed_study import Run, train_logs
+
+    study = FakeStudy(_args(tmp_path))
+    run = study.teacher_run()
+    seen = []
+
+    def body(run_dir: Path) -> dict:
+        seen.append(sorted(p.name for p in run_dir.iterdir()))
+        study.train("transformer", [], run_dir)
+        if len(seen) == 1:  # the first attempt stops with a checkpoint written
+            (run_dir / "checkpoints").mkdir()
+            (run_dir / "checkpoints" / "checkpoint_last.pt").write_text("", encoding="utf-8")
+            raise KeyboardInterrupt
+        return fake_body(study, run)
+
+    monkeypatch.setattr(FakeStudy, "train", Study.train)
+    monkeypatch.setattr(relaxed_study, "run_logged", lambda cmd, log: log.write_text("attempt"))
+    attempt = Run(run.name, run.settings, body, run.updates)
+    with pytest.raises(KeyboardInterrupt):
+        Study.execute(study, attempt)
+    Study.execute(study, attempt)
+    assert seen == [["started.json"], ["checkpoints", "started.json", "train.log"]]
+    assert [p.name for p in train_logs(study.out / "teacher")] == ["train-1.log", "train.log"]
+    changed = Run(run.name, {**run.settings, "seed": 2}, body, run.updates)
+    Study.execute(study, changed)  # other settings: the folder is made anew
+    assert seen[-1] == ["started.json"]

@@ -5,7 +5,9 @@ from a pretrained model at a small budget).
 
 Every run is a real ``fairseq-train`` / ``recurnmt-convert`` / ``fairseq-generate`` command
 with its log in its run directory; a finished run (``RUN/result.json``) is reused while the
-settings it depends on are unchanged, so the study can be stopped and resumed
+settings it depends on are unchanged, and an interrupted one goes on from its last checkpoint
+(the teacher and the T + K runs save one every 350 updates), so the study can be stopped and
+resumed
 (``scripts/relaxed_nmt.py --hours H`` stops starting runs after H hours). The runs, in the
 order they execute (the main comparison first, so a partial study is already a complete
 comparison for its main cells):
@@ -175,8 +177,11 @@ class Study:
             [*flags, *run_flags(run_dir / "checkpoints")],
             start=cpu_train_command(self.args.nproc),
         )
-        run_logged(cmd, run_dir / "train.log")
-        return run_dir / "train.log"
+        log = run_dir / "train.log"
+        if log.exists():  # an interrupted attempt's log, kept: train-1.log, train-2.log, ...
+            log.rename(run_dir / f"train-{len(train_logs(run_dir))}.log")
+        run_logged(cmd, log)
+        return log
 
     def evaluate(self, checkpoint: Path, run_dir: Path, tag: str = "") -> dict[str, Any]:
         """sacreBLEU and chrF on the test set (hypotheses kept in ``hyp{tag}.txt``),
@@ -233,8 +238,9 @@ class Study:
             ]  # fmt: skip
             log = self.train(TEACHER, [*self.size(), *self.teacher_recipe(a.max_update), *plateau],
                              run_dir)  # fmt: skip
-            curve = [(int(float(r["num_updates"])), float(r["loss"]))
-                     for r in log_records(log, "valid") if "num_updates" in r]  # fmt: skip
+            records = [r for path in train_logs(run_dir) for r in log_records(path, "valid")]
+            curve = sorted({int(float(r["num_updates"])): float(r["loss"])
+                            for r in records if "num_updates" in r}.items())  # fmt: skip
             if not curve:
                 raise UserError(f"the teacher's log {log} holds no validation")
             best_updates, best_loss = min(curve, key=lambda c: (c[1], c[0]))
@@ -351,7 +357,7 @@ class Study:
         def body(run_dir: Path) -> dict[str, Any]:
             t = self.teacher_result()["updates"]
             ckpts = run_dir / "checkpoints"
-            ckpts.mkdir(parents=True)
+            ckpts.mkdir(parents=True, exist_ok=True)  # its run saves nothing before the end
             shutil.copy(self.teacher_checkpoint(), ckpts / "checkpoint_last.pt")
             flags = [*self.size(), *self.teacher_recipe(t + k), "--validate-interval", "1000",
                      "--save-interval", "1000"]  # fmt: skip
@@ -447,9 +453,17 @@ class Study:
         return result if result.get("settings") == json.loads(json.dumps(run.settings)) else None
 
     def execute(self, run: Run) -> dict[str, Any]:
+        """Runs ``run``: anew, or on from where an interrupted attempt with the same settings
+        stopped (fairseq-train resumes from the run's ``checkpoint_last.pt``)."""
         run_dir = self.out / run.name
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
+        started = run_dir / "started.json"
+        settings = json.dumps(run.settings, sort_keys=True)
+        if not started.exists() or started.read_text(encoding="utf-8") != settings:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            run_dir.mkdir(parents=True)
+            started.write_text(settings, encoding="utf-8")
+        elif (run_dir / "checkpoints" / "checkpoint_last.pt").exists():
+            print(f"[{run.name}] resuming from its last checkpoint", flush=True)
         start = time.time()
         result = {"run": run.name, **run.body(run_dir), "settings": run.settings}
         result["seconds"] = round(time.time() - start, 1)
@@ -484,6 +498,12 @@ class Study:
                     seen.add(run.name)
                     results.append(result)
         return results, pending
+
+
+def train_logs(run_dir: Path) -> list[Path]:
+    """The ``fairseq-train`` logs of a run, oldest attempt first."""
+    earlier = sorted(run_dir.glob("train-*.log"), key=lambda p: int(p.stem.split("-")[1]))
+    return [*earlier, *([run_dir / "train.log"] if (run_dir / "train.log").exists() else [])]
 
 
 def summary(result: dict[str, Any]) -> str:
