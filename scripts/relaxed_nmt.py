@@ -37,7 +37,7 @@ from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.commands import run_logged
 from recurnmt.runs.experiment import add_size_arguments
 from recurnmt.runs.relaxed_report import markdown, plot
-from recurnmt.runs.relaxed_study import INITS, Study
+from recurnmt.runs.relaxed_study import INITS, LATER, Study
 
 PROG = "python scripts/relaxed_nmt.py"
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args.doc.write_text(markdown(results, pending, study, command, png), encoding="utf-8")
     write_json(args.doc.with_suffix(".json"), {"results": results, "pending": pending})
     print(f"wrote {args.doc}, {png}, {args.doc.with_suffix('.json')}"
-          + (f"; {len(pending)} runs still to do" if pending else ""))  # fmt: skip
+          + (f"; {len([p for p in pending if p != LATER])} runs still to do" if pending else ""))  # fmt: skip
     return results
 
 

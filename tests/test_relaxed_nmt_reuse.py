@@ -111,7 +111,7 @@ def test_a_deadline_leaves_the_rest_pending_and_the_page_says_so(tmp_path, fake)
     results, pending = study.run(deadline=0.0)
     assert results == [] and pending == ["teacher", "(later stages)"]
     page = relaxed_report.markdown(results, pending, study, "cmd", tmp_path / "p.png")
-    assert "2 runs: `teacher`, `(later stages)`" in page
+    assert "1 runs: `teacher`, then the stages planned after them." in page
 
 
 def test_the_verdicts_follow_the_numbers(tmp_path, fake):

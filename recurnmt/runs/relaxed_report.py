@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from recurnmt.runs.relaxed_study import LATER
+
 Result = dict[str, Any]
 
 
@@ -150,7 +152,13 @@ def plateau_note(teacher: Result, args) -> str:
     if teacher["stopped_at"] < args.max_update:
         return f", {teacher['stopped_at'] - teacher['updates']:,} updates without improvement"
     if teacher["updates"] == teacher["stopped_at"]:
-        return " (the cap, --max-update, still improving: no plateau was reached)"
+        curve = teacher["curve"]
+        back = curve[-1 - min(args.patience, len(curve) - 1)]
+        gain = back[1] - curve[-1][1]
+        return (
+            f" (the cap, --max-update, still improving: by {gain:.3f} in validation loss over "
+            f"its last {curve[-1][0] - back[0]:,} updates; no plateau by the patience rule)"
+        )
     return " (the cap, --max-update)"
 
 
@@ -173,9 +181,7 @@ def markdown(results: list[Result], pending: list[str], study, command: str, plo
     lines.append(
         f"Written by `{command}` ({len(results)} results"
         + (
-            f"; {len(pending)} runs still to do: rerun the same command to continue)"
-            if pending
-            else ")"
+            "; runs still to do: rerun the same command to continue)" if pending else ")"
         )  # fmt: skip
         + ". The method's claim (Bae et al., ICLR 2025) is about the *uptraining* budget: "
         "the teacher is a sunk cost someone already paid. Every model has H="
@@ -191,7 +197,7 @@ def markdown(results: list[Result], pending: list[str], study, command: str, plo
                   f"{a.warmup} warm-up updates, validated every {a.interval:,} updates, stopped after "
                   f"{a.patience} validations without a lower validation loss: the lowest "
                   f"validation loss, {t['best_valid_loss']:.3f}, came at update "
-                  f"{t['updates']:,} (T, its plateau); training stopped at update "
+                  f"{t['updates']:,} (T); training stopped at update "
                   f"{t['stopped_at']:,}{plateau_note(t, a)}. Its best checkpoint: sacreBLEU {t['bleu']:.2f}, chrF "
                   f"{t['chrf']:.2f}, validation perplexity {t['valid_ppl']:.2f} (P* "
                   f"{t['p_star'] / 1e6:.3f}M). Signature: {t['bleu_signature']}."]  # fmt: skip
@@ -232,9 +238,12 @@ def markdown(results: list[Result], pending: list[str], study, command: str, plo
         lines += _bootstrap_table(rows, study)
     lines += _grid_table(results, study)
     if pending:
-        shown = ", ".join(f"`{p}`" for p in pending[:12])
+        named = [p for p in pending if p != LATER]
+        shown = ", ".join(f"`{p}`" for p in named[:12])
+        later = ", then the stages planned after them" if LATER in pending else ""
         lines += ["", "## Still to run", "",
-                  f"{len(pending)} runs: {shown}" + (", ..." if len(pending) > 12 else "") + "."]  # fmt: skip
+                  f"{len(named)} runs: {shown}" + (", ..." if len(named) > 12 else "")
+                  + later + "."]  # fmt: skip
     lines += ["", f"![sacreBLEU against the uptraining budget]({plot.name})", ""]
     return "\n".join(lines)
 

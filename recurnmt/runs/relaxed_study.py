@@ -61,6 +61,7 @@ from recurnmt.runs.fairseq_log import log_records
 from recurnmt.runs.launch import cpu_train_command
 
 TEACHER = "transformer"  # fairseq's own
+LATER = "(later stages)"  # pending: the stages that wait for the runs before them
 RELAXED = "relaxed_transformer"
 INITS = ("stepwise", "average", "lower")
 
@@ -479,7 +480,7 @@ class Study:
         results, pending, seen = [], [], set()
         for stage in self.stages():
             if pending:  # a later stage needs the earlier ones' results
-                pending.append("(later stages)")
+                pending.append(LATER)
                 break
             runs = stage()
             todo = [r for r in runs if self.finished(r) is None]
