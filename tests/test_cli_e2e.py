@@ -357,6 +357,26 @@ def test_mixed_precision_training_and_generation_on_cuda(data, tmp_path, device,
     assert "BLEU" in out
 
 
+def test_static_decoding_through_fairseq_generate(data, tmp_path):
+    """``fairseq-generate --task speculative_translation --static-decoding`` translates the test
+    set as fairseq's beam search does (beam 3, batches of 16), says which path ran, and refuses
+    drafts beside it naming the flag. (A model this briefly trained ends every sentence at one
+    step; tests/test_static_decoding.py has sentences that end at different steps.)"""
+    train(data, tmp_path, "universal_transformer_tiny", 9, "--decoder-layers", "3")
+    checkpoint = tmp_path / "checkpoint_last.pt"
+
+    def hypotheses(out: str) -> dict[str, str]:
+        return dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", out, flags=re.M))
+
+    plain = generate(data, checkpoint)
+    out = generate(data, checkpoint, "--task", "speculative_translation", "--static-decoding")
+    assert hypotheses(out) == hypotheses(plain) and len(hypotheses(out)) == SIZES["test"]
+    assert "static-shape decoding: every row kept" in out and "run eagerly" in out
+    with pytest.raises(AssertionError, match="--static-decoding: not with --draft-levels"):
+        generate(data, checkpoint, "--task", "speculative_translation", "--static-decoding",
+                 "--draft-levels", "1")  # fmt: skip
+
+
 def test_speculative_decoding_through_fairseq_generate_and_interactive(data, tmp_path):
     """``fairseq-generate --task speculative_translation --draft-levels R --draft-tokens K``
     (and ``auto``) translates the test set exactly as plain greedy decoding does, logs its

@@ -404,6 +404,10 @@ class SelfAttention(_Attention):
             return self._project_out(_merge_heads(out), terms)
         if cache is not None:
             k, v = cache.append_pair(heads.narrow(0, 1, 2))
+            if cache.key_mask is not None:
+                # a static-shape cache: its whole buffer, the positions not yet written masked
+                # (one query per step; modules/static_cache.py)
+                return self._attend(q, k, v, cache.key_mask, terms)
         t, s = q.size(2), k.size(2)
         causal = self.causal and t > 1
         if causal and key_padding_mask is None and terms.bias is None:

@@ -40,7 +40,11 @@ class KVCache:
         length: positions filled.
         spare: storage the next :meth:`reorder` writes into (on a CPU: the buffer before the
             last reorder).
+        key_mask: None: attention reads the filled positions only (a static-shape cache,
+            :mod:`recurnmt.modules.static_cache`, gives its whole buffer and this mask).
     """
+
+    key_mask = None
 
     def __init__(
         self, buffer: Tensor | None = None, length: int = 0, spare: Tensor | None = None

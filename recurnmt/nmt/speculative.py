@@ -11,13 +11,15 @@ other option of ``fairseq-generate`` keeps its meaning (``--max-len-a/b``, ``--m
 ``--unkpen``, ``--lenpen``, ``--temperature``, ``--sampling-topk/-topp``), and a setting
 speculation cannot honour is refused at once, naming its flag. The log says how many drafts each
 verification accepted and what drafting and verifying took.
+
+The same task's ``--static-decoding`` runs beam search over fixed shapes instead
+(:mod:`recurnmt.nmt.static_decoding`): the plugin's decoding options live in one task.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -40,6 +42,7 @@ from recurnmt.modules.speculative import (
 )
 from recurnmt.modules.stack import StackOutput
 from recurnmt.nmt.decoder import RecurrentDecoder
+from recurnmt.nmt.generation import check_generator, hypothesis, lprobs_adjustment, max_length
 
 logger = logging.getLogger(__name__)
 TASK = "speculative_translation"
@@ -47,15 +50,19 @@ TASK = "speculative_translation"
 
 class FairseqDraftingDecoder:
     """A :class:`RecurrentDecoder` and one batch's encoder output, as the speculative loop
-    asks them (:class:`~recurnmt.modules.speculative.DraftingDecoder`)."""
+    asks them (:class:`~recurnmt.modules.speculative.DraftingDecoder`); ``group``: decoder
+    rows per row of the encoder output (beam search's hypotheses of one sentence,
+    :class:`~recurnmt.modules.memory.Memory`)."""
 
-    def __init__(self, decoder: RecurrentDecoder, encoder_out: dict[str, list[Tensor]]) -> None:
+    def __init__(
+        self, decoder: RecurrentDecoder, encoder_out: dict[str, list[Tensor]], group: int = 1
+    ) -> None:
         self.decoder, self.stack = decoder, decoder.stack
         pad = None
         if encoder_out.get("encoder_padding_mask"):
             pad = encoder_out["encoder_padding_mask"][0]
             pad = pad if bool(pad.any()) else None
-        self.memory = Memory(encoder_out["encoder_out"][0].transpose(0, 1), pad, 1)
+        self.memory = Memory(encoder_out["encoder_out"][0].transpose(0, 1), pad, group)
 
     def embed(self, tokens: Tensor, position: int) -> tuple[Tensor, Tensor | None]:
         # TokenEmbedding's incremental step with the position given: fairseq's positional
@@ -109,30 +116,15 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
 
     def __init__(self, models, tgt_dict, draft_levels, draft_tokens: int = 4, **kwargs) -> None:
         super().__init__(models, tgt_dict, **kwargs)
-        if len(models) != 1:
-            raise ValueError(f"--path: speculative decoding runs one model, not {len(models)}")
-        decoder = models[0].decoder
-        if not isinstance(decoder, RecurrentDecoder):
-            raise ValueError(
-                "--draft-levels: the draft is a recurnmt decoder's first levels; this model's "
-                f"decoder is a {type(decoder).__name__}"
-            )
+        what = "speculative decoding"
+        others = "--diverse-beam-groups, --diversity-rate, --constraints, --prefix-allowed-tokens"
+        searches = (search.BeamSearch, search.Sampling)
+        decoder = check_generator(self, models, what, "--draft-levels", searches, others)
         if self.beam_size != 1:
             raise ValueError(
                 f"--beam {self.beam_size}: speculative decoding decodes greedily or samples "
                 "(--beam 1); see docs/speculative.md for beam search"
             )
-        refused = {
-            "--no-repeat-ngram-size": self.repeat_ngram_blocker is not None,
-            "--match-source-len": self.match_source_len,
-            "--lm-path": self.lm_model is not None,
-            "--diverse-beam-groups, --diversity-rate, --constraints, --prefix-allowed-tokens": (
-                type(self.search) not in (search.BeamSearch, search.Sampling)
-            ),
-        }
-        for flag, bad in refused.items():
-            if bad:
-                raise ValueError(f"{flag}: not with speculative decoding (--draft-levels)")
         self.stack = decoder.stack
         n = self.stack.num_levels
         self.auto = draft_levels == "auto"
@@ -157,30 +149,6 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
             logger.info(f"draft levels {self.draft_levels}, tokens {tokens}: "
                         + self.stats.summary())  # fmt: skip
 
-    def _adjust(self, max_len: int):
-        """fairseq's changes to the log-probabilities at a step (``SequenceGenerator``): no
-        pad, the unk penalty, eos forbidden before ``--min-len`` and forced at the maximum."""
-        pad, unk, eos, min_len = self.pad, self.unk, self.eos, self.min_len
-        unk_penalty, suppressed = self.unk_penalty, self.token_indices_to_suppress
-
-        def adjust(lprobs: Tensor, step: int) -> None:  # B x T x V for steps step, step + 1...
-            # views and fill_, not indexing with a Python number (which makes a host tensor)
-            lprobs.masked_fill_(lprobs.isnan(), -math.inf)
-            lprobs.select(-1, pad).fill_(-math.inf)
-            lprobs.select(-1, unk).sub_(unk_penalty)
-            if suppressed is not None:  # --tokens-to-suppress
-                lprobs.index_fill_(-1, suppressed.to(lprobs.device), -math.inf)
-            early = min(min_len - step, lprobs.size(1))  # positions before the minimum length
-            if early > 0:
-                lprobs.narrow(1, 0, early).select(-1, eos).fill_(-math.inf)
-            last = max(max_len - step, 0)  # positions from the maximum length on
-            if last < lprobs.size(1):
-                forced = lprobs.narrow(1, last, lprobs.size(1) - last)
-                forced.narrow(-1, 0, eos).fill_(-math.inf)
-                forced.narrow(-1, eos + 1, forced.size(-1) - eos - 1).fill_(-math.inf)
-
-        return adjust
-
     @torch.no_grad()
     def _generate(
         self,
@@ -196,12 +164,10 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         bsz, src_len = src_tokens.shape[:2]
-        max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_len - 1)
-        if self.min_len > max_len:
-            raise ValueError(f"--min-len {self.min_len} exceeds the maximum length {max_len}")
+        max_len = max_length(self, src_len)
         (encoder_out,) = self.model.forward_encoder(net_input)
         prefix = src_tokens.new_full((bsz, 1), self.eos if bos_token is None else bos_token)
-        rule = TokenRule(adjust=self._adjust(max_len), **self.rule_settings)
+        rule = TokenRule(adjust=lprobs_adjustment(self, max_len), **self.rule_settings)
         model = self.model.models[0]
         if self.auto:
             self.draft_levels = self._calibrate(sample, model, encoder_out, rule, prefix, max_len)
@@ -215,17 +181,7 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
             score = scores.sum()
             if self.normalize_scores:
                 score = score / tokens.numel() ** self.len_penalty
-            hypos.append(
-                [
-                    {
-                        "tokens": tokens,
-                        "score": score,
-                        "attention": torch.empty(0),
-                        "alignment": torch.empty(0),
-                        "positional_scores": scores,
-                    }
-                ]
-            )
+            hypos.append([hypothesis(tokens, score, scores)])
         return hypos
 
     def _speculate(self, model, encoder_out, rule, prefix, max_len, levels):
@@ -269,25 +225,45 @@ class SpeculativeTranslationConfig(TranslationConfig):
         },
     )
     draft_tokens: int = field(default=4, metadata={"help": "tokens drafted per verification"})
+    static_decoding: bool = field(
+        default=False,
+        metadata={
+            "help": "beam search over fixed shapes: every row kept, the decoder's keys and "
+            "values in buffers of the longest output, reordered in place (what a captured "
+            "CUDA graph step needs); outputs equal fairseq's beam search"
+        },
+    )
 
 
-for _name, _type in (("draft_levels", Optional[str]), ("draft_tokens", int)):  # noqa: UP045
+_TYPES = (("draft_levels", Optional[str]), ("draft_tokens", int), ("static_decoding", bool))  # noqa: UP045
+for _name, _type in _TYPES:
     SpeculativeTranslationConfig.__dataclass_fields__[_name].type = _type
 
 
 @register_task(TASK, dataclass=SpeculativeTranslationConfig)
 class SpeculativeTranslationTask(TranslationTask):
     """fairseq's ``translation`` task whose generator drafts with the model's own first levels
-    when ``--draft-levels`` is given (:class:`SpeculativeSequenceGenerator`)."""
+    when ``--draft-levels`` is given (:class:`SpeculativeSequenceGenerator`), or runs beam
+    search over fixed shapes with ``--static-decoding``
+    (:class:`~recurnmt.nmt.static_decoding.StaticSequenceGenerator`)."""
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        levels = self.cfg.draft_levels
-        if levels is None or getattr(args, "score_reference", False):
+        levels, static = self.cfg.draft_levels, self.cfg.static_decoding
+        if (levels is None and not static) or getattr(args, "score_reference", False):
             return super().build_generator(
                 models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs
             )
+        option = "--static-decoding" if static else "--draft-levels"
+        if static and levels is not None:
+            raise ValueError("--static-decoding: not with --draft-levels (beam search or drafts)")
         if getattr(args, "print_alignment", False):
-            raise ValueError("--print-alignment: not with speculative decoding (--draft-levels)")
+            raise ValueError(f"--print-alignment: not with {option}")
+        if static:
+            from recurnmt.nmt.static_decoding import StaticSequenceGenerator
+
+            return super().build_generator(
+                models, args, StaticSequenceGenerator, extra_gen_cls_kwargs, **kwargs
+            )
         extra = {
             **(extra_gen_cls_kwargs or {}),
             "draft_levels": levels,

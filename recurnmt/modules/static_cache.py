@@ -1,0 +1,177 @@
+"""Incremental decoding state of fixed shapes: what a captured decoding step needs.
+
+A CUDA graph (or ``torch.compile``'s "reduce-overhead" mode) replays a step over the same
+memory with the same shapes. The default cache (:mod:`recurnmt.modules.kv_cache`) does neither:
+it grows by doubling, attention reads its filled positions through a ``narrow`` whose length
+changes at every step, and beam search moves it into other storage, with fewer rows as
+finished sentences leave the batch. Here, instead:
+
+* every level's keys and values live in one zeroed buffer, 2 x B x H x capacity x D, made at
+  the first step for the longest output the batch may reach; B stays (beam search keeps a
+  finished sentence's rows and ignores them, :mod:`recurnmt.nmt.static_decoding`);
+* a step writes its position with ``index_copy_`` at an index held on the device
+  (:class:`StepPosition`, shared by all levels, set once per step before the levels run);
+* attention reads the whole buffer under a key mask that is True at positions 0 .. the
+  current one (:attr:`StaticKVCache.key_mask`, 1 x 1 x 1 x capacity): the positions not yet
+  written get softmax weight exactly 0 and hold zeros, so a query attends as over the filled
+  positions alone;
+* beam search reorders the rows in place (the filled positions are selected into a scratch
+  buffer and copied back), so the buffer's storage never changes.
+
+Every tensor a step reads or writes therefore keeps its address and its shape from the second
+step on; only the position's two small tensors are rewritten between steps. Attention over
+the whole buffer costs arithmetic the default cache does not spend (every step reads
+``capacity`` positions): on a CPU this path is for correctness, equal to the default decoding
+(tests/test_static_decoding.py); it pays only where a step is bound by dispatch, as on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from recurnmt.modules.cache import StackCache
+
+
+class StepPosition:
+    """The position a decoding step writes, shared by every level of a stack.
+
+    Attributes:
+        capacity: positions the buffers hold (the longest output, end of sentence included).
+        index: the position, a 1-element long tensor on the device.
+        mask: 1 x 1 x 1 x capacity, True at the positions a query may attend (0 .. index).
+        length: positions written once the current step has run (host number).
+    """
+
+    def __init__(self, capacity: int, device: torch.device | str) -> None:
+        if capacity < 1:
+            raise ValueError(f"a static-shape cache of {capacity} positions holds nothing")
+        self.capacity = capacity
+        self.index = torch.zeros(1, dtype=torch.long, device=device)
+        self.mask = torch.zeros(1, 1, 1, capacity, dtype=torch.bool, device=device)
+        self._positions = torch.arange(capacity, device=device)
+        self.length = 0
+
+    def set(self, position: int) -> None:
+        """The next step writes ``position`` and attends to 0 .. ``position`` (in place)."""
+        if not 0 <= position < self.capacity:
+            raise ValueError(
+                f"position {position}: the static-shape cache holds {self.capacity} positions"
+            )
+        self.index.fill_(position)
+        torch.le(self._positions, position, out=self.mask.view(-1))
+        self.length = position + 1
+
+
+class StaticKVCache:
+    """One level's keys and values in a buffer of fixed shape (the module docstring).
+
+    Attributes:
+        position: the step's position (:class:`StepPosition`, shared by the stack's levels).
+        buffer: 2 x B x H x capacity x D (keys, then values); None before the first step.
+    """
+
+    def __init__(self, position: StepPosition) -> None:
+        self.position = position
+        self.buffer: Tensor | None = None
+        self._scratch: Tensor | None = None
+
+    @property
+    def key_mask(self) -> Tensor:
+        """1 x 1 x 1 x capacity, True where a query may attend (what self-attention reads
+        beside the whole buffer)."""
+        return self.position.mask
+
+    @property
+    def length(self) -> int:
+        return self.position.length if self.buffer is not None else 0
+
+    @property
+    def keys(self) -> Tensor:
+        """B x H x length x D, the filled positions (a view)."""
+        return self._filled()[0]
+
+    @property
+    def values(self) -> Tensor:
+        """B x H x length x D, the filled positions (a view)."""
+        return self._filled()[1]
+
+    def _filled(self) -> Tensor:
+        if self.buffer is None:
+            raise ValueError("the cache is empty: no step has run yet")
+        return self.buffer.narrow(3, 0, self.length)
+
+    def append_pair(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Writes the step's keys and values (2 x B x H x 1 x D) at the step's position.
+
+        Returns:
+            The whole buffer's keys and values, each B x H x capacity x D (read with
+            :attr:`key_mask`).
+        """
+        if kv.size(3) != 1:
+            raise ValueError(f"a static-shape cache takes one position per step, not {kv.size(3)}")
+        if self.buffer is None:
+            _, b, h, _, d = kv.shape
+            self.buffer = kv.new_zeros(2, b, h, self.position.capacity, d)
+        elif kv.shape[1:3] != self.buffer.shape[1:3]:
+            raise ValueError(
+                f"a static-shape cache keeps its {self.buffer.size(1)} rows; a step gave "
+                f"{kv.size(1)}"
+            )
+        self.buffer.index_copy_(3, self.position.index, kv)
+        keys, values = self.buffer.unbind(0)
+        return keys, values
+
+    def reorder(self, new_order: Tensor) -> StaticKVCache:
+        """Selects the rows ``new_order`` (one index per row) in place; returns this cache."""
+        if self.buffer is None:
+            return self
+        if new_order.numel() != self.buffer.size(1):
+            raise ValueError(
+                f"a static-shape cache keeps its {self.buffer.size(1)} rows; the new order "
+                f"has {new_order.numel()}"
+            )
+        if self._scratch is None:
+            self._scratch = torch.empty_like(self.buffer)
+        filled = self.buffer.narrow(3, 0, self.length)
+        selected = self._scratch.narrow(3, 0, self.length)
+        torch.index_select(filled, 1, new_order, out=selected)
+        filled.copy_(selected)
+        return self
+
+    def truncate(self, length: int) -> None:
+        raise ValueError(
+            "a static-shape cache is not truncated (speculative decoding uses the default cache)"
+        )
+
+
+class StaticStackCache(StackCache):
+    """A :class:`~recurnmt.modules.cache.StackCache` whose levels are :class:`StaticKVCache`
+    buffers of ``capacity`` positions on ``device``; :meth:`set_position` before each step.
+
+    Beam search keeps every row (the batch never shrinks), so the projected memory, one row
+    per sentence, is never selected: :meth:`reorder` reorders the levels' keys and values in
+    place and returns this cache."""
+
+    def __init__(self, capacity: int, device: torch.device | str) -> None:
+        super().__init__()
+        self.position = StepPosition(capacity, device)
+
+    def set_position(self, position: int) -> None:
+        """The next step writes ``position`` (0 at the first step)."""
+        self.position.set(position)
+
+    def level(self, index: int) -> StaticKVCache:
+        if index not in self.levels:
+            self.levels[index] = StaticKVCache(self.position)
+        return self.levels[index]
+
+    def reorder(self, new_order: Tensor) -> StaticStackCache:
+        for kv in self.levels.values():
+            kv.reorder(new_order)
+        return self
+
+    def truncate(self, length: int) -> None:
+        raise ValueError(
+            "a static-shape cache is not truncated (speculative decoding uses the default cache)"
+        )

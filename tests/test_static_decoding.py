@@ -1,0 +1,203 @@
+"""Beam search over fixed shapes (recurnmt/nmt/static_decoding.py) and its cache
+(recurnmt/modules/static_cache.py): fairseq's hypotheses for every family, every row kept,
+storage that never moves, the settings it refuses."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from fairseq import search
+from fairseq.sequence_generator import SequenceGenerator
+
+from recurnmt.analysis.dispatch import SimulatedDevice, count_dispatch
+from recurnmt.modules.attention import SelfAttention
+from recurnmt.modules.kv_cache import KVCache
+from recurnmt.modules.static_cache import StaticKVCache, StaticStackCache, StepPosition
+from recurnmt.nmt.architectures import FAMILIES
+from recurnmt.nmt.static_decoding import StaticSequenceGenerator
+from tests.nmt_helpers import DICT, build
+from tests.test_speculative import _eos_likelier, _model, _sample
+
+SETTINGS = {
+    "beam 4": dict(beam_size=4, max_len_b=12),
+    "greedy": dict(beam_size=1, max_len_b=12),
+    "lenpen unkpen min/max len": dict(
+        beam_size=3, max_len_b=5, len_penalty=0.6, unk_penalty=0.5, min_len=2
+    ),
+}
+
+
+def _nbest(generator, model, sample):
+    return [
+        [(h["tokens"].tolist(), h["positional_scores"], h["score"]) for h in hypos]
+        for hypos in generator.generate([model], sample)
+    ]
+
+
+def _assert_same_nbest(got, want):
+    """The same hypotheses in the same order; scores equal to float rounding (attention over
+    the whole buffer sums in another order)."""
+    assert len(got) == len(want)
+    for hypos, want_hypos in zip(got, want, strict=True):
+        assert [h[0] for h in hypos] == [h[0] for h in want_hypos]
+        for (_, scores, score), (_, want_scores, want_score) in zip(hypos, want_hypos, strict=True):
+            torch.testing.assert_close(scores, want_scores, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(score, want_score, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_beam_search_equals_fairseqs_for_every_family(family, setting):
+    model = _model(f"{family}_tiny")
+    _eos_likelier(model)
+    sample = _sample(bsz=6)
+    options = SETTINGS[setting]
+    want = _nbest(SequenceGenerator([model], DICT, **options), model, sample)
+    got = _nbest(StaticSequenceGenerator([model], DICT, **options), model, sample)
+    _assert_same_nbest(got, want)
+
+
+def _eos_after_tokens(model, every: int = 5, bonus: float = 4.0) -> None:
+    """eos likelier after a token that ``every`` divides, less likely after the others: a
+    random model's sentences then end at steps that depend on what they generated."""
+    decoder, last = model.decoder, {}
+    decoder.embed_tokens.register_forward_pre_hook(lambda m, a: last.update(t=a[0][:, -1:]))
+    plain = decoder.output_layer
+
+    def output_layer(self, features):
+        logits = plain(features)
+        logits[..., DICT.eos()] += torch.where(last["t"] % every == 0, bonus, -bonus)
+        return logits
+
+    decoder.output_layer = types.MethodType(output_layer, decoder)
+
+
+@pytest.mark.parametrize(
+    "family,make_ends",
+    [("universal_transformer_act", _eos_likelier), ("recurrent_transformer", _eos_after_tokens)],
+)
+def test_sentences_that_finish_at_different_steps_keep_their_rows(family, make_ends, monkeypatch):
+    """fairseq drops a finished sentence's rows; here they stay, every reorder selects all
+    rows of the batch into the same storage, and the hypotheses are still fairseq's."""
+    model = _model(f"{family}_tiny")
+    make_ends(model)
+    sample = _sample(bsz=8)
+    want = _nbest(SequenceGenerator([model], DICT, beam_size=4, max_len_b=12), model, sample)
+    lengths = {len(hypos[0][0]) for hypos in want}
+    assert len(lengths) >= 3, lengths  # the premise: sentences end at various steps
+    seen = []
+    reorder = StaticKVCache.reorder
+
+    def spy(self, new_order):
+        before = self.buffer.data_ptr() if self.buffer is not None else None
+        out = reorder(self, new_order)
+        seen.append((new_order.numel(), before, self.buffer.data_ptr()))
+        return out
+
+    monkeypatch.setattr(StaticKVCache, "reorder", spy)
+    got = _nbest(StaticSequenceGenerator([model], DICT, beam_size=4, max_len_b=12), model, sample)
+    _assert_same_nbest(got, want)
+    assert seen and {rows for rows, _, _ in seen} == {8 * 4}
+    assert all(before == after for _, before, after in seen)
+
+
+def test_the_static_cache_attends_as_the_growing_one():
+    """Step by step, self-attention over a static cache (the whole buffer, a key mask) equals
+    attention over the default cache, through beam reorders; the filled keys agree."""
+    torch.manual_seed(0)
+    attn = SelfAttention(16, 4, causal=True).eval()
+    growing, position = KVCache(), StepPosition(capacity=9, device="cpu")
+    static = StaticKVCache(position)
+    with torch.no_grad():
+        for step in range(7):
+            x = torch.randn(6, 1, 16)
+            position.set(step)
+            torch.testing.assert_close(
+                attn(x, cache=static), attn(x, cache=growing), atol=1e-6, rtol=1e-5
+            )
+            order = torch.randperm(6)
+            growing = growing.reorder(order)
+            assert static.reorder(order) is static
+    torch.testing.assert_close(static.keys, growing.keys)
+    torch.testing.assert_close(static.values, growing.values)
+    assert static.buffer.shape == (2, 6, 4, 9, 4)
+
+
+def test_the_static_cache_refuses_what_would_change_its_shape():
+    position = StepPosition(capacity=4, device="cpu")
+    cache = StaticKVCache(position)
+    position.set(0)
+    cache.append_pair(torch.randn(2, 3, 2, 1, 4))
+    with pytest.raises(ValueError, match="one position per step, not 2"):
+        cache.append_pair(torch.randn(2, 3, 2, 2, 4))
+    with pytest.raises(ValueError, match="keeps its 3 rows; a step gave 2"):
+        cache.append_pair(torch.randn(2, 2, 2, 1, 4))
+    with pytest.raises(ValueError, match="keeps its 3 rows; the new order has 2"):
+        cache.reorder(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="position 4: the static-shape cache holds 4"):
+        position.set(4)
+    with pytest.raises(ValueError, match="not truncated"):
+        StaticStackCache(4, "cpu").truncate(1)
+    with pytest.raises(ValueError, match="of 0 positions holds nothing"):
+        StepPosition(0, "cpu")
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"search_strategy": search.Sampling(DICT)}, "--sampling, --diverse-beam-groups"),
+        ({"no_repeat_ngram_size": 2}, "--no-repeat-ngram-size: not with static-shape decoding"),
+        ({"match_source_len": True}, "--match-source-len: not with static-shape decoding"),
+    ],
+)
+def test_settings_it_cannot_honour_are_refused_naming_the_flag(options, message):
+    model = _model("ringformer_tiny")
+    with pytest.raises(ValueError, match=message):
+        StaticSequenceGenerator([model], DICT, beam_size=2, **options)
+
+
+def test_models_it_cannot_decode_are_refused():
+    model = _model("ringformer_tiny")
+    fairseq_model, _, _ = build("transformer", "--decoder-layers", "2")
+    with pytest.raises(ValueError, match="this model's decoder is a TransformerDecoder"):
+        StaticSequenceGenerator([fairseq_model], DICT, beam_size=2)
+    with pytest.raises(ValueError, match="--path: static-shape decoding runs one model, not 2"):
+        StaticSequenceGenerator([model, model], DICT, beam_size=2)
+    generator = StaticSequenceGenerator([model], DICT, beam_size=2)
+    sample = _sample()
+    with pytest.raises(ValueError, match="--prefix-size: not with static-shape decoding"):
+        generator.generate([model], sample, prefix_tokens=sample["net_input"]["src_tokens"])
+
+
+def _decode_on(sim: SimulatedDevice, model, max_len: int):
+    generator = StaticSequenceGenerator(
+        [model], DICT, beam_size=2, max_len_a=0, max_len_b=max_len, min_len=max_len
+    )
+    sample = _sample(bsz=3)
+    with torch.no_grad(), sim:
+        sim.module(model)
+        sample = {"net_input": {k: sim.tensor(v) for k, v in sample["net_input"].items()}}
+        with count_dispatch() as log:
+            generator.generate([model], sample)
+    return log
+
+
+@pytest.mark.parametrize("family", ["ringformer", "relaxed_transformer", "universal_transformer"])
+def test_a_step_waits_on_the_device_a_fixed_number_of_times_and_copies_nothing_to_it(family):
+    """On a (simulated) CUDA device a step's host waits do not grow with the levels (4 or 8)
+    or the steps beyond fairseq's own per-step reads of which hypotheses ended, and no tensor
+    made on the CPU is copied to the device."""
+    sim = SimulatedDevice("cuda")
+    if not sim.supported():
+        pytest.skip("this torch's Python indexing takes a CUDA device guard, which needs a GPU")
+    syncs = {}
+    for levels in (4, 8):
+        for steps in (4, 8):
+            log = _decode_on(sim, _model(f"{family}_tiny", levels=levels), steps)
+            assert not log.to_device, [(e.op, e.where) for e in log.to_device]
+            syncs[levels, steps] = len(log.syncs)
+    assert syncs[4, 4] == syncs[8, 4] and syncs[4, 8] == syncs[8, 8], syncs
+    per_step = (syncs[4, 8] - syncs[4, 4]) / 4
+    assert per_step <= 1, syncs  # one read a step while no hypothesis ends (masked_select)
