@@ -10,13 +10,16 @@ import pytest
 import torch
 from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 from recurnmt.analysis.dispatch import SimulatedDevice, count_dispatch
 from recurnmt.modules.attention import SelfAttention
 from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.static_cache import StaticKVCache, StaticStackCache, StepPosition
 from recurnmt.nmt.architectures import FAMILIES
-from recurnmt.nmt.static_decoding import StaticSequenceGenerator
+from recurnmt.nmt.speculative import FairseqDraftingDecoder
+from recurnmt.nmt.static_decoding import StaticSequenceGenerator, StaticStep
 from tests.nmt_helpers import DICT, build
 from tests.test_speculative import _eos_likelier, _model, _sample
 
@@ -201,3 +204,45 @@ def test_a_step_waits_on_the_device_a_fixed_number_of_times_and_copies_nothing_t
     assert syncs[4, 4] == syncs[8, 4] and syncs[4, 8] == syncs[8, 8], syncs
     per_step = (syncs[4, 8] - syncs[4, 4]) / 4
     assert per_step <= 1, syncs  # one read a step while no hypothesis ends (masked_select)
+
+
+class _Operations(TorchDispatchMode):
+    """The aten operations a region dispatches, each with its arguments' shapes and dtypes and
+    its other arguments' values: what a CUDA graph captured at one step replays at another."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def describe(a):
+            return (tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor) else a
+
+        self.log.append((func, tree_map(describe, (args, kwargs or {}))))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_step_dispatches_the_same_operations_at_every_position(family):
+    """A captured CUDA graph replays the kernels of the step it was captured at, with the same
+    shapes and the same constants: :class:`StaticStep` must dispatch the same operations with
+    the same non-tensor arguments at every step after the first (only its buffers' values
+    change), or a replay would compute another step than the one asked."""
+    model = _model(f"{family}_tiny")
+    src, lengths = (_sample(bsz=2)["net_input"][k] for k in ("src_tokens", "src_lengths"))
+    beam, rows = 3, 6
+    with torch.no_grad():
+        encoder_out = model.encoder(src, lengths)
+        decoder = FairseqDraftingDecoder(model.decoder, encoder_out, group=beam)
+        cache = StaticStackCache(8, "cpu")
+        step = StaticStep(decoder, cache, rows)
+        logs = {}
+        for position in range(6):
+            cache.set_position(position)
+            step.tokens.copy_(torch.randint(4, len(DICT), (rows, 1)))
+            with _Operations() as ops:
+                step()
+            logs[position] = ops.log
+            cache.reorder(torch.randint(0, beam, (rows,)) + torch.arange(rows) // beam * beam)
+    assert logs[1] and all(logs[p] == logs[1] for p in (2, 3, 5))
+    assert logs[0] != logs[1]  # the first step projects the memory: never captured

@@ -79,12 +79,27 @@ class FairseqDraftingDecoder:
                 _, _, positions = embed(prefix, incremental_state={})
             else:
                 positions = table[row].to(embed.embed_tokens.weight).expand(tokens.size(0), 1, -1)
+        return self.embedded(tokens, positions), positions
+
+    def position_rows(self, length: int) -> Tensor | None:
+        """The position embeddings of positions 0 .. ``length`` - 1 (length x C; None without
+        positions), as the decoder adds them."""
+        embed = self.decoder.embed
+        if embed.embed_positions is None:
+            return None
+        prefix = torch.full((1, length), embed.padding_idx + 1, device=self.memory.states.device)
+        _, _, positions = embed(prefix)
+        return positions[0].to(embed.embed_tokens.weight.dtype)
+
+    def embedded(self, tokens: Tensor, positions: Tensor | None) -> Tensor:
+        """The decoder's input for ``tokens`` (B x 1) at ``positions`` (B x 1 x C, or None)."""
+        embed = self.decoder.embed
         x = embed.embed_scale * embed.embed_tokens(tokens)
         if positions is not None and embed.add_positions:
             x = x + positions
         if embed.layernorm_embedding is not None:
             x = embed.layernorm_embedding(x)
-        return x, positions
+        return x
 
     def hooks(self, positions: Tensor | None) -> list[LevelHook]:
         return positions_hooks(self.decoder.stack_cfg.coordinates, positions)

@@ -18,10 +18,13 @@ move at every step. :class:`StaticSequenceGenerator` is its beam search with
 Its bookkeeping is fairseq's, line for line where rows are not dropped (the candidates, the
 end-of-sentence rule, ``finalize_hypos``' scores and length penalty, the final sort), so its
 hypotheses are fairseq's: the same tokens, scores equal to float rounding
-(tests/test_static_decoding.py, every family). The step itself runs eagerly: the capture of a
-step as a CUDA graph is not built yet, and the log says which path ran. On a CPU the path
-costs more than fairseq's (attention reads every position of the buffer, a finished
-sentence's rows are still computed); it exists there to be checked.
+(tests/test_static_decoding.py, every family). Every step after the first (which projects the
+memory and folds the levels' weights) is one call of :class:`StaticStep`, a function of fixed
+buffers; on CUDA it is captured as a CUDA graph once per batch and replayed
+(:class:`CapturedStep`), elsewhere it runs eagerly, and the log says which path ran. (The
+capture has not run on a GPU yet: docs/gpu.md.) On a CPU the path costs more than fairseq's
+(attention reads every position of the buffer, a finished sentence's rows are still
+computed); it exists there to be checked.
 
 Settings fairseq's beam search has and this one does not (sampling, diverse beam search,
 constraints, prefixes, n-gram blocking, a language model, alignment) are refused at once,
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import torch
 from fairseq import search
@@ -60,14 +64,34 @@ class StaticSequenceGenerator(SequenceGenerator):
         ValueError: a setting it cannot honour, naming its flag.
     """
 
-    def __init__(self, models, tgt_dict, **kwargs) -> None:
+    def __init__(self, models, tgt_dict, cuda_graphs: bool = True, **kwargs) -> None:
         super().__init__(models, tgt_dict, **kwargs)
         check_generator(self, models, WHAT, OPTION, (search.BeamSearch,), OTHER_SEARCHES)
-        self.path = "eager"  # the capture of a step as a CUDA graph is not built yet
-        logger.info(
-            f"{WHAT}: every row kept, caches of fixed shape, each step run eagerly (a step is "
-            "not captured as a CUDA graph yet)"
+        self.cuda_graphs = cuda_graphs
+        self.path: str | None = None  # how the steps ran: "cuda graph" or "eager"
+
+    def _runner(self, step: StaticStep) -> Callable[[], Tensor]:
+        """How this batch's steps after the first run: replayed as a CUDA graph where the
+        model is on CUDA (unless ``cuda_graphs`` is off or a capture failed once), else
+        eagerly; the log says which, once."""
+        device = step.tokens.device
+        path = "cuda graph" if self.cuda_graphs and device.type == "cuda" else "eager"
+        if path != self.path:
+            why = {
+                "cuda graph": "each step after the first replayed as one CUDA graph",
+                "eager": f"each step run eagerly (on {device.type}: CUDA graphs need CUDA)",
+            }
+            if not self.cuda_graphs:
+                why["eager"] = "each step run eagerly (CUDA graphs turned off)"
+            logger.info(f"{WHAT}: every row kept, caches of fixed shape, {why[path]}")  # fmt: skip
+            self.path = path
+        return CapturedStep(step, self._capture_failed) if path == "cuda graph" else step
+
+    def _capture_failed(self, error: Exception) -> None:
+        logger.warning(
+            f"{WHAT}: capturing a step as a CUDA graph failed ({error}); eager from now on"
         )
+        self.cuda_graphs = False
 
     @torch.no_grad()
     def _generate(
@@ -90,15 +114,18 @@ class StaticSequenceGenerator(SequenceGenerator):
         # the encoder's rows, one per sentence: the beam's hypotheses read them as a group
         decoder = FairseqDraftingDecoder(self.model.models[0].decoder, encoder_out, group=beam)
         cache = StaticStackCache(max_len + 1, device)
+        step_fn = StaticStep(decoder, cache, bsz * beam)
+        run = self._runner(step_fn)
         rule = TokenRule(adjust=lprobs_adjustment(self, max_len), temperature=self.temperature)
         state = _Beams(self, bsz, max_len, src_tokens, bos_token)
         ids = sample.get("id")
         original = ids if isinstance(ids, Tensor) else torch.arange(bsz, device=device)
         for step in range(max_len + 1):  # one step more for the end of sentence
             cache.set_position(step)
-            x, positions = decoder.embed(state.tokens[:, step : step + 1], step)
-            out = decoder.run(x, None, cache, decoder.hooks(positions))
-            lprobs = rule.lprobs(decoder.logits(out.output), step)  # rows x 1 x V
+            step_fn.tokens.copy_(state.tokens[:, step : step + 1])
+            # the first step projects the memory and folds the levels' weights: never captured
+            logits = step_fn() if step == 0 else run()
+            lprobs = rule.lprobs(logits, step)  # rows x 1 x V
             candidates = self.search.step(
                 step,
                 lprobs.view(bsz, beam, -1),
@@ -111,6 +138,63 @@ class StaticSequenceGenerator(SequenceGenerator):
                 break
             cache.reorder(order)
         return state.sorted()
+
+
+class StaticStep:
+    """One decoding step as a function of fixed buffers, what a CUDA graph captures: the
+    tokens (``tokens``, rows x 1, written before each call), the position (the cache's
+    :class:`~recurnmt.modules.static_cache.StepPosition`, set before each call), the cache's
+    buffers and the projected memory; returns the logits, rows x 1 x V. No Python number in
+    it changes from step to step (tests/test_static_decoding.py records its operations)."""
+
+    def __init__(self, decoder: FairseqDraftingDecoder, cache: StaticStackCache, rows: int):
+        self.decoder, self.cache, self.rows = decoder, cache, rows
+        position = cache.position
+        self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=position.index.device)
+        self.positions = decoder.position_rows(position.capacity)  # capacity x C, or None
+
+    def __call__(self) -> Tensor:
+        positions = None
+        if self.positions is not None:
+            row = self.positions.index_select(0, self.cache.position.index)  # 1 x C
+            positions = row.unsqueeze(0).expand(self.rows, 1, -1)
+        x = self.decoder.embedded(self.tokens, positions)
+        out = self.decoder.run(x, None, self.cache, self.decoder.hooks(positions))
+        return self.decoder.logits(out.output)
+
+
+class CapturedStep:
+    """A :class:`StaticStep` captured as a CUDA graph at its first call (after a warm-up run
+    on a side stream, as torch's documentation asks; the warm-up writes the step's own
+    position again, with the same values) and replayed at every call. A capture that fails
+    calls ``failed`` with the error and runs the step eagerly from then on."""
+
+    def __init__(self, step: StaticStep, failed: Callable[[Exception], None]) -> None:
+        self.step, self.failed = step, failed
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: Tensor | None = None
+        self.eager = False
+
+    def __call__(self) -> Tensor:
+        if self.eager:
+            return self.step()
+        if self.graph is None:
+            try:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    self.step()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.logits = self.step()
+                self.graph = graph
+            except RuntimeError as error:
+                self.eager = True
+                self.failed(error)
+                return self.step()
+        self.graph.replay()
+        return self.logits
 
 
 class _Beams:
