@@ -22,6 +22,11 @@ decoding step (one call of the decoder):
   served, device allocations and their retries);
 * host time inside the decoder's forward, its cache reorder and the rest of the beam search.
 
+``--static-decoding`` adds, after each recurnmt family, the same model decoded by
+``fairseq-generate --static-decoding``'s beam search (rows ``ARCH static``: every row kept,
+caches of fixed shape, each step after the first one CUDA graph on CUDA), with how many of
+the batch's best hypotheses equal the plain beam search's.
+
 On the CPU the same runs with CPU activities only (the kernel and copy columns stay empty):
 the pipeline, anywhere. ``--json`` writes every figure, ``--trace DIR`` the Chrome traces.
 
@@ -169,31 +174,48 @@ class Decoding:
     """One architecture ready to decode the batch: its model, fairseq's beam search and a
     count of the decoder's calls (its steps)."""
 
-    def __init__(self, opts: argparse.Namespace, arch: str, task, batch: dict) -> None:
+    def __init__(
+        self, opts: argparse.Namespace, arch: str, task, batch: dict, plain: Decoding | None = None
+    ) -> None:
         from recurnmt.nmt.build import build_model
 
-        torch.manual_seed(opts.seed)
         self.arch, self.batch = arch, batch
         self.device = torch.device(opts.device)
-        precision = MixedPrecision.build(opts.dtype, self.device)
-        model, _, _ = build_model(arch, nmt_model_flags(arch, opts), task.source_dictionary)
-        self.model = model.to(self.device).to(precision.dtype).eval()
-        self.generator = fixed_length_generator(model, task, opts.beam, opts.decode_len)
-        self.calls = count_decoder_calls(model.decoder)
+        if plain is None:
+            torch.manual_seed(opts.seed)
+            precision = MixedPrecision.build(opts.dtype, self.device)
+            model, _, _ = build_model(arch, nmt_model_flags(arch, opts), task.source_dictionary)
+            self.model = model.to(self.device).to(precision.dtype).eval()
+            generator_cls = None
+        else:  # --static-decoding: the same model, beam search over fixed shapes
+            from recurnmt.nmt.static_decoding import StaticSequenceGenerator
+
+            self.arch, self.model = f"{arch} static", plain.model
+            generator_cls = StaticSequenceGenerator
+        self.generator = fixed_length_generator(
+            self.model, task, opts.beam, opts.decode_len, generator_cls
+        )
+        self.calls = count_decoder_calls(self.model.decoder)
         self.times: list[float] = []
         with torch.no_grad():
-            self.generate()  # untimed: the first batch allocates what later ones reuse
+            self.hypos = self.generate()  # untimed: the first batch allocates what later ones reuse
             self.calls[0] = 0
             self.generate()
-        self.steps = self.calls[0]
+        # the static generator runs the decoder's stack, not its forward: fairseq's step count
+        self.steps = self.calls[0] if plain is None else plain.steps
+        if plain is not None:
+            self.identical = sum(
+                a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
+                for a, b in zip(self.hypos, plain.hypos, strict=True)
+            )
 
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def generate(self) -> None:
+    def generate(self) -> list:
         with torch.profiler.record_function("recurnmt::generate"):
-            self.generator.generate([self.model], {"net_input": self.batch})
+            return self.generator.generate([self.model], {"net_input": self.batch})
 
     def time_round(self) -> None:
         with torch.no_grad():
@@ -205,12 +227,16 @@ class Decoding:
 
     def result(self) -> dict:
         per_step = sorted(t * 1e3 / self.steps for t in self.times)
-        return {
+        result = {
             "arch": self.arch,
             "steps": self.steps,
             "wall_ms_per_step": per_step[0],  # the fastest round
             "median_ms_per_step": statistics.median(per_step),
         }
+        if hasattr(self, "identical"):  # sentences whose best hypothesis is the plain one's
+            result["identical"] = f"{self.identical}/{len(self.hypos)}"
+            result["path"] = self.generator.path
+        return result
 
     def profile(self, trace_dir: Path, dtype: str) -> dict:
         """:meth:`result` with the figures of one profiled batch (:func:`summarize_trace`)."""
@@ -253,9 +279,10 @@ def compare(results: list[dict], baseline: str) -> None:
 
 def table(results: list[dict]) -> str:
     if "kernels" not in results[0]:  # --no-profile
-        rows = ["| arch | wall ms/step | speed vs transformer |\n| --- | --- | --- |"]
+        rows = ["| arch | wall ms/step | speed vs transformer | identical |\n|" + " --- |" * 4]
         rows += [
-            f"| {r['arch']} | {r['wall_ms_per_step']:.3f} | {r.get('wall_ratio', 1.0):.2f} |"
+            f"| {r['arch']} | {r['wall_ms_per_step']:.3f} | {r.get('wall_ratio', 1.0):.2f} | "
+            f"{r.get('identical', '')} |"
             for r in results
         ]
         return "\n".join(rows)
@@ -307,6 +334,13 @@ def main(argv: list[str] | None = None) -> None:
         action="store_false",
         help="time the unprofiled rounds only (the wall ms/step column)",
     )
+    parser.add_argument(
+        "--static-decoding",
+        action="store_true",
+        help="also decode each recurnmt family with --static-decoding's beam search (each "
+        "step a CUDA graph on CUDA): rows 'ARCH static', their best hypotheses compared "
+        "with the plain beam search's",
+    )
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--trace", type=Path, help="keep the Chrome traces in this folder")
     opts = parser.parse_args(argv)
@@ -334,6 +368,10 @@ def main(argv: list[str] | None = None) -> None:
     for arch in opts.archs:
         decodings.append(Decoding(opts, arch, task, batch))
         print(f"{arch}: built, {decodings[-1].steps} decoder steps per batch", flush=True)
+        if opts.static_decoding and arch != "transformer":
+            decodings.append(Decoding(opts, arch, task, batch, plain=decodings[-1]))
+            d = decodings[-1]
+            print(f"{d.arch}: {d.generator.path}, {d.identical}/{len(d.hypos)} identical")
     for _ in range(opts.rounds):
         for decoding in decodings:
             decoding.time_round()

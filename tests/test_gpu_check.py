@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -278,12 +279,15 @@ def test_cpu_smoke_writes_the_report_the_raw_figures_and_the_log(data, tmp_path)
     # generation first: every model in one process, their rounds alternating
     assert "## Generation (beam search), bf16" in report
     decode = json.loads((out.parent / "gpu_check" / "decode_bf16.json").read_text())
-    assert [r["arch"] for r in decode["results"]] == ["transformer", "ringformer"]
+    archs = ["transformer", "ringformer", "ringformer static"]  # static: --static-decoding
+    assert [r["arch"] for r in decode["results"]] == archs
     assert all(r["wall_ms_per_step"] > 0 and r["steps"] == 4 for r in decode["results"])
+    assert decode["results"][2]["path"] == "eager"  # no CUDA here
     greedy = json.loads((out.parent / "gpu_check" / "decode_bf16_iwslt-b1.json").read_text())
-    assert greedy["settings"]["beam"] == "1" and len(greedy["results"]) == 2
+    assert greedy["settings"]["beam"] == "1" and len(greedy["results"]) == 3
     assert "## Generation (beam search), bf16 iwslt-b1" in report
     assert "| `ringformer` |" in report and "## Images" not in report
+    assert re.search(r"\| `ringformer static` \(eager; identical (\d+)/\1\) \|", report)
     assert "## fairseq-train and fairseq-generate, fp32" in report
     fairseq_part = report[report.index("## fairseq-train") :]
     fairseq_rows = [line for line in fairseq_part.splitlines() if line.startswith("| `")]

@@ -73,6 +73,20 @@ def test_families_are_profiled_against_fairseqs_transformer_on_the_cpu(data, tmp
     assert results["ringformer"]["aten_ops"] < results["transformer"]["aten_ops"]
 
 
+def test_static_decoding_rows_follow_their_family(data, tmp_path):  # noqa: F811
+    """``--static-decoding``: after each family, the same model through the static-shape beam
+    search, its path and its best hypotheses compared with the plain beam search's."""
+    out = tmp_path / "profile.json"
+    flags = ["--data", str(data), "--archs", "ringformer", "--device", "cpu", "--dtype", "fp32"]
+    flags += ["--embed-dim", "32", "--ffn-dim", "64", "--heads", "2", "--levels", "2"]
+    flags += ["--sentences", "3", "--decode-len", "3", "--rounds", "1", "--no-profile"]
+    assert _script().main([*flags, "--static-decoding", "--json", str(out)]) is None
+    rows = json.loads(out.read_text())["results"]
+    assert [r["arch"] for r in rows] == ["transformer", "ringformer", "ringformer static"]
+    assert rows[2]["steps"] == rows[1]["steps"] == 4
+    assert rows[2]["path"] == "eager" and rows[2]["identical"] == "3/3"
+
+
 def test_rounds_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         _script().main(["--rounds", "0"])

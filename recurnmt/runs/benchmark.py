@@ -499,12 +499,13 @@ def load_batches(data: Path, split: str, max_tokens: int, count: int, seed: int)
     return task, batches
 
 
-def fixed_length_generator(model, task, beam: int, length: int):
+def fixed_length_generator(model, task, beam: int, length: int, generator_cls=None):
     """fairseq's beam search that always decodes ``length`` tokens, so that every model
-    decodes the same number of steps whatever it predicts."""
+    decodes the same number of steps whatever it predicts (``generator_cls``: a subclass of
+    fairseq's ``SequenceGenerator`` in its place)."""
     from fairseq.sequence_generator import SequenceGenerator
 
-    return SequenceGenerator(
+    return (generator_cls or SequenceGenerator)(
         [model],
         task.target_dictionary,
         beam_size=beam,

@@ -215,7 +215,10 @@ def decode_lines(check: dict) -> list[str]:
             f"`; H={s['embed_dim']}, FF={s['ffn_dim']}, {s['heads']} heads, {s['levels']} "
             f"levels). Every model is loaded at once and their {s['rounds']} timed rounds "
             "alternate; the fastest round counts. Speed ratio: fairseq's transformer's time "
-            "per step over the family's (target in fp16: at least 1.0).",
+            "per step over the family's (target in fp16: at least 1.0). Rows `ARCH static`: "
+            "the same model decoded by `--static-decoding`'s beam search (each step after the "
+            "first a CUDA graph where it was captured), with the path it took and how many of "
+            "the batch's best hypotheses equal the plain beam search's.",
             "",
             "| arch | ms per step | median | speed ratio | target |",
             "| --- | --- | --- | --- | --- |",
@@ -224,8 +227,11 @@ def decode_lines(check: dict) -> list[str]:
         for row in doc["results"]:
             ratio = base["wall_ms_per_step"] / row["wall_ms_per_step"]
             goal = Target(1.0, at_least=True) if row is not base and dtype == "fp16" else None
+            arch = f"`{row['arch']}`"
+            if "identical" in row:
+                arch += f" ({row['path']}; identical {row['identical']})"
             lines.append(
-                f"| `{row['arch']}` | {row['wall_ms_per_step']:.3f} | "
+                f"| {arch} | {row['wall_ms_per_step']:.3f} | "
                 f"{row['median_ms_per_step']:.3f} | {ratio:.2f} | "
                 f"{goal.cell(ratio) if goal else '-'} |"
             )

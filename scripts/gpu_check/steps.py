@@ -189,7 +189,7 @@ def run_decode(python: Path, opts: argparse.Namespace, step: Step, limit: float)
             DECODE_SIZES["check"], opts.scale, ("--rounds",)
         )
         flags += ["--device", "cuda"]
-    flags += ["--beam", str(beam), "--dtype", step.dtype, "--no-profile"]
+    flags += ["--beam", str(beam), "--dtype", step.dtype, "--no-profile", "--static-decoding"]
     flags += ["--archs", *opts.archs] if opts.archs else []
     flags += ["--data", str(opts.data)] if opts.data else []
     cmd = [str(python), str(ROOT / "scripts" / "profile_decoding.py"), *flags]
