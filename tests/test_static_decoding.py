@@ -16,7 +16,12 @@ from torch.utils._pytree import tree_map
 from recurnmt.analysis.dispatch import SimulatedDevice, count_dispatch
 from recurnmt.modules.attention import SelfAttention
 from recurnmt.modules.kv_cache import KVCache
-from recurnmt.modules.static_cache import StaticKVCache, StaticStackCache, StepPosition
+from recurnmt.modules.static_cache import (
+    BUCKET,
+    StaticKVCache,
+    StaticStackCache,
+    StepPosition,
+)
 from recurnmt.nmt.architectures import FAMILIES
 from recurnmt.nmt.speculative import FairseqDraftingDecoder
 from recurnmt.nmt.static_decoding import StaticSequenceGenerator, StaticStep
@@ -26,6 +31,7 @@ from tests.test_speculative import _eos_likelier, _model, _sample
 SETTINGS = {
     "beam 4": dict(beam_size=4, max_len_b=12),
     "greedy": dict(beam_size=1, max_len_b=12),
+    "across length buckets": dict(beam_size=2, max_len_b=70, min_len=66),  # 3 buckets
     "lenpen unkpen min/max len": dict(
         beam_size=3, max_len_b=5, len_penalty=0.6, unk_penalty=0.5, min_len=2
     ),
@@ -246,3 +252,18 @@ def test_a_step_dispatches_the_same_operations_at_every_position(family):
             cache.reorder(torch.randint(0, beam, (rows,)) + torch.arange(rows) // beam * beam)
     assert logs[1] and all(logs[p] == logs[1] for p in (2, 3, 5))
     assert logs[0] != logs[1]  # the first step projects the memory: never captured
+
+
+def test_attention_reads_the_positions_of_a_length_bucket():
+    """The keys a step reads grow by BUCKET positions at a time: the same shapes for every step
+    of a bucket (one captured graph each), never the whole buffer at once."""
+    position = StepPosition(capacity=2 * BUCKET + 5, device="cpu")
+    cache = StaticKVCache(position)
+    seen = {}
+    for p in range(position.capacity):
+        position.set(p)
+        keys, _ = cache.append_pair(torch.randn(2, 1, 1, 1, 2))
+        seen[p] = (keys.size(2), cache.key_mask.size(3), int(cache.key_mask.sum()))
+    assert seen[0] == (BUCKET, BUCKET, 1) and seen[BUCKET - 1] == (BUCKET, BUCKET, BUCKET)
+    assert seen[BUCKET] == (2 * BUCKET, 2 * BUCKET, BUCKET + 1)
+    assert seen[2 * BUCKET] == (2 * BUCKET + 5, 2 * BUCKET + 5, 2 * BUCKET + 1)

@@ -11,18 +11,23 @@ finished sentences leave the batch. Here, instead:
   finished sentence's rows and ignores them, :mod:`recurnmt.nmt.static_decoding`);
 * a step writes its position with ``index_copy_`` at an index held on the device
   (:class:`StepPosition`, shared by all levels, set once per step before the levels run);
-* attention reads the whole buffer under a key mask that is True at positions 0 .. the
-  current one (:attr:`StaticKVCache.key_mask`, 1 x 1 x 1 x capacity): the positions not yet
+* attention reads the buffer's first ``bucket`` positions, the current position rounded up to
+  a multiple of :data:`BUCKET` (32), under a key mask that is True at positions 0 .. the
+  current one (:attr:`StaticKVCache.key_mask`, 1 x 1 x 1 x bucket): the positions not yet
   written get softmax weight exactly 0 and hold zeros, so a query attends as over the filled
   positions alone;
 * beam search reorders the rows in place (the filled positions are selected into a scratch
   buffer and copied back), so the buffer's storage never changes.
 
-Every tensor a step reads or writes therefore keeps its address and its shape from the second
-step on; only the position's two small tensors are rewritten between steps. Attention over
-the whole buffer costs arithmetic the default cache does not spend (every step reads
-``capacity`` positions): on a CPU this path is for correctness, equal to the default decoding
-(tests/test_static_decoding.py); it pays only where a step is bound by dispatch, as on a GPU.
+Every tensor a step reads or writes therefore keeps its address, and its shape for the
+:data:`BUCKET` steps of a bucket; only the position's two small tensors are rewritten between
+steps, so a captured step replays for every step of its bucket (a decoding of 40 tokens
+captures two). The buckets keep attention's arithmetic near the filled length's: reading
+the whole buffer, 201 positions for fairseq-generate's default ``--max-len-b 200``, made
+beam search on the embedded test set 3.2x slower on a CPU than fairseq's own (82 s, 265 s;
+docs/gpu.md). What stays dearer than the default cache: the masked positions of a bucket, and
+a finished sentence's rows, which are still computed (tests/test_static_decoding.py shows the
+outputs equal to the default decoding's).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from torch import Tensor
 
 from recurnmt.modules.cache import StackCache
 
+BUCKET = 32  # positions attention reads grow by this many at a time
+
 
 class StepPosition:
     """The position a decoding step writes, shared by every level of a stack.
@@ -39,7 +46,10 @@ class StepPosition:
     Attributes:
         capacity: positions the buffers hold (the longest output, end of sentence included).
         index: the position, a 1-element long tensor on the device.
-        mask: 1 x 1 x 1 x capacity, True at the positions a query may attend (0 .. index).
+        bucket: positions attention reads at this step (the position + 1 rounded up to a
+            multiple of :data:`BUCKET`, at most ``capacity``; a host number).
+        mask: 1 x 1 x 1 x bucket, True at the positions a query may attend (0 .. index); a
+            view of one buffer of ``capacity`` positions.
         length: positions written once the current step has run (host number).
     """
 
@@ -48,9 +58,14 @@ class StepPosition:
             raise ValueError(f"a static-shape cache of {capacity} positions holds nothing")
         self.capacity = capacity
         self.index = torch.zeros(1, dtype=torch.long, device=device)
-        self.mask = torch.zeros(1, 1, 1, capacity, dtype=torch.bool, device=device)
+        self._mask = torch.zeros(1, 1, 1, capacity, dtype=torch.bool, device=device)
         self._positions = torch.arange(capacity, device=device)
         self.length = 0
+        self.bucket = min(BUCKET, capacity)
+
+    @property
+    def mask(self) -> Tensor:
+        return self._mask.narrow(3, 0, self.bucket)
 
     def set(self, position: int) -> None:
         """The next step writes ``position`` and attends to 0 .. ``position`` (in place)."""
@@ -59,8 +74,9 @@ class StepPosition:
                 f"position {position}: the static-shape cache holds {self.capacity} positions"
             )
         self.index.fill_(position)
-        torch.le(self._positions, position, out=self.mask.view(-1))
+        torch.le(self._positions, position, out=self._mask.view(-1))
         self.length = position + 1
+        self.bucket = min(-(-self.length // BUCKET) * BUCKET, self.capacity)
 
 
 class StaticKVCache:
@@ -78,8 +94,8 @@ class StaticKVCache:
 
     @property
     def key_mask(self) -> Tensor:
-        """1 x 1 x 1 x capacity, True where a query may attend (what self-attention reads
-        beside the whole buffer)."""
+        """1 x 1 x 1 x bucket, True where a query may attend (what self-attention reads
+        beside the keys and values of :meth:`append_pair`)."""
         return self.position.mask
 
     @property
@@ -105,8 +121,8 @@ class StaticKVCache:
         """Writes the step's keys and values (2 x B x H x 1 x D) at the step's position.
 
         Returns:
-            The whole buffer's keys and values, each B x H x capacity x D (read with
-            :attr:`key_mask`).
+            The keys and values of the bucket's positions, each B x H x bucket x D (read
+            with :attr:`key_mask`).
         """
         if kv.size(3) != 1:
             raise ValueError(f"a static-shape cache takes one position per step, not {kv.size(3)}")
@@ -119,7 +135,7 @@ class StaticKVCache:
                 f"{kv.size(1)}"
             )
         self.buffer.index_copy_(3, self.position.index, kv)
-        keys, values = self.buffer.unbind(0)
+        keys, values = self.buffer.narrow(3, 0, self.position.bucket).unbind(0)
         return keys, values
 
     def reorder(self, new_order: Tensor) -> StaticKVCache:

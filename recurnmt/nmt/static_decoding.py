@@ -20,10 +20,11 @@ end-of-sentence rule, ``finalize_hypos``' scores and length penalty, the final s
 hypotheses are fairseq's: the same tokens, scores equal to float rounding
 (tests/test_static_decoding.py, every family). Every step after the first (which projects the
 memory and folds the levels' weights) is one call of :class:`StaticStep`, a function of fixed
-buffers; on CUDA it is captured as a CUDA graph once per batch and replayed
-(:class:`CapturedStep`), elsewhere it runs eagerly, and the log says which path ran. (The
+buffers; on CUDA it is captured as a CUDA graph once per batch and length bucket (32 steps)
+and replayed (:class:`CapturedStep`), elsewhere it runs eagerly, and the log says which path
+ran. (The
 capture has not run on a GPU yet: docs/gpu.md.) On a CPU the path costs more than fairseq's
-(attention reads every position of the buffer, a finished sentence's rows are still
+(attention reads the masked positions of a length bucket, a finished sentence's rows are still
 computed); it exists there to be checked.
 
 Settings fairseq's beam search has and this one does not (sampling, diverse beam search,
@@ -145,7 +146,8 @@ class StaticStep:
     tokens (``tokens``, rows x 1, written before each call), the position (the cache's
     :class:`~recurnmt.modules.static_cache.StepPosition`, set before each call), the cache's
     buffers and the projected memory; returns the logits, rows x 1 x V. No Python number in
-    it changes from step to step (tests/test_static_decoding.py records its operations)."""
+    it changes from step to step within a length bucket of the cache
+    (tests/test_static_decoding.py records its operations)."""
 
     def __init__(self, decoder: FairseqDraftingDecoder, cache: StaticStackCache, rows: int):
         self.decoder, self.cache, self.rows = decoder, cache, rows
@@ -164,21 +166,23 @@ class StaticStep:
 
 
 class CapturedStep:
-    """A :class:`StaticStep` captured as a CUDA graph at its first call (after a warm-up run
-    on a side stream, as torch's documentation asks; the warm-up writes the step's own
-    position again, with the same values) and replayed at every call. A capture that fails
-    calls ``failed`` with the error and runs the step eagerly from then on."""
+    """A :class:`StaticStep` captured as a CUDA graph at the first call in each length bucket
+    of its cache (:data:`~recurnmt.modules.static_cache.BUCKET` steps share one: attention's
+    key length is the bucket's), after a warm-up run on a side stream, as torch's
+    documentation asks (the warm-up writes the step's own position, with the same values the
+    replay writes), and replayed at every call in that bucket. A capture that fails calls
+    ``failed`` with the error and runs the step eagerly from then on."""
 
     def __init__(self, step: StaticStep, failed: Callable[[Exception], None]) -> None:
         self.step, self.failed = step, failed
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits: Tensor | None = None
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.eager = False
 
     def __call__(self) -> Tensor:
         if self.eager:
             return self.step()
-        if self.graph is None:
+        bucket = self.step.cache.position.bucket
+        if bucket not in self.graphs:
             try:
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
@@ -187,14 +191,15 @@ class CapturedStep:
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    self.logits = self.step()
-                self.graph = graph
+                    logits = self.step()
+                self.graphs[bucket] = graph, logits
             except RuntimeError as error:
                 self.eager = True
                 self.failed(error)
                 return self.step()
-        self.graph.replay()
-        return self.logits
+        graph, logits = self.graphs[bucket]
+        graph.replay()
+        return logits
 
 
 class _Beams:
