@@ -100,9 +100,10 @@ class TokenRule:
         if self.temperature != 1.0:
             scores = scores / self.temperature
         lprobs = torch.log_softmax(scores, dim=-1)
-        lprobs.masked_fill_(lprobs.isnan(), -math.inf)
         if self.adjust is not None:
-            self.adjust(lprobs, step)
+            self.adjust(lprobs, step)  # which reads a NaN as -inf too
+        else:
+            lprobs.masked_fill_(lprobs.isnan(), -math.inf)
         return lprobs
 
     def argmax(self, logits: Tensor, step: int) -> Tensor:

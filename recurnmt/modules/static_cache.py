@@ -6,28 +6,30 @@ it grows by doubling, attention reads its filled positions through a ``narrow`` 
 changes at every step, and beam search moves it into other storage, with fewer rows as
 finished sentences leave the batch. Here, instead:
 
-* every level's keys and values live in one zeroed buffer, 2 x B x H x capacity x D, made at
-  the first step for the longest output the batch may reach; B stays (beam search keeps a
-  finished sentence's rows and ignores them, :mod:`recurnmt.nmt.static_decoding`);
+* every level's keys and values live in one zeroed buffer, 2 x B x H x bucket x D, where the
+  bucket is the current position rounded up to a multiple of :data:`BUCKET` (32; at most the
+  longest output the batch may reach): it is made anew, holding what was written, when the
+  position enters a new bucket, and keeps its storage for the bucket's steps; B stays (beam
+  search keeps a finished sentence's rows and ignores them, :mod:`recurnmt.nmt.static_decoding`);
 * a step writes its position with ``index_copy_`` at an index held on the device
   (:class:`StepPosition`, shared by all levels, set once per step before the levels run);
-* attention reads the buffer's first ``bucket`` positions, the current position rounded up to
-  a multiple of :data:`BUCKET` (32), under a key mask that is True at positions 0 .. the
+* attention reads the whole buffer under a key mask that is True at positions 0 .. the
   current one (:attr:`StaticKVCache.key_mask`, 1 x 1 x 1 x bucket): the positions not yet
   written get softmax weight exactly 0 and hold zeros, so a query attends as over the filled
   positions alone;
-* beam search reorders the rows in place (the filled positions are selected into a scratch
-  buffer and copied back), so the buffer's storage never changes.
+* beam search reorders the rows in place (the filled positions are selected, then copied
+  back), so the buffer's storage stays.
 
-Every tensor a step reads or writes therefore keeps its address, and its shape for the
+Every tensor a step reads or writes therefore keeps its address and its shape for the
 :data:`BUCKET` steps of a bucket; only the position's two small tensors are rewritten between
 steps, so a captured step replays for every step of its bucket (a decoding of 40 tokens
-captures two). The buckets keep attention's arithmetic near the filled length's: reading
-the whole buffer, 201 positions for fairseq-generate's default ``--max-len-b 200``, made
-beam search on the embedded test set 3.2x slower on a CPU than fairseq's own (82 s, 265 s;
-docs/gpu.md). What stays dearer than the default cache: the masked positions of a bucket, and
-a finished sentence's rows, which are still computed (tests/test_static_decoding.py shows the
-outputs equal to the default decoding's).
+captures two). The buckets keep the buffers and attention's arithmetic near the filled
+length's: one buffer of the longest output (201 positions for fairseq-generate's default
+``--max-len-b 200``), zeroed at the first step and read whole, made beam search on the
+embedded test set 3.2x slower than fairseq's own on a CPU (docs/gpu.md). What stays dearer
+than the default cache: the masked positions of a bucket, and a finished sentence's rows,
+which are still computed (tests/test_static_decoding.py shows the outputs equal to the
+default decoding's).
 """
 
 from __future__ import annotations
@@ -90,7 +92,6 @@ class StaticKVCache:
     def __init__(self, position: StepPosition) -> None:
         self.position = position
         self.buffer: Tensor | None = None
-        self._scratch: Tensor | None = None
 
     @property
     def key_mask(self) -> Tensor:
@@ -126,17 +127,28 @@ class StaticKVCache:
         """
         if kv.size(3) != 1:
             raise ValueError(f"a static-shape cache takes one position per step, not {kv.size(3)}")
-        if self.buffer is None:
-            _, b, h, _, d = kv.shape
-            self.buffer = kv.new_zeros(2, b, h, self.position.capacity, d)
-        elif kv.shape[1:3] != self.buffer.shape[1:3]:
+        if self.buffer is not None and kv.shape[1:3] != self.buffer.shape[1:3]:
             raise ValueError(
                 f"a static-shape cache keeps its {self.buffer.size(1)} rows; a step gave "
                 f"{kv.size(1)}"
             )
+        bucket = self.position.bucket
+        if self.buffer is None or self.buffer.size(3) != bucket:
+            self._grow(kv, bucket)
         self.buffer.index_copy_(3, self.position.index, kv)
-        keys, values = self.buffer.narrow(3, 0, self.position.bucket).unbind(0)
+        keys, values = self.buffer.unbind(0)
         return keys, values
+
+    def _grow(self, kv: Tensor, bucket: int) -> None:
+        """A zeroed buffer of ``bucket`` positions holding the positions filled so far (once
+        per bucket: zeroing the longest output's buffer at once cost more than decoding a
+        short batch on a CPU)."""
+        _, b, h, _, d = kv.shape
+        grown = kv.new_zeros(2, b, h, bucket, d)
+        if self.buffer is not None:
+            filled = self.position.length - 1  # this step's position is written next
+            grown.narrow(3, 0, filled).copy_(self.buffer.narrow(3, 0, filled))
+        self.buffer = grown
 
     def reorder(self, new_order: Tensor) -> StaticKVCache:
         """Selects the rows ``new_order`` (one index per row) in place; returns this cache."""
@@ -147,12 +159,8 @@ class StaticKVCache:
                 f"a static-shape cache keeps its {self.buffer.size(1)} rows; the new order "
                 f"has {new_order.numel()}"
             )
-        if self._scratch is None:
-            self._scratch = torch.empty_like(self.buffer)
         filled = self.buffer.narrow(3, 0, self.length)
-        selected = self._scratch.narrow(3, 0, self.length)
-        torch.index_select(filled, 1, new_order, out=selected)
-        filled.copy_(selected)
+        filled.copy_(filled.index_select(1, new_order))
         return self
 
     def truncate(self, length: int) -> None:
