@@ -79,6 +79,15 @@ def check_generator(
     return decoder
 
 
+def check_batch(what: str, option: str, prefix_tokens, constraints) -> None:
+    """Refuses what ``SequenceGenerator.generate`` may hand a batch and ``what`` does not
+    implement: forced prefixes and constraints."""
+    if prefix_tokens is not None:
+        raise ValueError(f"--prefix-size: not with {what} ({option})")
+    if constraints is not None:
+        raise ValueError(f"--constraints: not with {what} ({option})")
+
+
 def max_length(generator: SequenceGenerator, src_len: int) -> int:
     """The longest output ``SequenceGenerator`` decodes for sources of ``src_len`` tokens
     (``--max-len-a/b``, the model's positions), checked against ``--min-len``."""

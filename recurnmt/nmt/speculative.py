@@ -42,7 +42,13 @@ from recurnmt.modules.speculative import (
 )
 from recurnmt.modules.stack import StackOutput
 from recurnmt.nmt.decoder import RecurrentDecoder
-from recurnmt.nmt.generation import check_generator, hypothesis, lprobs_adjustment, max_length
+from recurnmt.nmt.generation import (
+    check_batch,
+    check_generator,
+    hypothesis,
+    lprobs_adjustment,
+    max_length,
+)
 
 logger = logging.getLogger(__name__)
 TASK = "speculative_translation"
@@ -172,10 +178,7 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         constraints: Tensor | None = None,
         bos_token: int | None = None,
     ) -> list[list[dict[str, Tensor]]]:
-        if prefix_tokens is not None:
-            raise ValueError("--prefix-size: not with speculative decoding (--draft-levels)")
-        if constraints is not None:
-            raise ValueError("--constraints: not with speculative decoding (--draft-levels)")
+        check_batch("speculative decoding", "--draft-levels", prefix_tokens, constraints)
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         bsz, src_len = src_tokens.shape[:2]

@@ -45,7 +45,13 @@ from torch import Tensor
 
 from recurnmt.modules.speculative import TokenRule
 from recurnmt.modules.static_cache import StaticStackCache
-from recurnmt.nmt.generation import check_generator, hypothesis, lprobs_adjustment, max_length
+from recurnmt.nmt.generation import (
+    check_batch,
+    check_generator,
+    hypothesis,
+    lprobs_adjustment,
+    max_length,
+)
 from recurnmt.nmt.speculative import FairseqDraftingDecoder
 
 logger = logging.getLogger(__name__)
@@ -102,10 +108,7 @@ class StaticSequenceGenerator(SequenceGenerator):
         constraints: Tensor | None = None,
         bos_token: int | None = None,
     ) -> Hypotheses:
-        if prefix_tokens is not None:
-            raise ValueError(f"--prefix-size: not with {WHAT} ({OPTION})")
-        if constraints is not None:
-            raise ValueError(f"--constraints: not with {WHAT} ({OPTION})")
+        check_batch(WHAT, OPTION, prefix_tokens, constraints)
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         bsz, src_len = src_tokens.shape[:2]
