@@ -4,6 +4,7 @@ storage that never moves, the settings it refuses."""
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
@@ -24,7 +25,7 @@ from recurnmt.modules.static_cache import (
 )
 from recurnmt.nmt.architectures import FAMILIES
 from recurnmt.nmt.speculative import FairseqDraftingDecoder
-from recurnmt.nmt.static_decoding import StaticSequenceGenerator, StaticStep
+from recurnmt.nmt.static_decoding import CapturedStep, StaticSequenceGenerator, StaticStep
 from tests.nmt_helpers import DICT, build
 from tests.test_speculative import _eos_likelier, _model, _sample
 
@@ -267,3 +268,95 @@ def test_attention_reads_the_positions_of_a_length_bucket():
     assert seen[0] == (BUCKET, BUCKET, 1) and seen[BUCKET - 1] == (BUCKET, BUCKET, BUCKET)
     assert seen[BUCKET] == (2 * BUCKET, 2 * BUCKET, BUCKET + 1)
     assert seen[2 * BUCKET] == (2 * BUCKET + 5, 2 * BUCKET + 5, 2 * BUCKET + 1)
+
+
+class _FakeCuda:
+    """torch.cuda's graph API on the CPU, for CapturedStep's bookkeeping: a "capture" runs the
+    step once and records it; a "replay" runs it again into the captured output (what a
+    correct graph computes); ``fail`` makes every capture raise as a capture error does."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail, self.captures, self.replays, self.pools = fail, 0, 0, []
+        self.capturing = None
+
+    def install(self, monkeypatch, captured) -> None:
+        fake = self
+
+        class Graph:
+            def pool(self):
+                return ("pool", id(fake))
+
+            def replay(self):
+                fake.replays += 1
+                (logits,) = (out for graph, out in captured.graphs.values() if graph is self)
+                logits.copy_(captured.step())
+
+        class GraphContext:
+            def __init__(self, graph, pool=None):
+                self.graph = graph
+                fake.pools.append(pool)
+
+            def __enter__(self):
+                if fake.fail:
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                fake.captures += 1
+
+            def __exit__(self, *exc):
+                return False
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", GraphContext)
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+
+
+def _captured_decoding(monkeypatch, fail: bool):
+    model = _model("ringformer_tiny")
+    src, lengths = (_sample(bsz=2)["net_input"][k] for k in ("src_tokens", "src_lengths"))
+    beam, rows, steps = 2, 4, BUCKET + 6
+    failures = []
+    outputs = {}
+    with torch.no_grad():
+        encoder_out = model.encoder(src, lengths)
+        for mode in ("eager", "captured"):
+            decoder = FairseqDraftingDecoder(model.decoder, encoder_out, group=beam)
+            cache = StaticStackCache(steps, "cpu")
+            step = StaticStep(decoder, cache, rows)
+            run = step
+            if mode == "captured":
+                run = CapturedStep(step, failures.append)
+                fake = _FakeCuda(fail)
+                fake.install(monkeypatch, run)
+            g = torch.Generator().manual_seed(3)
+            outs = []
+            for position in range(steps):
+                cache.set_position(position)
+                step.tokens.copy_(torch.randint(4, len(DICT), (rows, 1), generator=g))
+                outs.append((step() if position == 0 else run()).clone())
+                order = torch.randint(0, beam, (rows,), generator=g)
+                cache.reorder(order + torch.arange(rows) // beam * beam)
+            outputs[mode] = torch.stack(outs)
+    return outputs, fake, failures
+
+
+def test_a_captured_step_is_captured_once_per_bucket_and_replayed(monkeypatch):
+    """CapturedStep with torch.cuda's graph API faked on the CPU: one capture per length
+    bucket, one replay per step, one memory pool for the batch's graphs, and every step's
+    logits those of the eager step."""
+    outputs, fake, failures = _captured_decoding(monkeypatch, fail=False)
+    assert not failures and fake.captures == 2  # positions 1-31 and 32-37
+    assert fake.replays == BUCKET + 5
+    assert fake.pools == [None, ("pool", id(fake))]
+    torch.testing.assert_close(outputs["captured"], outputs["eager"])
+
+
+def test_a_capture_that_fails_falls_back_to_the_eager_step(monkeypatch):
+    outputs, fake, failures = _captured_decoding(monkeypatch, fail=True)
+    assert len(failures) == 1 and "capturing" in str(failures[0])
+    assert fake.replays == 0
+    torch.testing.assert_close(outputs["captured"], outputs["eager"])

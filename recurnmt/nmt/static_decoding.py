@@ -179,6 +179,7 @@ class CapturedStep:
     def __init__(self, step: StaticStep, failed: Callable[[Exception], None]) -> None:
         self.step, self.failed = step, failed
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.pool = None
         self.eager = False
 
     def __call__(self) -> Tensor:
@@ -193,9 +194,12 @@ class CapturedStep:
                     self.step()
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+                with torch.cuda.graph(graph, pool=self.pool):
                     logits = self.step()
                 self.graphs[bucket] = graph, logits
+                # one memory pool for the batch's graphs: they replay in the order they were
+                # captured (a bucket's, then the next's), as torch's pool sharing asks
+                self.pool = graph.pool()
             except RuntimeError as error:
                 self.eager = True
                 self.failed(error)
