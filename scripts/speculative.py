@@ -15,7 +15,8 @@ batch at a random depth, at 2 levels, at 1 level) and one runs 12 decoder levels
 parameters: a 1-level draft costs a twelfth of a token's levels there).
 
 ``measure`` decodes the embedded test set in this process, one model at a time (one thread,
-``--threads``; a model's timing rounds take turns), and reports:
+``--threads``; a model's timing rounds take turns; ``--device cuda --dtype fp16 --doc
+docs/speculative_gpu.md`` on a GPU), and reports:
 
 * sacreBLEU of every model at full depth (beam 4), and of the drafts alone (their first R
   levels, greedy): what training for drafts costs and buys;
@@ -125,12 +126,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sentences", type=int, default=150, help="batch-1 timing sentences")
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--device", default="cpu", help="measure on: cpu (default) or cuda[:N] (training: CPU)"
+    )
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"),
+                        help="measure the models in (half precision: on CUDA)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2, help="timing rounds (best kept)")
     parser.add_argument("--draft-tokens", type=int, nargs="+", default=[2, 3, 4, 6, 8])
     parser.add_argument(
         "--max-draft-levels", type=int, default=5, help="the deepest draft timed (R <= this)"
     )
     args = parser.parse_args(argv)
+    if args.step == "measure":  # torch: not for training
+        from recurnmt.device import resolve_device
+
+        args.device = str(resolve_device(args.device, parser.error))
+    if args.dtype != "fp32" and not args.device.startswith("cuda"):
+        parser.error(f"--dtype {args.dtype}: half precision is measured on CUDA (--device cuda)")
     if args.levels < 2:
         parser.error(f"--levels {args.levels}: a draft needs at least 2 levels")
     if not (args.data / "dict.en.txt").exists():

@@ -60,3 +60,18 @@ def test_train_then_measure_writes_the_page(data, tmp_path):
         assert heading in page
     assert (tmp_path / "s.png").exists() and "![speed and acceptance against K](s.png)" in page
     assert str(tmp_path) not in (tmp_path / "s.json").read_text()  # portable paths only
+    assert "CPU, 1 thread(s), float32; speed on" in page  # --device cpu, the default
+
+
+def test_the_measurement_is_measured_where_asked_and_the_page_says_where(capsys):
+    """``measure --device cuda --dtype fp16`` (a GPU's run of the same measurement): half
+    precision only on CUDA, and the page names the device and the precision."""
+    script = load_script("speculative")
+    with pytest.raises(SystemExit):
+        script.main(["measure", "--dtype", "fp16"])
+    assert "--dtype fp16: half precision is measured on CUDA" in capsys.readouterr().err
+    from recurnmt.runs.speculation_report import measured_on
+
+    on_gpu = {"device": "cuda", "dtype": "fp16", "threads": "1"}
+    assert measured_on(on_gpu) == "cuda, float16, timings synchronised with the device"
+    assert measured_on({"threads": "1"}) == "CPU, 1 thread(s), float32"  # an older page

@@ -1,8 +1,9 @@
 """The measurements of ``scripts/speculative.py``: self-speculative decoding of trained models
 on the embedded test set, against plain decoding and fairseq's transformer (docs/speculative.md).
 
-Every figure is measured in this process on the CPU, one thread, one model at a time (its
-timing rounds taking turns), each model's figures saved as soon as they are measured:
+Every figure is measured in this process, on the CPU with one thread by default (``--device
+cuda --dtype fp16`` on a GPU, the timings then synchronised with the device), one model at a
+time (its timing rounds taking turns), each model's figures saved as soon as they are measured:
 BLEU at full depth and of the drafts alone, identical outputs of speculative and plain greedy
 decoding, tokens/s at batch 1 and in batches, and how often a draft reproduces a beam-search
 step (the bound on exact beam speculation).
@@ -31,20 +32,24 @@ BEAM, LENPEN = 4, 1.5  # the demo's decoding (docs/demo.md)
 NO_DRAFT = "no draft"  # --draft-levels 0: the speculative loop decoding at full depth
 
 
-def load(checkpoint: Path):
-    """The trained model (evaluation mode, float32, CPU) and its task."""
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def load(checkpoint: Path, device: torch.device | str = "cpu", dtype: str = "fp32"):
+    """The trained model (evaluation mode, in ``dtype`` on ``device``) and its task."""
     from fairseq import checkpoint_utils
 
     import recurnmt.nmt  # noqa: F401  (the plugin)
 
     models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
-    return models[0].float().eval(), task
+    return models[0].to(device=device, dtype=DTYPES[dtype]).eval(), task
 
 
 class TestSet:
     """The embedded test set as fairseq batches it, with its raw references."""
 
-    def __init__(self, data: Path) -> None:
+    def __init__(self, data: Path, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
         task = translation_task(data, "test")
         self.dataset = task.dataset("test")
         self.pad = task.source_dictionary.pad()
@@ -61,6 +66,7 @@ class TestSet:
             chunk = ordered[start : start + size]
             sample = self.dataset.collater([self.dataset[i] for i in chunk])
             (net,) = generation_batches(sample, len(chunk), len(chunk), self.pad, self.left_pad)
+            net = {k: v.to(self.device) for k, v in net.items()}
             out.append((sample["id"].tolist(), {"net_input": net}))
         return out
 
@@ -76,12 +82,16 @@ class TestSet:
 def decode(generator, model, batches) -> tuple[dict[int, torch.Tensor], float, int]:
     """Every sentence's best hypothesis, the wall time and the tokens generated."""
     out, tokens = {}, 0
+    device = next(model.parameters()).device
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda *_: None
+    synchronize(device)
     start = time.perf_counter()
     with torch.no_grad():
         for ids, sample in batches:
             for i, hypos in zip(ids, generator.generate([model], sample), strict=True):
-                out[i] = hypos[0]["tokens"]
+                out[i] = hypos[0]["tokens"].cpu()
                 tokens += hypos[0]["tokens"].numel()
+    synchronize(device)
     return out, time.perf_counter() - start, tokens
 
 
@@ -153,10 +163,11 @@ def _margin(model, test: TestSet, i: int, plain: torch.Tensor, spec: torch.Tenso
     in a batch and at batch 1 part there too."""
     a, b = plain.tolist(), spec.tolist()
     j = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    src = test.dataset[i]["source"][None]
-    prev = torch.tensor([[test.tgt_dict.eos(), *a[:j]]])
+    src = test.dataset[i]["source"][None].to(test.device)
+    prev = torch.tensor([[test.tgt_dict.eos(), *a[:j]]], device=test.device)
     with torch.no_grad():
-        logits = model(src, torch.tensor([src.size(1)]), prev)[0][0, -1].float()
+        lengths = torch.tensor([src.size(1)], device=test.device)
+        logits = model(src, lengths, prev)[0][0, -1].float()
     top = logits.topk(2).values
     return float(top[0] - top[1])
 
@@ -307,12 +318,12 @@ def measure(args: argparse.Namespace, specs: dict[str, tuple[str, tuple[str, ...
     def log(line: str) -> None:
         print(line, flush=True)
 
-    test = TestSet(args.data)
+    test = TestSet(args.data, args.device)
     models = {}
     for name in args.models:
         path = args.out / name / "checkpoints" / "checkpoint_last.pt"
         if path.exists():
-            models[name] = load(path)[0]
+            models[name] = load(path, args.device, args.dtype)[0]
     results["models"] = {n: specs[n][2] for n in models}
     results["settings"] = {k: str(v) for k, v in vars(args).items() if k not in ("step",)}
     results.setdefault("speed", {"rows": []})

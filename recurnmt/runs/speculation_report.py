@@ -235,6 +235,18 @@ def main_model(results: dict) -> str | None:
     return max(best, key=best.get) if best else None
 
 
+def measured_on(settings: dict[str, str]) -> str:
+    """Where the figures were measured: the CPU with its threads, or the GPU in its dtype (a
+    page written before ``--device`` existed: the CPU in float32)."""
+    device, dtype = settings.get("device", "cpu"), settings.get("dtype", "fp32")
+    if device == "cpu":
+        return f"CPU, {settings['threads']} thread(s), {DTYPE_WORDS[dtype]}"
+    return f"{device}, {DTYPE_WORDS[dtype]}, timings synchronised with the device"
+
+
+DTYPE_WORDS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
 def plot(results: dict, path: Path) -> bool:
     import matplotlib
 
@@ -247,6 +259,7 @@ def plot(results: dict, path: Path) -> bool:
     spec = _spec_runs(rows, main)
     if not spec or plain is None:
         return False
+    device = results["settings"].get("device", "cpu").split(":")[0].upper()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for r in sorted({r for r, _ in spec}):
         ks = sorted(k for rr, k in spec if rr == r)
@@ -255,7 +268,7 @@ def plot(results: dict, path: Path) -> bool:
         right.plot(ks, [spec[r, k]["accepted"] for k in ks], "o-", label=f"R={r}")
     left.axhline(1.0, color="grey", lw=0.8)
     left.set(xlabel="drafted tokens K", ylabel="tokens/s vs no draft",
-             title=f"{main}, batch 1, CPU")  # fmt: skip
+             title=f"{main}, batch 1, {device}")  # fmt: skip
     right.set(xlabel="drafted tokens K", ylabel="drafts accepted per verification",
               title="acceptance")  # fmt: skip
     left.legend()
@@ -284,7 +297,7 @@ def write_report(doc: Path, results: dict[str, Any]) -> None:
         f"FF={settings['ffn_dim']}, {settings['heads']} heads, {settings['levels']} levels on "
         f"each side unless said, pre-LN, the demo's recipe: {settings['max_update']} updates on "
         "the embedded corpus). "
-        f"CPU, {settings['threads']} thread(s), float32; speed on {settings['sentences']} test "
+        f"{measured_on(settings)}; speed on {settings['sentences']} test "
         "sentences spread over its lengths, each configuration once a round, the fastest of "
         f"{settings['rounds']} rounds. tokens/s counts generated tokens, eos included.",
         "",
