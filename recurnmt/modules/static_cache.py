@@ -26,10 +26,10 @@ steps, so a captured step replays for every step of its bucket (a decoding of 40
 captures two). The buckets keep the buffers and attention's arithmetic near the filled
 length's: one buffer of the longest output (201 positions for fairseq-generate's default
 ``--max-len-b 200``), zeroed at the first step and read whole, made beam search on the
-embedded test set 3.2x slower than fairseq's own on a CPU (docs/gpu.md). What stays dearer
-than the default cache: the masked positions of a bucket, and a finished sentence's rows,
-which are still computed (tests/test_static_decoding.py shows the outputs equal to the
-default decoding's).
+embedded test set 3.2x slower than fairseq's own on a CPU; with the buckets a step costs what
+the default cache's does (docs/gpu.md). What stays dearer than the default cache: a finished
+sentence's rows, which are still computed until the batch's last sentence ends
+(tests/test_static_decoding.py shows the outputs equal to the default decoding's).
 """
 
 from __future__ import annotations
