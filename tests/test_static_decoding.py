@@ -24,7 +24,7 @@ from recurnmt.modules.static_cache import (
     StepPosition,
 )
 from recurnmt.nmt.architectures import FAMILIES
-from recurnmt.nmt.speculative import FairseqDraftingDecoder
+from recurnmt.nmt.generation import FairseqDraftingDecoder
 from recurnmt.nmt.static_decoding import CapturedStep, StaticSequenceGenerator, StaticStep
 from tests.nmt_helpers import DICT, build
 from tests.test_speculative import _eos_likelier, _model, _sample

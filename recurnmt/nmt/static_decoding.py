@@ -46,13 +46,13 @@ from torch import Tensor
 from recurnmt.modules.speculative import TokenRule
 from recurnmt.modules.static_cache import StaticStackCache
 from recurnmt.nmt.generation import (
+    FairseqDraftingDecoder,
     check_batch,
     check_generator,
     hypothesis,
     lprobs_adjustment,
     max_length,
 )
-from recurnmt.nmt.speculative import FairseqDraftingDecoder
 
 logger = logging.getLogger(__name__)
 WHAT, OPTION = "static-shape decoding", "--static-decoding"
