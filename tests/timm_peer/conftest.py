@@ -12,8 +12,7 @@ pytest knows them.
 
 Items timm's tests apply to a recurnmt model but that it does not pass yet are marked
 ``xfail(strict=True)`` below, each with its reason, so they are reported (and a fix that makes
-one pass fails the run until its mark is removed; the TorchScript items are not run at all,
-``pytest --runxfail -m timm_peer -k torchscript`` runs them); see recurnmt/vision/README.md.
+one pass fails the run until its mark is removed); see recurnmt/vision/README.md.
 """
 
 from __future__ import annotations
@@ -48,14 +47,11 @@ TOKEN_OUTPUT = (
     "standard-config test asks for a B x C x H x W map, which only timm's name filters "
     "(vit_*, deit*) spare its own ViTs from"
 )
-TORCHSCRIPT = "not scriptable yet: the level stack's hooks and configs are Python objects"
 KNOWN_GAPS: dict[str, dict[str, str]] = {
     "test_model_default_cfgs": {"vit": TOKEN_OUTPUT, "dvt": TOKEN_OUTPUT},
-    "test_model_forward_torchscript": dict.fromkeys(
-        ("vit", "dvt", "sret", "mixer", "mrla_resnet"), TORCHSCRIPT
-    ),
-    # every model's fx graph scripts (test_model_forward_fx_torchscript): the level loop is
-    # unrolled there and its helpers compile (recurnmt.modules.tracing)
+    # every model scripts, directly (test_model_forward_torchscript: as its fx graph,
+    # recurnmt.vision.layers.scripting) and through timm's fx feature extractor
+    # (test_model_forward_fx_torchscript)
 }
 
 
@@ -79,10 +75,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.timm_peer)
         reason = KNOWN_GAPS.get(item.originalname, {}).get(_family_file(name))
         if reason:
-            # TorchScript's items are not run (scripting fails at once, after an fx trace of up
-            # to 12 s for a 108-level model): 3 minutes of CI for no news
-            run = "torchscript" not in item.originalname
-            item.add_marker(pytest.mark.xfail(reason=reason, strict=True, run=run))
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
         keep.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -58,6 +58,7 @@ from torch import Tensor, nn
 from recurnmt.modules.tracing import traceable
 from recurnmt.vision.layers import to_2tuple
 from recurnmt.vision.layers.reuse import FeatureReuse, Grid, RelationReuse, ReuseHook
+from recurnmt.vision.layers.scripting import ScriptsAsInferenceGraph
 from recurnmt.vision.models.vit import VisionTransformer
 from recurnmt.vision.registry import create_model, register_model
 
@@ -77,7 +78,7 @@ class Upstream:
 
 
 @traceable
-class DVTCascade(nn.Module):
+class DVTCascade(ScriptsAsInferenceGraph, nn.Module):
     """K vision transformers on increasing token grids with early exits (DVT sec. 3).
 
     ``forward`` returns the last exit's logits (the full cascade), and in training every

@@ -25,6 +25,7 @@ from recurnmt.modules import DepthPlan, FeedForward, LevelHook, LevelParts, Recu
 from recurnmt.modules.residual import ResidualCoefficients
 from recurnmt.modules.tracing import traceable
 from recurnmt.vision.layers import PatchEmbed, to_2tuple
+from recurnmt.vision.layers.scripting import ScriptsAsInferenceGraph
 from recurnmt.vision.registry import register_model
 
 
@@ -80,7 +81,7 @@ class MixerBlock(nn.Module):
 
 
 @traceable
-class RecursiveMixer(nn.Module):
+class RecursiveMixer(ScriptsAsInferenceGraph, nn.Module):
     """Patch embedding, M Mixer blocks each run ``loops`` times in a row, pooling, head.
 
     Args:

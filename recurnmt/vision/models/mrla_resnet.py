@@ -65,6 +65,7 @@ from torch.utils.checkpoint import checkpoint
 
 from recurnmt.vision.layers import to_2tuple
 from recurnmt.vision.layers.layer_attention import LayerAttention, LayerState
+from recurnmt.vision.layers.scripting import ScriptsAsInferenceGraph
 from recurnmt.vision.registry import register_model
 
 RESNET_DEPTHS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}  # He et al. 2016, Table 1
@@ -138,7 +139,7 @@ class MRLAStage(nn.Module):
         return x
 
 
-class MRLAResNet(ResNet):
+class MRLAResNet(ScriptsAsInferenceGraph, ResNet):
     """timm's ResNet with MRLA after every bottleneck (MRLA Table 1).
 
     Everything timm's ResNet offers (``forward_features`` / ``forward_head``,

@@ -48,6 +48,7 @@ from recurnmt.vision.layers import PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.conv import ConvPooling, ConvStem
 from recurnmt.vision.layers.features import feature_take_indices, tokens_to_map
 from recurnmt.vision.layers.layer_attention import LayerAttention
+from recurnmt.vision.layers.scripting import ScriptsAsInferenceGraph
 from recurnmt.vision.registry import register_model
 
 FINAL_GROUPS = ((8, 2), (4, 1), (1, 1))  # SReT appendix C, Table 7: [8,2][4,1][1,1]
@@ -114,7 +115,7 @@ def attn_permute_schedule(setting: str | Sequence[bool], loops: int) -> tuple[bo
 
 
 @traceable
-class SReT(nn.Module):
+class SReT(ScriptsAsInferenceGraph, nn.Module):
     """A spatial-pyramid recursive transformer (SReT Table 10).
 
     Args:

@@ -24,10 +24,11 @@ from recurnmt.modules.tracing import traceable
 from recurnmt.vision.layers import PatchEmbed, PositionEmbedding, to_2tuple
 from recurnmt.vision.layers.features import feature_take_indices, level_intermediates
 from recurnmt.vision.layers.layer_attention import LayerAttention
+from recurnmt.vision.layers.scripting import ScriptsAsInferenceGraph
 
 
 @traceable
-class VisionTransformer(nn.Module):
+class VisionTransformer(ScriptsAsInferenceGraph, nn.Module):
     """Patch embedding, a level stack and a classifier (ViT eq. 1-4).
 
     Args:
