@@ -71,9 +71,11 @@ gpu-check:
 
 # gpu-wheels: here, with a package index, the wheels a GPU machine without one needs
 # (requirements/lock.txt but the image's torch family) for its Python: make gpu-check WHEELS=
+# IMAGE=scripts/gpu_check/images/NAME.txt: only what that image lacks
 PYVER ?= 3.12
 gpu-wheels:
-	$(GPU_PYTHON) scripts/gpu_wheels.py --python-version $(PYVER) --out $(or $(WHEELS),wheels)
+	$(GPU_PYTHON) scripts/gpu_wheels.py --python-version $(PYVER) --out $(or $(WHEELS),wheels) \
+		$(if $(IMAGE),--image $(IMAGE))
 
 # compat: a second environment (.venv-compat/NAME) with another Python and torch inside
 # setup.cfg's ranges, and the smoke subset of the tests there; the result goes to docs/compat/.

@@ -16,7 +16,16 @@ what a CUDA image brings with its torch (torch, torchvision, torchaudio, triton 
   folder): 143-158 s on this 2-core machine, about 40 s on a 16-core one.
 
 gpu-check installs only what the machine lacks (``python3 -m scripts.gpu_check
---list-missing`` there prints it), so the folder may hold more than is used.
+--list-missing`` there prints it), so the folder may hold more than is used. Where the
+machine's image is known (``--image FILE``: the names of the packages it holds, one a line;
+``scripts/gpu_check/images/`` has the images seen), the folder holds only what gpu-check
+installs there: its requirements the image lacks, what those require in turn (read from each
+wheel's metadata, at the lock's versions), and the pure-Python wheels of the image's packages
+they require, which pip takes only where the image's version does not fit (the image's
+compiled packages, numpy or pyarrow, are trusted). For this workplace's H200 image that is
+a folder small enough to travel with the repository.
+
+    make gpu-wheels PYVER=3.12 WHEELS=wheels IMAGE=scripts/gpu_check/images/nvidia-h200.txt
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import setup_env  # scripts/ is this script's own directory, so its first import path
@@ -55,6 +65,78 @@ def download_command(pins: list[str], out: Path, python_version: str) -> list[st
     for platform in PLATFORMS:
         cmd += ["--platform", platform]
     return [*cmd, *pins]
+
+
+def pure_python_command(pins: list[str], out: Path, python_version: str) -> list[str]:
+    """``pip download`` of ``pins``' pure-Python wheels (``py3-none-any``) only."""
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--python-version", python_version, "--implementation", "py", "--abi", "none"]
+    return [*cmd, "--platform", "any", "-d", str(out), *pins]
+
+
+def read_image(path: Path) -> set[str]:
+    """The normalized package names of an image file (one a line, ``#`` comments)."""
+    if not path.is_file():
+        raise setup_env.SetupError(f"--image {path}: no such file")
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text("utf-8").splitlines())
+    return {setup_env.normalize(line) for line in lines if line}
+
+
+def wheel_requires(wheel: Path, python_version: str) -> list[str]:
+    """The normalized names a wheel requires on CPython ``python_version``, Linux x86-64,
+    without extras (its ``Requires-Dist`` lines whose markers hold there)."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip carries its own copy
+        from pip._vendor.packaging.requirements import Requirement
+    with zipfile.ZipFile(wheel) as zf:
+        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        text = zf.read(meta).decode("utf-8")
+    env = {"python_version": python_version, "python_full_version": f"{python_version}.0",
+           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+           "os_name": "posix", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "extra": ""}  # fmt: skip
+    names = []
+    for line in text.splitlines():
+        if line.startswith("Requires-Dist:"):
+            req = Requirement(line.split(":", 1)[1].strip())
+            if req.marker is None or req.marker.evaluate(env):
+                names.append(setup_env.normalize(req.name))
+    return names
+
+
+def image_wanted(
+    roots: list[str], lock: dict[str, str], image: set[str], out: Path, python_version: str
+) -> dict[str, list[str]]:
+    """Fills ``out`` with what a machine holding ``image`` needs to install ``roots``: the
+    roots the image lacks and, level by level, their requirements that it lacks (pinned by
+    ``lock``), plus the pure-Python wheels of the image's packages they require (a root the
+    image holds is kept as it is); as :func:`fill`, with ``"image"``: the image's packages
+    given as pure-Python wheels."""
+    skip = {n for n in lock if IMAGE_OWN.fullmatch(n)} | setup_env.NOT_LOCKED
+    done: dict[str, list[str]] = {"wheels": [], "built": [], "sources": [], "image": []}
+    seen = {setup_env.normalize(r) for r in roots} & image  # gpu-check keeps these as they are
+    level = [setup_env.normalize(r) for r in roots]
+    while level:
+        level = sorted({n for n in level if n not in seen and n not in skip})
+        seen.update(level)
+        unpinned = [n for n in level if n not in lock]
+        if unpinned:
+            raise setup_env.SetupError(f"not in the lock: {' '.join(unpinned)}")
+        lacking = [f"{n}=={lock[n]}" for n in level if n not in image]
+        for pin in (f"{n}=={lock[n]}" for n in level if n in image):
+            if pip(pure_python_command([pin], out, python_version)):
+                done["image"].append(pin)  # compiled: the image's own is trusted
+        before = set(out.iterdir())
+        for kind, pins in (fill(out, python_version, lacking) if lacking else {}).items():
+            done[kind] += pins
+        level = [
+            name
+            for wheel in set(out.iterdir()) - before
+            if wheel.suffix == ".whl"
+            for name in wheel_requires(wheel, python_version)
+        ]
+    return done
 
 
 def pip(cmd: list[str]) -> bool:
@@ -99,6 +181,14 @@ def build_or_keep_source(pin: str, out: Path) -> str:
         return "sources"
 
 
+def required() -> list[str]:
+    """What ``make gpu-check`` installs (scripts/gpu_check/environment.py)."""
+    sys.path.insert(0, str(ROOT))
+    from scripts.gpu_check.environment import pinned_requirements
+
+    return pinned_requirements()
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "wheels", help="the folder to fill")
@@ -107,6 +197,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--lock", type=Path, default=ROOT / "requirements" / "lock.txt")
     parser.add_argument("--only", nargs="+", help="these packages of the lock only")
+    parser.add_argument(
+        "--image",
+        type=Path,
+        help="the packages the GPU image holds, one name a line: only what it lacks "
+        "(scripts/gpu_check/images/)",
+    )
     opts = parser.parse_args(argv)
     if not re.fullmatch(r"3\.\d+", opts.python_version):
         raise ValueError(f"--python-version {opts.python_version}: say it as 3.12")
@@ -124,14 +220,22 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 raise setup_env.SetupError(f"--only {' '.join(sorted(unknown))}: not in the lock")
             pins = [p for p in pins if setup_env.normalize(p.split("==")[0]) in names]
-        done = fill(opts.out, opts.python_version, pins)
+        if opts.image:
+            roots = [p.split("==")[0] for p in (pins if opts.only else required())]
+            image = read_image(opts.image)
+            opts.out.mkdir(parents=True, exist_ok=True)
+            done = image_wanted(roots, lock, image, opts.out, opts.python_version)
+        else:
+            done = fill(opts.out, opts.python_version, pins)
     except (setup_env.SetupError, ValueError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     size = sum(p.stat().st_size for p in opts.out.iterdir()) / 2**20
     print(
         f"{opts.out}: {len(done['wheels'])} wheels downloaded, {len(done['built'])} built here, "
-        f"{len(done['sources'])} sources to build there ({size:.0f} MB)"
+        f"{len(done['sources'])} sources to build there"
+        + (f", {len(done['image'])} pure-Python ones the image holds" if "image" in done else "")
+        + f" ({size:.0f} MB)"
     )
     return 0
 
