@@ -105,3 +105,21 @@ def test_the_torchscript_example_in_the_vision_readme_runs(capsys):
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(code, str(readme), "exec"), {})
     assert capsys.readouterr().out.splitlines() == ["torch.Size([2, 1000])"]
+
+
+def test_a_backbone_through_timms_fx_feature_class_scripts_on_the_same_parameters():
+    import timm
+
+    torch.manual_seed(0)
+    backbone = timm.create_model(
+        "ringformer_vit_mini_patch4", features_only=True, out_indices=(1, 3, 5), feature_cls="fx"
+    ).eval()
+    scripted = torch.jit.script(backbone)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        got, want = scripted(x), backbone(x)
+    assert [tuple(t.shape) for t in got] == [(2, 65, 64)] * 3  # a level's tokens
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    shared = {p.data_ptr() for p in scripted.parameters()}
+    assert len(shared) == len({p.data_ptr() for p in backbone.parameters()})
