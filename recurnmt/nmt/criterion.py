@@ -7,6 +7,10 @@ cross-entropy plus, when the model has them:
   ``act_loss_weight * sum of (N + R)`` over real source and target positions;
 * SReT mixed-depth training (SReT appendix B): the shallow branch (every block once,
   sharing the deep branch's weights) is trained under the same loss, ``L_deep + L_shallow``;
+* word-level knowledge distillation from a trained teacher (Kim & Rush 2016, sec. 3.1:
+  ``(1 - W) x`` the label loss ``+ W x KL(p_teacher || p_student)`` over the target's tokens;
+  ``--teacher-checkpoint`` and ``--teacher-distill W``), in training only, so validation
+  losses stay comparable with other runs';
 * SReT's learnable residual coefficients (eq. 9-10) of the first block of each side
   (or all of them with ``--log-lrc all``), logged as ``lrc_...`` scalars, so that fairseq's
   progress output and ``--tensorboard-logdir`` record their evolution (SReT Fig. 7 / 16;
@@ -15,6 +19,7 @@ cross-entropy plus, when the model has them:
 
 # no ``from __future__ import annotations``: fairseq reads the dataclass field types
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +54,21 @@ class RecurrentCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
             "shallow pass's loss, the KL divergence from the full depth's distribution "
             "(detached) to the shallow pass's, beside the labels' (1 - weight): what a draft "
             "must match to be accepted (docs/speculative.md)"
+        },
+    )
+    teacher_checkpoint: str = field(
+        default="",
+        metadata={
+            "help": "a trained translation model (a fairseq checkpoint with the task's "
+            "dictionaries) whose distribution the model learns beside the labels, with "
+            "--teacher-distill (word-level knowledge distillation, Kim & Rush 2016)"
+        },
+    )
+    teacher_distill: float = field(
+        default=0.0,
+        metadata={
+            "help": "with --teacher-checkpoint: the weight (0..1) of KL(teacher || model) "
+            "in the training loss, beside the labels' (1 - weight); validation is unchanged"
         },
     )
 
@@ -86,6 +106,30 @@ def lrc_coefficients(model, which: str = "first-block") -> "dict[str, float]":
     return out
 
 
+def load_teacher(path: str, task) -> torch.nn.Module:
+    """The teacher of ``--teacher-checkpoint``, loaded by fairseq's own loader (the state
+    upgraded as fairseq upgrades it) on the task's dictionaries, in evaluation mode, frozen.
+
+    Raises:
+        ValueError: no such file, or weights that do not fit the task's dictionaries.
+    """
+    from fairseq import checkpoint_utils
+
+    if not os.path.isfile(path):
+        raise ValueError(f"--teacher-checkpoint {path}: no such file")
+    try:
+        (teacher,), _ = checkpoint_utils.load_model_ensemble([path], task=task)
+    except RuntimeError as err:  # load_state_dict: sizes that do not match
+        first = str(err).strip().splitlines()[-1].strip()
+        raise ValueError(
+            f"--teacher-checkpoint {path}: its weights do not fit this task's dictionaries "
+            f"({first})"
+        ) from err
+    teacher.eval()
+    teacher.requires_grad_(False)
+    return teacher
+
+
 @register_criterion_once(RECURRENT_CRITERION, dataclass=RecurrentCriterionConfig)
 class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
     """Label-smoothed cross-entropy + ACT ponder cost + SReT mixed depth + LRC logging."""
@@ -100,25 +144,52 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
         act_loss_weight=0.01,
         log_lrc="first-block",
         shallow_distill=0.0,
+        teacher_checkpoint="",
+        teacher_distill=0.0,
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if log_lrc not in ("none", "first-block", "all"):
             raise ValueError(f"--log-lrc={log_lrc!r}: choose none, first-block or all")
-        if not 0.0 <= shallow_distill <= 1.0:
-            raise ValueError(f"--shallow-distill={shallow_distill}: a weight in 0 .. 1")
+        for flag, weight in (("shallow", shallow_distill), ("teacher", teacher_distill)):
+            if not 0.0 <= weight <= 1.0:
+                raise ValueError(f"--{flag}-distill={weight}: a weight in 0 .. 1")
+        if bool(teacher_checkpoint) != bool(teacher_distill):
+            raise ValueError(
+                "--teacher-checkpoint and --teacher-distill go together: the teacher and the "
+                "weight of its distribution in the loss"
+            )
         self.shallow_distill = shallow_distill
+        self.teacher_distill = teacher_distill
+        # not a submodule: its parameters stay out of the optimizer, the checkpoints and the
+        # criterion's dtype and device moves (it follows the model's at its first batch)
+        self._teacher = [load_teacher(teacher_checkpoint, task)] if teacher_checkpoint else []
         self.act_loss_weight = act_loss_weight
         self.log_lrc = log_lrc
 
-    def _distillation(self, model, deep_output, shallow_output, sample, reduce: bool) -> Tensor:
-        """KL(p_deep || p_shallow) summed over the target's tokens (the NLL's reduction),
-        p_deep detached: the shallow pass learns the full depth's predictions, which a
-        speculative draft is accepted by, not only the labels'."""
-        deep = model.get_normalized_probs(deep_output, log_probs=True).detach()
-        shallow = model.get_normalized_probs(shallow_output, log_probs=True)
-        kl = (deep.exp() * (deep - shallow)).sum(-1)  # B x T
+    def _kl(self, target_lprobs: Tensor, lprobs: Tensor, sample, reduce: bool) -> Tensor:
+        """KL(target || model) summed over the target's tokens (the NLL's reduction)."""
+        kl = (target_lprobs.exp() * (target_lprobs - lprobs)).sum(-1)  # B x T
         kl = kl * sample["target"].ne(self.padding_idx)
         return kl.sum() if reduce else kl.flatten()
+
+    def _distillation(self, model, deep_output, shallow_output, sample, reduce: bool) -> Tensor:
+        """KL(p_deep || p_shallow), p_deep detached: the shallow pass learns the full depth's
+        predictions, which a speculative draft is accepted by, not only the labels'."""
+        deep = model.get_normalized_probs(deep_output, log_probs=True).detach()
+        shallow = model.get_normalized_probs(shallow_output, log_probs=True)
+        return self._kl(deep, shallow, sample, reduce)
+
+    def _teacher_kl(self, model, net_output, sample, reduce: bool) -> Tensor:
+        """KL(p_teacher || p_model) on the batch, the teacher in evaluation mode without
+        gradients, in the model's dtype and on its device."""
+        (teacher,) = self._teacher
+        weight = next(model.parameters())
+        teacher.to(device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            teacher_output = teacher(**sample["net_input"])
+            target = teacher.get_normalized_probs(teacher_output, log_probs=True).float()
+        lprobs = model.get_normalized_probs(net_output, log_probs=True)
+        return self._kl(target, lprobs, sample, reduce)
 
     def _ponder(self, sample, net_output) -> "Tensor | None":
         """Sum of N + R over real source and target positions, or None without ACT."""
@@ -134,6 +205,10 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
         loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        teacher_kl = None
+        if self._teacher and model.training:
+            teacher_kl = self._teacher_kl(model, net_output, sample, reduce)
+            loss = (1 - self.teacher_distill) * loss + self.teacher_distill * teacher_kl
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {
             "loss": loss.data,
@@ -142,6 +217,8 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
             "nsentences": sample["target"].size(0),
             "sample_size": sample_size,
         }
+        if teacher_kl is not None:
+            logging_output["teacher_kl"] = teacher_kl.data
         ponder = self._ponder(sample, net_output)
         if ponder is not None:
             loss = loss + self.act_loss_weight * ponder
@@ -175,9 +252,10 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
         sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
-        if any("shallow_kl" in log for log in logging_outputs):
-            kl = sum(log.get("shallow_kl", 0) for log in logging_outputs)
-            metrics.log_scalar("shallow_kl", kl / sample_size, sample_size, round=4)
+        for key in ("shallow_kl", "teacher_kl"):
+            if any(key in log for log in logging_outputs):
+                kl = sum(log.get(key, 0) for log in logging_outputs)
+                metrics.log_scalar(key, kl / sample_size, sample_size, round=4)
         if any("shallow_loss" in log for log in logging_outputs):
             shallow = sum(log.get("shallow_loss", 0) for log in logging_outputs)
             metrics.log_scalar(
