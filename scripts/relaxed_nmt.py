@@ -66,7 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fine-tuning peak lrs to choose from on validation")  # fmt: skip
     budget.add_argument("--tune-warmup", type=int, default=50)
     budget.add_argument("--distill", action="store_true",
-                        help="the teacher's translations as the students' targets")  # fmt: skip
+                        help="the teacher's translations as the students' targets "
+                        "(sequence-level distillation)")  # fmt: skip
+    budget.add_argument("--teacher-distill", type=float, default=0.5, metavar="W",
+                        help="the weight of word-level distillation from the teacher's "
+                        "distribution in a comparison at the main cells, the middle K, seed 1 "
+                        "(0: not run)")  # fmt: skip
     teacher = p.add_argument_group("the teacher (and training from scratch)")
     teacher.add_argument("--lr", type=float, default=3e-3)
     teacher.add_argument("--warmup", type=int, default=400)
@@ -110,6 +115,8 @@ def check(args: argparse.Namespace) -> None:
                             "that the teacher's T + K is a checkpoint)")  # fmt: skip
     if args.nproc < 1 or args.max_tokens % args.nproc:
         raise UserError(f"--nproc {args.nproc} must divide --max-tokens {args.max_tokens}")
+    if not 0 <= args.teacher_distill <= 1:
+        raise UserError(f"--teacher-distill {args.teacher_distill}: a weight in 0 .. 1")
     if args.hours is not None and args.hours <= 0:
         raise UserError(f"--hours {args.hours}: a positive number of hours")
 

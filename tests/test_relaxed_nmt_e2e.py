@@ -1,6 +1,7 @@
 """``scripts/relaxed_nmt.py`` end to end at a tiny size: the teacher to its plateau, a
 conversion, the lr selection, fine-tuning (on the teacher's translations), every control
-(from scratch for K and for T + K, the teacher continued and re-warmed), the page with its
+(from scratch for K and for T + K, the teacher continued and re-warmed), fine-tuning with the
+teacher's distribution in the loss (``fairseq-train --teacher-checkpoint``), the page with its
 verdicts, bootstrap and plot; a second run reuses every finished run."""
 
 from __future__ import annotations
@@ -49,17 +50,20 @@ def test_the_study_runs_writes_its_page_and_reuses_finished_runs(data, tmp_path)
     kinds = [r["kind"] for r in found["results"]]
     assert kinds == [
         "teacher", "converted", "fine-tuned", "scratch K", "teacher re-warmed",
-        "teacher continued", "scratch T+K",
+        "teacher continued", "scratch T+K", "fine-tuned + KD",
     ]  # fmt: skip
     teacher = found["results"][0]
     assert teacher["updates"] in (2, 4) and teacher["stopped_at"] <= 4
-    total = found["results"][-1]
+    total = found["results"][-2]
     assert total["teacher_updates"] == teacher["updates"] and list(total["points"]) == ["2"]
-    assert all((tmp_path / "runs" / r["hyps"]).exists() for r in found["results"][:-1])
+    assert all((tmp_path / "runs" / r["hyps"]).exists() for r in found["results"] if "hyps" in r)
+    kd_log = tmp_path / "runs" / "tune-kd" / "m1-stepwise-r4" / "k2" / "lr0.001" / "w0.5"
+    assert "teacher_kl" in (kd_log / "s1" / "train.log").read_text(encoding="utf-8")
     text = doc.read_text(encoding="utf-8")
     assert "## K = 2 updates of uptraining" in text and "| teacher continued |" in text
     assert "At equal uptraining budget" in text and "At equal total budget" in text
     assert "Paired bootstrap" in text and "Still to run" not in text
+    assert "## Logit distillation from the teacher" in text
     assert doc.with_suffix(".png").stat().st_size > 0
     again = driver(*args)
     assert "] ..." not in again and "runs to do" not in again  # every run reused

@@ -17,7 +17,8 @@ from tests.script_modules import load_script
 # the BLEU each kind of run gets in the fake study: conversion wins at equal uptraining
 # budget (K) and loses at equal total budget (T + K)
 BLEU = {"teacher": 20.0, "converted": 5.0, "fine-tuned": 21.0, "scratch K": 15.0,
-        "scratch T+K": 22.0, "teacher continued": 20.1, "teacher re-warmed": 19.5}  # fmt: skip
+        "scratch T+K": 22.0, "teacher continued": 20.1, "teacher re-warmed": 19.5,
+        "fine-tuned + KD": 21.5}  # fmt: skip
 
 
 class FakeStudy(Study):
@@ -40,6 +41,7 @@ def fake_body(study: FakeStudy, run):
     """A result for ``run`` from its name: the lr 1e-3 has the lowest perplexity."""
     kind = run.name.split("/")[0]
     kinds = {"teacher": "teacher", "convert": "converted", "tune": "fine-tuned",
+             "tune-kd": "fine-tuned + KD",
              "scratch": "scratch K", "total": "scratch T+K", "continued": "teacher continued",
              "rewarmed": "teacher re-warmed"}  # fmt: skip
     kind = kinds[kind]
@@ -60,8 +62,9 @@ def fake_body(study: FakeStudy, run):
     if kind == "scratch T+K":
         points = {str(k): found for k in study.args.budgets}
         return {"kind": kind, **cell, "seed": s["seed"], "teacher_updates": 4, "points": points}
+    kd = {"teacher_distill": s["teacher_distill"]} if "teacher_distill" in s else {}
     return {"kind": kind, **cell, "k": s["k"], "lr": lr, "seed": s.get("seed", 1),
-            "updates": s["k"], **found}  # fmt: skip
+            "updates": s["k"], **found, **kd}  # fmt: skip
 
 
 def _args(tmp_path: Path, **changes) -> argparse.Namespace:
@@ -73,6 +76,7 @@ def _args(tmp_path: Path, **changes) -> argparse.Namespace:
         nproc=1, data=data, langs=("de", "en"), out=tmp_path / "runs", fresh=False,
         unique=[1], inits=["stepwise"], ranks=["4"], main_init="stepwise", main_rank="4",
         budgets=[2, 4, 6], seeds=[1, 2], tune_lrs=[3e-3, 1e-3], tune_warmup=1, distill=False,
+        teacher_distill=0.5,
         lr=3e-3, warmup=1, dropout=0.1, patience=1, max_update=6, interval=2,
     )  # fmt: skip
     return argparse.Namespace(**(values | changes))
@@ -93,6 +97,9 @@ def test_the_plan_runs_in_order_chooses_the_lr_and_reuses_finished_runs(tmp_path
     assert study.chosen_lr() == 1e-3  # the lower validation perplexity
     assert study.ran[5:8] == ["scratch/m1-r4/k4/s1", "rewarmed/k4/lr0.001/s1", "continued/k4"]
     assert "total/m1-r4/s2" in study.ran and "continued/k2" in study.ran
+    # after the main comparison at seed 1: fine-tuning with the teacher's distribution
+    kd = study.ran.index("tune-kd/m1-stepwise-r4/k4/lr0.001/w0.5/s1")
+    assert study.ran[kd - 1] == "total/m1-r4/s1" and study.ran[kd + 1].endswith("/s2")
     assert not any("lr0.003" in name for name in study.ran[3:])  # only in the selection
     assert len(study.ran) == len(set(study.ran)) == len(results)  # the shared run once
     again = FakeStudy(_args(tmp_path))
@@ -130,6 +137,9 @@ def test_the_verdicts_follow_the_numbers(tmp_path, fake):
     assert "21.00 ± 0.00 (2)" in page  # two seeds of the main cell
     assert "0.001 | 10.00" in page and "0.003 | 11.00" in page  # the lr selection
     assert "training stopped at update 6 (the cap, --max-update)" in page
+    assert "W = 0.5 (word-level knowledge distillation" in page
+    assert "It helped: higher sacreBLEU in 1 of 1 comparisons" in page
+    assert "| 4 | 1 | stepwise | 4 | 1 | 21.00 | 21.50 |" in page
     relaxed_report.plot(results, study, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
 
@@ -137,7 +147,8 @@ def test_the_verdicts_follow_the_numbers(tmp_path, fake):
 def test_impossible_settings_are_refused_naming_the_option(tmp_path):
     script = load_script("relaxed_nmt")
     for argv, named in ((["--budgets", "300"], "--budgets 300"), (["--ranks", "x"], "--ranks x"),
-                        (["--unique", "7"], "--unique 7"), (["--hours", "0"], "--hours 0")):  # fmt: skip
+                        (["--unique", "7"], "--unique 7"), (["--hours", "0"], "--hours 0"),
+                        (["--teacher-distill", "2"], "--teacher-distill 2.0: a weight")):  # fmt: skip
         args = script.build_parser().parse_args(argv)
         with pytest.raises(Exception, match=named):
             script.check(args)

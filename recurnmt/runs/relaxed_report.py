@@ -37,7 +37,7 @@ def points(results: list[Result]) -> list[Result]:
 
 def at_chosen_lr(results: list[Result], lr: float | None) -> list[Result]:
     """The results without the fine-tuning runs at an lr the selection did not choose."""
-    tuned = ("fine-tuned", "teacher re-warmed")
+    tuned = ("fine-tuned", "fine-tuned + KD", "teacher re-warmed")
     return [r for r in results if r["kind"] not in tuned or r["lr"] == lr]
 
 
@@ -236,6 +236,7 @@ def markdown(results: list[Result], pending: list[str], study, command: str, plo
     if rows:
         lines += ["", "## Verdicts", "", *(f"- {v}" for v in verdicts(rows, results, study))]
         lines += _bootstrap_table(rows, study)
+    lines += _distillation_table(results, study)
     lines += _grid_table(results, study)
     if pending:
         named = [p for p in pending if p != LATER]
@@ -296,6 +297,37 @@ def _bootstrap_table(rows: list[dict[str, Any]], study) -> list[str]:
             "worse, as its BLEU says).", "",
             *_table(["K", "M", "r", "control", "seed", "fine-tuned", "control BLEU", "p"],
                     table)]  # fmt: skip
+
+
+def _distillation_table(results: list[Result], study) -> list[str]:
+    """Fine-tuning with word-level distillation from the teacher against the same run
+    without it (same cell, K, lr and seed), with a paired bootstrap and a verdict."""
+    a = study.args
+    pairs = []
+    for kd in by_kind(results, "fine-tuned + KD"):
+        plain = group(results, "fine-tuned", kd["k"], kd["unique"], kd["rank"], kd["init"])
+        plain = [r for r in plain if r["seed"] == kd["seed"] and r["lr"] == kd["lr"]]
+        if plain:
+            pairs.append((kd, plain[0]))
+    if not pairs:
+        return []
+    refs = (a.data / f"test.raw.{a.langs[1]}").read_text(encoding="utf-8").splitlines()
+    rows = [[str(kd["k"]), str(kd["unique"]), kd["init"], str(kd["rank"]), str(kd["seed"]),
+             f"{plain['bleu']:.2f}", f"{kd['bleu']:.2f}", f"{plain['valid_ppl']:.2f}",
+             f"{kd['valid_ppl']:.2f}", f"{paired_bootstrap(study.out, kd, plain, refs):.3f}"]
+            for kd, plain in pairs]  # fmt: skip
+    better = sum(kd["bleu"] > plain["bleu"] for kd, plain in pairs)
+    how = {len(pairs): "helped", 0: "did not help"}.get(better, "helped in part")
+    w = pairs[0][0]["teacher_distill"]
+    return ["", "## Logit distillation from the teacher", "",
+            f"The same fine-tuning with the teacher's distribution in the loss: (1 - W) x the "
+            f"label-smoothed loss + W x KL(teacher || student) over the target's tokens, W = {w:g} "
+            "(word-level knowledge distillation, Kim & Rush 2016; `--teacher-checkpoint` and "
+            "`--teacher-distill` of the recurrent criterion; validation perplexity is the "
+            f"labels' alone). It {how}: higher sacreBLEU in {better} of {len(pairs)} "
+            "comparisons. *p*: paired bootstrap of the distilled run against the run without.",
+            "", *_table(["K", "M", "init", "r", "seed", "sacreBLEU", "with KD", "valid ppl",
+                         "with KD", "p"], rows)]  # fmt: skip
 
 
 def _grid_table(results: list[Result], study) -> list[str]:

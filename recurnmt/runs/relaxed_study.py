@@ -292,18 +292,28 @@ class Study:
         return {"unique": cell.unique, "init": cell.init, "rank": cell.rank,
                 "p_star": p_star(RELAXED, flags)}  # fmt: skip
 
-    def tune_run(self, cell: Cell, k: int, lr: float, seed: int) -> Run:
+    def tune_run(self, cell: Cell, k: int, lr: float, seed: int, teacher_distill=0.0) -> Run:
+        """Fine-tuning a conversion; with ``teacher_distill`` W, word-level distillation from
+        the teacher (the criterion's ``--teacher-distill``, Kim & Rush 2016) in its loss."""
+        kd = {"teacher_distill": teacher_distill} if teacher_distill else {}
+        distill = ["--teacher-checkpoint", str(self.teacher_checkpoint()),
+                   "--teacher-distill", f"{teacher_distill:g}"] if kd else []  # fmt: skip
+
         def body(run_dir: Path) -> dict[str, Any]:
             flags = [*self.size(), *relaxed_flags(cell.unique, cell.rank),
-                     *self.tune_recipe(k, lr, seed),
+                     *self.tune_recipe(k, lr, seed), *distill,
                      "--finetune-from-model", str(self.converted_path(cell))]  # fmt: skip
             self.train(RELAXED, flags, run_dir, self.train_data())
             found = self.evaluate(run_dir / "checkpoints" / "checkpoint_last.pt", run_dir)
-            return {"kind": "fine-tuned", **self.cell_fields(cell), "k": k, "lr": lr,
-                    "seed": seed, "updates": k, **found}  # fmt: skip
+            return {"kind": "fine-tuned + KD" if kd else "fine-tuned", **self.cell_fields(cell),
+                    "k": k, "lr": lr, "seed": seed, "updates": k, **found, **kd}  # fmt: skip
 
         name = f"tune/{cell.name}/k{k}/lr{lr:g}/s{seed}"
-        settings = self.dependent(cell=cell.name, k=k, lr=lr, seed=seed, **self.tune_settings())
+        if kd:
+            name = f"tune-kd/{cell.name}/k{k}/lr{lr:g}/w{teacher_distill:g}/s{seed}"
+        settings = self.dependent(
+            cell=cell.name, k=k, lr=lr, seed=seed, **self.tune_settings(), **kd
+        )
         return Run(name, settings, body, k)
 
     def tune_settings(self) -> dict[str, Any]:
@@ -421,6 +431,12 @@ class Study:
 
             return plan
 
+        def distillation() -> list[Run]:
+            """Does word-level distillation from the teacher help fine-tuning? The main cells
+            at the middle K, seed 1, with it (against the same runs without, in main)."""
+            w = a.teacher_distill
+            return [self.tune_run(c, ks[0], self.chosen_lr(), 1, w) for c in self.main] if w else []
+
         def grid() -> list[Run]:
             lr = self.chosen_lr()
             main_archs = {(m.unique, m.rank) for m in self.main}
@@ -439,6 +455,7 @@ class Study:
             lambda: [self.convert_run(c) for c in self.cells],
             selection,
             main(first),
+            distillation,
             main(seeds[1:]),
             grid,
         ]
