@@ -49,12 +49,12 @@ def test_the_study_runs_writes_its_page_and_reuses_finished_runs(data, tmp_path)
     assert found["pending"] == []
     kinds = [r["kind"] for r in found["results"]]
     assert kinds == [
-        "teacher", "converted", "fine-tuned", "scratch K", "teacher re-warmed",
-        "teacher continued", "scratch T+K", "fine-tuned + KD",
+        "teacher", "converted", "fine-tuned", "fine-tuned + KD", "scratch K",
+        "teacher re-warmed", "teacher continued", "scratch T+K",
     ]  # fmt: skip
     teacher = found["results"][0]
     assert teacher["updates"] in (2, 4) and teacher["stopped_at"] <= 4
-    total = found["results"][-2]
+    total = found["results"][-1]
     assert total["teacher_updates"] == teacher["updates"] and list(total["points"]) == ["2"]
     assert all((tmp_path / "runs" / r["hyps"]).exists() for r in found["results"] if "hyps" in r)
     kd_log = tmp_path / "runs" / "tune-kd" / "m1-stepwise-r4" / "k2" / "lr0.001" / "w0.5"

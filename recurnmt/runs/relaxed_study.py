@@ -433,7 +433,8 @@ class Study:
 
         def distillation() -> list[Run]:
             """Does word-level distillation from the teacher help fine-tuning? The main cells
-            at the middle K, seed 1, with it (against the same runs without, in main)."""
+            at the middle K, seed 1, with it (against the same runs without, which main runs
+            first): three short runs, before main's long T + K runs."""
             w = a.teacher_distill
             return [self.tune_run(c, ks[0], self.chosen_lr(), 1, w) for c in self.main] if w else []
 
@@ -454,8 +455,8 @@ class Study:
             lambda: [self.teacher_run()],
             lambda: [self.convert_run(c) for c in self.cells],
             selection,
-            main(first),
             distillation,
+            main(first),
             main(seeds[1:]),
             grid,
         ]
