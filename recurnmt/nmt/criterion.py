@@ -9,8 +9,9 @@ cross-entropy plus, when the model has them:
   sharing the deep branch's weights) is trained under the same loss, ``L_deep + L_shallow``;
 * word-level knowledge distillation from a trained teacher (Kim & Rush 2016, sec. 3.1:
   ``(1 - W) x`` the label loss ``+ W x KL(p_teacher || p_student)`` over the target's tokens;
-  ``--teacher-checkpoint`` and ``--teacher-distill W``), in training only, so validation
-  losses stay comparable with other runs';
+  ``--teacher-checkpoint`` and ``--teacher-distill W``), in training only, so that
+  validation losses stay comparable with other runs' (the KL is logged as ``teacher_kl``,
+  nats per token);
 * SReT's learnable residual coefficients (eq. 9-10) of the first block of each side
   (or all of them with ``--log-lrc all``), logged as ``lrc_...`` scalars, so that fairseq's
   progress output and ``--tensorboard-logdir`` record their evolution (SReT Fig. 7 / 16;
