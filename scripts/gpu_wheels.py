@@ -181,14 +181,6 @@ def build_or_keep_source(pin: str, out: Path) -> str:
         return "sources"
 
 
-def required() -> list[str]:
-    """What ``make gpu-check`` installs (scripts/gpu_check/environment.py)."""
-    sys.path.insert(0, str(ROOT))
-    from scripts.gpu_check.environment import pinned_requirements
-
-    return pinned_requirements()
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "wheels", help="the folder to fill")
@@ -221,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise setup_env.SetupError(f"--only {' '.join(sorted(unknown))}: not in the lock")
             pins = [p for p in pins if setup_env.normalize(p.split("==")[0]) in names]
         if opts.image:
-            roots = [p.split("==")[0] for p in (pins if opts.only else required())]
+            needed = pins if opts.only else setup_env.pinned_requirements(opts.lock)
+            roots = [p.split("==")[0] for p in needed]
             image = read_image(opts.image)
             opts.out.mkdir(parents=True, exist_ok=True)
             done = image_wanted(roots, lock, image, opts.out, opts.python_version)

@@ -106,6 +106,27 @@ def setup_requirements(setup_cfg: Path = ROOT / "setup.cfg") -> dict[str, list[s
     return out
 
 
+# fairseq-fixed 0.12.3.1's requirements but torchaudio: the GPU check installs it without its
+# own (--no-deps), since recurnmt never imports torchaudio, and a torchaudio other than the one
+# built for the machine's torch breaks transformers' imports (docs/install.md)
+FAIRSEQ_REQUIRES = (
+    "cffi", "cython", "hydra-core", "omegaconf", "numpy", "regex", "sacrebleu", "tqdm",
+    "bitarray", "scikit-learn", "packaging",
+)  # fmt: skip
+
+
+def pinned_requirements(lock: Path = ROOT / "requirements" / "lock.txt") -> list[str]:
+    """``name==version`` of what the GPU check's environment needs (``make gpu-check``;
+    ``make gpu-wheels`` downloads them), at the lock's versions: setup.cfg's requirements with
+    the vision extra and pytest, fairseq-fixed's own but torchaudio
+    (:data:`FAIRSEQ_REQUIRES`), and the build tools of fairseq's C extensions."""
+    reqs = setup_requirements()
+    lines = reqs["install"] + reqs["vision"] + [r for r in reqs["dev"] if "pytest" in r]
+    names = ["cython", "setuptools", "wheel", *map(requirement_name, lines), *FAIRSEQ_REQUIRES]
+    pins = read_lock(lock)
+    return list(dict.fromkeys(f"{normalize(n)}=={pins[normalize(n)]}" for n in names))
+
+
 def first_stage(requirements: dict[str, list[str]], torch: str | None) -> list[str]:
     """torch and numpy as setup.cfg bounds them (``torch==VERSION`` if asked)."""
     picked = [r for r in requirements["install"] if requirement_name(r) in ("torch", "numpy")]

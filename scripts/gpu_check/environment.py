@@ -8,16 +8,15 @@ and the environment the steps' commands run in."""
 from __future__ import annotations
 
 import argparse
-import configparser
 import json
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 from recurnmt.cli import UserError  # standard library only
 from recurnmt.runs.timed import run_streamed  # standard library only
+from scripts.setup_env import normalize, pinned_requirements  # standard library only
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,39 +60,6 @@ def probe(python: Path | str, packages: list[str] = ()) -> dict:
 def has_nvidia_driver() -> bool:
     """An NVIDIA driver on this machine (its ``nvidia-smi`` or its kernel module)."""
     return shutil.which("nvidia-smi") is not None or Path("/proc/driver/nvidia/version").exists()
-
-
-def normalize(name: str) -> str:
-    """A distribution's name as pip compares it (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-# fairseq-fixed 0.12.3.1's requirements but torchaudio: it is installed without its own
-# (--no-deps), since recurnmt never imports torchaudio, and a torchaudio other than the one
-# built for the machine's torch breaks transformers' imports (docs/install.md)
-FAIRSEQ_REQUIRES = (
-    "cffi", "cython", "hydra-core", "omegaconf", "numpy", "regex", "sacrebleu", "tqdm",
-    "bitarray", "scikit-learn", "packaging",
-)  # fmt: skip
-
-
-def pinned_requirements() -> list[str]:
-    """``name==version`` of what the GPU environment needs, at requirements/lock.txt's versions:
-    setup.cfg's requirements with the vision extra and pytest, fairseq-fixed's own but
-    torchaudio (:data:`FAIRSEQ_REQUIRES`), and the build tools of fairseq's C extensions."""
-    cfg = configparser.ConfigParser()
-    cfg.read(ROOT / "setup.cfg")
-    extras = cfg["options.extras_require"]
-    lines = cfg["options"]["install_requires"].splitlines() + extras["vision"].splitlines()
-    lines += [r for r in extras["dev"].splitlines() if "pytest" in r]
-    names = [re.match(r"[A-Za-z0-9._-]+", r.strip()).group(0) for r in lines if r.strip()]
-    names = ["cython", "setuptools", "wheel", *names, *FAIRSEQ_REQUIRES]
-    lock = {}
-    for line in (ROOT / "requirements" / "lock.txt").read_text(encoding="utf-8").splitlines():
-        if "==" in line and not line.startswith("#"):
-            name, version = line.split("==")
-            lock[normalize(name)] = version
-    return list(dict.fromkeys(f"{normalize(n)}=={lock[normalize(n)]}" for n in names))
 
 
 def missing_requirements(installed: dict[str, str | None]) -> list[str]:
