@@ -121,6 +121,20 @@ def test_a_deadline_leaves_the_rest_pending_and_the_page_says_so(tmp_path, fake)
     assert "1 runs: `teacher`, then the stages planned after them." in page
 
 
+def test_an_unfinished_stage_starts_nothing_after_it_but_its_finished_runs_are_shown(
+    tmp_path, fake
+):
+    study = FakeStudy(_args(tmp_path))
+    done, _ = study.run()
+    kd = "tune-kd/m1-stepwise-r4/k4/lr0.001/w0.5/s1"
+    (study.out / kd / "result.json").unlink()  # say, the plan gained this stage
+    again = FakeStudy(_args(tmp_path))
+    results, pending = again.run(deadline=0.0)
+    assert pending == [kd] and again.ran == []
+    assert [r["run"] for r in results] == [r["run"] for r in done if r["run"] != kd]
+    assert "total/m1-r4/s2" in [r["run"] for r in results]  # from the stages after it
+
+
 def test_the_verdicts_follow_the_numbers(tmp_path, fake):
     study = FakeStudy(_args(tmp_path))
     results, _ = study.run()

@@ -61,7 +61,7 @@ from recurnmt.runs.fairseq_log import log_records
 from recurnmt.runs.launch import cpu_train_command
 
 TEACHER = "transformer"  # fairseq's own
-LATER = "(later stages)"  # pending: the stages that wait for the runs before them
+LATER = "(later stages)"  # pending: stages with runs that wait for the runs before them
 RELAXED = "relaxed_transformer"
 INITS = ("stepwise", "average", "lower")
 
@@ -403,8 +403,9 @@ class Study:
         return min(found, key=lambda r: (r["valid_ppl"], r["lr"]))["lr"]
 
     def stages(self) -> list[Callable[[], list[Run]]]:
-        """The plan in order; a stage is planned when the ones before it have run (the
-        fine-tuning lr is chosen by the selection)."""
+        """The plan in order; a stage's runs start when the ones before it have all run (the
+        fine-tuning lr is chosen by the selection: without it, the stages that need it plan
+        nothing)."""
         a = self.args
         seeds, first = a.seeds, a.seeds[:1]
         ks = sorted(set(a.budgets))
@@ -417,6 +418,8 @@ class Study:
             def plan() -> list[Run]:
                 lr = self.chosen_lr()
                 runs = []
+                if lr is None:  # the selection has not run
+                    return runs
                 for k in ks:
                     for seed in seed_list:
                         for cell in self.main:
@@ -435,11 +438,13 @@ class Study:
             """Does word-level distillation from the teacher help fine-tuning? The main cells
             at the middle K, seed 1, with it (against the same runs without, which main runs
             first): three short runs, before main's long T + K runs."""
-            w = a.teacher_distill
-            return [self.tune_run(c, ks[0], self.chosen_lr(), 1, w) for c in self.main] if w else []
+            lr, w = self.chosen_lr(), a.teacher_distill
+            return [self.tune_run(c, ks[0], lr, 1, w) for c in self.main] if w and lr else []
 
         def grid() -> list[Run]:
             lr = self.chosen_lr()
+            if lr is None:  # the selection has not run
+                return []
             main_archs = {(m.unique, m.rank) for m in self.main}
             archs = list(dict.fromkeys((c.unique, c.rank) for c in self.cells))
             archs = [a for a in archs if a not in main_archs]
@@ -495,12 +500,17 @@ class Study:
         Returns:
             The finished results in plan order, and the names of the runs not yet run.
         """
-        results, pending, seen = [], [], set()
+        results, pending, seen, later = [], [], set(), False
         for stage in self.stages():
-            if pending:  # a later stage needs the earlier ones' results
-                pending.append(LATER)
-                break
             runs = stage()
+            if pending:  # an earlier stage is unfinished: this one's finished runs are shown,
+                # none is started (a stage may need the earlier ones' results)
+                found = [(run, self.finished(run)) for run in runs]
+                results += [r for run, r in found if r is not None and run.name not in seen]
+                seen.update(run.name for run, r in found if r is not None)
+                unplanned = self.chosen_lr() is None  # its stages plan nothing yet
+                later = later or unplanned or any(r is None for _, r in found)
+                continue
             todo = [r for r in runs if self.finished(r) is None]
             total = sum(r.updates for r in todo)
             if todo:
@@ -516,7 +526,7 @@ class Study:
                 elif run.name not in seen:  # a selection run is also a main-cell run
                     seen.add(run.name)
                     results.append(result)
-        return results, pending
+        return results, pending + [LATER] * later
 
 
 def train_logs(run_dir: Path) -> list[Path]:
