@@ -113,20 +113,21 @@ def image_wanted(
     ``lock``), plus the pure-Python wheels of the image's packages they require (a root the
     image holds is kept as it is); as :func:`fill`, with ``"image"``: the image's packages
     given as pure-Python wheels."""
-    skip = {n for n in lock if IMAGE_OWN.fullmatch(n)} | setup_env.NOT_LOCKED
     done: dict[str, list[str]] = {"wheels": [], "built": [], "sources": [], "image": []}
     seen = {setup_env.normalize(r) for r in roots} & image  # gpu-check keeps these as they are
+    seen |= setup_env.NOT_LOCKED
     level = [setup_env.normalize(r) for r in roots]
     while level:
-        level = sorted({n for n in level if n not in seen and n not in skip})
+        level = sorted({n for n in level if n not in seen and not IMAGE_OWN.fullmatch(n)})
         seen.update(level)
         unpinned = [n for n in level if n not in lock]
         if unpinned:
             raise setup_env.SetupError(f"not in the lock: {' '.join(unpinned)}")
         lacking = [f"{n}=={lock[n]}" for n in level if n not in image]
         for pin in (f"{n}=={lock[n]}" for n in level if n in image):
+            # a pure-Python wheel where there is one; a compiled package is the image's
             if pip(pure_python_command([pin], out, python_version)):
-                done["image"].append(pin)  # compiled: the image's own is trusted
+                done["image"].append(pin)
         before = set(out.iterdir())
         for kind, pins in (fill(out, python_version, lacking) if lacking else {}).items():
             done[kind] += pins
