@@ -42,6 +42,18 @@ def test_train_then_measure_writes_the_page(data, tmp_path):
         "batch 1",
     ) in runs
     assert set(results["beam"]["ringformer-random"]) == {"1", "2"}
+    costs = results["costs"]
+    assert set(costs) == {"ringformer-random"}  # fairseq's transformer does not draft
+    c = costs["ringformer-random"]
+    batch1 = [r for r in results["speed"]["rows"] if r["model"] == "ringformer-random"
+              and r["setting"] == "batch 1" and r["run"].startswith("spec")]  # fmt: skip
+    fastest = max(batch1, key=lambda r: r["tokens_per_s"])["run"]
+    assert fastest == f"spec R={c['R']} K={c['K']}"  # the model's fastest batch-1 setting
+    plain, spec = c["plain"], c["spec"]
+    assert plain["tokens"] == spec["tokens"]  # the same output
+    assert plain["verifications"] == plain["emitted"]  # without drafts: one token a step
+    assert spec["verifications"] < spec["draft_passes"] <= spec["verifications"] * (c["K"] + 1)
+    assert 0 < spec["draft_seconds"] + spec["verify_seconds"] < spec["seconds"]
     from recurnmt.runs import speculation
 
     test = speculation.TestSet(data)
@@ -56,7 +68,8 @@ def test_train_then_measure_writes_the_page(data, tmp_path):
     top = logits.topk(2).values
     assert gap == pytest.approx((top[0] - top[1]).item()) and gap >= 0
     page = (tmp_path / "s.md").read_text()
-    for heading in ("## Speed at batch 1", "## Identical outputs", "## Beam search"):
+    for heading in ("## Speed at batch 1", "## Identical outputs", "## Beam search",
+                    "## Where the time goes at batch 1"):  # fmt: skip
         assert heading in page
     assert (tmp_path / "s.png").exists() and "![speed and acceptance against K](s.png)" in page
     assert str(tmp_path) not in (tmp_path / "s.json").read_text()  # portable paths only
@@ -75,3 +88,24 @@ def test_the_measurement_is_measured_where_asked_and_the_page_says_where(capsys)
     on_gpu = {"device": "cuda", "dtype": "fp16", "threads": "1"}
     assert measured_on(on_gpu) == "cuda, float16, timings synchronised with the device"
     assert measured_on({"threads": "1"}) == "CPU, 1 thread(s), float32"  # an older page
+
+
+def test_where_the_time_goes_is_computed_from_the_loops_clocks():
+    """The costs table's arithmetic on figures worked by hand: a step of 9 ms without drafts,
+    draft passes of 2 ms (4 a verification), verifications of 10 ms keeping 2.5 tokens."""
+    from recurnmt.runs.speculation_report import costs_table
+
+    plain = {"seconds": 1.0, "tokens": 100, "verifications": 100, "emitted": 100,
+             "draft_passes": 100, "draft_seconds": 0.05, "verify_seconds": 0.85}  # fmt: skip
+    spec = {"seconds": 0.8, "tokens": 100, "verifications": 40, "emitted": 100,
+            "draft_passes": 160, "draft_seconds": 0.32, "verify_seconds": 0.4}  # fmt: skip
+    table = costs_table({"costs": {"m": {"R": 1, "K": 3, "plain": plain, "spec": spec}}})
+    cells = [cell.strip() for cell in table[2].strip("|").split("|")]
+    # rest 0.8 ms a token; free drafts: 10 ms a token against 4.8; a draft pass for 1.8x:
+    # (2.5 x (10 / 1.8 - 0.8) - 10) / 4 ms
+    assert cells == ["m", "R=1, K=3", "9.00", "2.00 (0.22)", "10.00 (1.11)", "2.50", "1.25",
+                     "2.08", "0.47"]  # fmt: skip
+    spec_slow = dict(spec, verify_seconds=0.7, seconds=1.1)  # verifying alone too slow
+    table = costs_table({"costs": {"m": {"R": 1, "K": 3, "plain": plain, "spec": spec_slow}}})
+    assert table[2].endswith("| none |")
+    assert costs_table({}) == []

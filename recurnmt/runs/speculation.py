@@ -219,6 +219,41 @@ def speed(test: TestSet, model, args: argparse.Namespace, log: Callable[[str], N
     return rows
 
 
+def costs(test: TestSet, model, args: argparse.Namespace, results: dict,
+          log: Callable[[str], None], name: str) -> dict | None:  # fmt: skip
+    """Where the time of batch-1 speculation goes, for the model's fastest setting at batch 1
+    (from its speed rows): the loop without drafts and that setting, each once a round, the
+    fastest round kept, with the loop's own clocks (:class:`~recurnmt.modules.speculative.
+    Statistics`): the seconds of drafting (every draft pass: K drafts and the last draft's own
+    pass) and of verifying (the deep levels over K + 1 positions, the output layer, the
+    acceptance and the caches' truncation), and the rest (the encoder, the generator's own
+    work). From them: a draft pass and a verification against one step without drafts, and
+    the speed speculation would reach if drafting cost nothing."""
+    spec = {(int(r["run"].split()[1][2:]), int(r["run"].split()[2][2:])): r
+            for r in results["speed"]["rows"]
+            if r["model"] == name and r["setting"] == "batch 1" and r["run"].startswith("spec")}  # fmt: skip
+    if not spec:
+        return None
+    (r, k), _ = max(spec.items(), key=lambda item: item[1]["tokens_per_s"])
+    one = test.batches(test.spread(args.sentences), 1)
+    best: dict[str, dict] = {}
+    for _ in range(args.rounds):
+        for run, levels, tokens in ((NO_DRAFT, 0, 1), (f"spec R={r} K={k}", r, k)):
+            generator = speculative(model, test.tgt_dict, levels, tokens)
+            _, seconds, generated = decode(generator, model, one)
+            stats = generator.stats
+            if run not in best or seconds < best[run]["seconds"]:
+                best[run] = {
+                    "seconds": round(seconds, 4), "tokens": generated,
+                    "verifications": stats.verifications, "emitted": stats.emitted,
+                    "draft_passes": stats.drafted + stats.verifications,
+                    "draft_seconds": round(stats.draft_seconds, 4),
+                    "verify_seconds": round(stats.verify_seconds, 4),
+                }  # fmt: skip
+    log(f"{name}: where the time goes at R={r}, K={k} measured")
+    return {"R": r, "K": k, "plain": best[NO_DRAFT], "spec": best[f"spec R={r} K={k}"]}
+
+
 def beam_agreement(test: TestSet, model, args: argparse.Namespace) -> dict:
     """How often the draft (the first R levels) would select the beam-4 step the full model
     selects (:func:`_same_selection`), and the mean run of consecutive agreeing steps: the
@@ -331,6 +366,10 @@ def measure(args: argparse.Namespace, specs: dict[str, tuple[str, tuple[str, ...
         ("quality", lambda name, m: quality(test, m, args.max_draft_levels, log, name)),
         ("speed", lambda name, m: speed(test, m, args, log, name)),
         ("beam", lambda name, m: beam_agreement(test, m, args) if can_draft(m) else None),
+        (
+            "costs",
+            lambda name, m: costs(test, m, args, results, log, name) if can_draft(m) else None,
+        ),
     ):
         for name, model in models.items():  # one model at a time, kept as it is measured
             done = {r["model"] for r in results["speed"]["rows"]} if part == "speed" else \

@@ -34,9 +34,10 @@ Every family drafts but ACT (its halting mixes the outputs of every level: refus
 their mixed-depth branch is not a prefix of their levels. Beam search does not speculate
 (`--beam` above 1 is refused): the last table says why. A batch advances by its rows' smallest
 acceptance, so speculation pays most sentence by sentence, if at all: on this CPU, at this
-width, a level over K + 1 positions costs well above one position, and the drafts' gain over
-the same loop without them is small (the figures below); the loop itself, `--draft-levels 0`,
-is the saving a user of `fairseq-generate --beam 1` gets at every batch size.
+width, a verification over K + 1 positions costs about a step or more and a draft pass more
+than its share of one (where the time goes, below), and the drafts' gain over the same loop
+without them is small; the loop itself, `--draft-levels 0`, is the saving a user of
+`fairseq-generate --beam 1` gets at every batch size.
 
 The tables set speculation against recurnmt's loop without drafts (`x no draft`: what the
 drafts themselves buy) and against fairseq's greedy search (`x fairseq's search`: what a user
@@ -122,6 +123,44 @@ def grid_table(results: dict, model: str, setting: str = "batch 1") -> list[str]
                 else f"{row['tokens_per_s'] / plain['tokens_per_s']:.2f} ({row['accepted']:.2f})"
             )  # fmt: skip
         lines.append(f"| {r} | " + " | ".join(cells) + " |")
+    return lines
+
+
+TARGET = 1.8  # issue 40's batch-1 greedy target against the same model without drafts
+
+
+def costs_table(results: dict) -> list[str]:
+    """Per model, at its fastest batch-1 setting: one step without drafts, one draft pass and
+    one verification (ms, and against the step), the tokens a verification keeps, the speed
+    against the loop without drafts as measured and as it would be if drafting cost nothing,
+    and what a draft pass could cost at most for the target (the rest of the time as
+    measured)."""
+    costs = results.get("costs", {})
+    if not costs:
+        return []
+    lines = [
+        "| model | R, K | step without drafts, ms | draft pass, ms (x step) | verification, ms "
+        f"(x step) | tokens per verification | x no draft | x no draft, drafts free | draft "
+        f"pass for {TARGET}x, ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for model, c in costs.items():
+        plain, spec = c["plain"], c["spec"]
+        step = (plain["draft_seconds"] + plain["verify_seconds"]) / plain["verifications"]
+        draft = spec["draft_seconds"] / spec["draft_passes"]
+        verify = spec["verify_seconds"] / spec["verifications"]
+        per_verification = spec["tokens"] / spec["verifications"]
+        passes = spec["draft_passes"] / spec["verifications"]
+        plain_token = plain["seconds"] / plain["tokens"]
+        rest = (spec["seconds"] - spec["draft_seconds"] - spec["verify_seconds"]) / spec["tokens"]
+        free = plain_token * spec["tokens"] / (spec["seconds"] - spec["draft_seconds"])
+        allowed = (per_verification * (plain_token / TARGET - rest) - verify) / passes
+        lines.append(
+            f"| {model} | R={c['R']}, K={c['K']} | {step * 1e3:.2f} | {draft * 1e3:.2f} "
+            f"({draft / step:.2f}) | {verify * 1e3:.2f} ({verify / step:.2f}) | "
+            f"{per_verification:.2f} | {plain['seconds'] / spec['seconds']:.2f} | {free:.2f} | "
+            f"{f'{allowed * 1e3:.2f}' if allowed > 0 else 'none'} |"
+        )
     return lines
 
 
@@ -278,6 +317,35 @@ def plot(results: dict, path: Path) -> bool:
     return True
 
 
+def _costs_section(results: dict) -> list[str]:
+    table = costs_table(results)
+    if not table:
+        return []
+    levels = results["settings"]["levels"]
+    return [
+        "## Where the time goes at batch 1",
+        "",
+        "Each drafting model at its fastest batch-1 setting above, measured again beside the "
+        "loop without drafts (the same sentences, the fastest of the rounds) with the loop's "
+        "own clocks: a step without drafts (the embedding, every level at one position, the "
+        "output layer and the choice), a draft pass (the embedding, the first R levels at "
+        "one position, the output layer and the draft's choice; K + 1 of them per "
+        "verification), a verification (the other levels over K + 1 positions, the output "
+        "layer over them, the acceptance, the caches' truncation). `drafts free`: the speed "
+        "with the draft passes' time taken out; the last column: what a draft pass could "
+        f"cost at most for {TARGET}x the loop without drafts, the verifications and the rest "
+        "as measured (`none`: not even free drafts would reach it).",
+        "",
+        *table,
+        "",
+        f"A draft pass runs R of the {levels} levels, yet costs more than R/{levels} of a "
+        "step: the embedding, the output layer over the whole vocabulary and the choice are "
+        "paid once per pass whatever R is, and at one position a level's time is mostly the "
+        "host's work for its operations, not its arithmetic.",
+        "",
+    ]
+
+
 def write_report(doc: Path, results: dict[str, Any]) -> None:
     settings = results["settings"]
     batch = f"batch {settings['batch']}"
@@ -324,6 +392,7 @@ def write_report(doc: Path, results: dict[str, Any]) -> None:
         "",
         f"![speed and acceptance against K]({figure.name})" if plot(results, figure) else "",
         "",
+        *_costs_section(results),
         "## What training for drafts costs and buys",
         "",
         f"sacreBLEU on the {sentences} test sentences: every model at full depth (beam 4, length "
