@@ -223,18 +223,17 @@ def costs(test: TestSet, model, args: argparse.Namespace, results: dict,
           log: Callable[[str], None], name: str) -> dict | None:  # fmt: skip
     """Where the time of batch-1 speculation goes, for the model's fastest setting at batch 1
     (from its speed rows): the loop without drafts and that setting, each once a round, the
-    fastest round kept, with the loop's own clocks (:class:`~recurnmt.modules.speculative.
-    Statistics`): the seconds of drafting (every draft pass: K drafts and the last draft's own
-    pass) and of verifying (the deep levels over K + 1 positions, the output layer, the
-    acceptance and the caches' truncation), and the rest (the encoder, the generator's own
-    work). From them: a draft pass and a verification against one step without drafts, and
-    the speed speculation would reach if drafting cost nothing."""
-    spec = {(int(r["run"].split()[1][2:]), int(r["run"].split()[2][2:])): r
-            for r in results["speed"]["rows"]
-            if r["model"] == name and r["setting"] == "batch 1" and r["run"].startswith("spec")}  # fmt: skip
-    if not spec:
+    fastest round kept, with the loop's own clocks
+    (:class:`~recurnmt.modules.speculative.Statistics`): the seconds of drafting (every draft
+    pass: K drafts and the last draft's own pass) and of verifying (the deep levels over K + 1
+    positions, the output layer, the acceptance and the caches' truncation), and the rest (the
+    encoder, the generator's own work). From them: a draft pass and a verification against one
+    step without drafts, and the speed speculation would reach if drafting cost nothing."""
+    from recurnmt.runs.speculation_report import fastest_setting
+
+    if (setting := fastest_setting(results, name)) is None:
         return None
-    (r, k), _ = max(spec.items(), key=lambda item: item[1]["tokens_per_s"])
+    r, k = setting
     one = test.batches(test.spread(args.sentences), 1)
     best: dict[str, dict] = {}
     for _ in range(args.rounds):

@@ -59,6 +59,15 @@ def _spec_runs(rows: dict, model: str) -> dict[tuple[int, int], dict]:
     return out
 
 
+def fastest_setting(results: dict, model: str, setting: str = "batch 1") -> tuple[int, int] | None:
+    """The draft depth R and length K of ``model``'s fastest speculative run at ``setting``
+    (None where it has none)."""
+    spec = _spec_runs(_rows(results, setting), model)
+    if not spec:
+        return None
+    return max(spec.items(), key=lambda item: item[1]["tokens_per_s"])[0]
+
+
 def _baseline(rows: dict, model: str) -> dict | None:
     """What speculation is set against: the same loop without drafts (older measurements:
     fairseq's greedy search)."""
@@ -94,7 +103,8 @@ def speed_table(results: dict, setting: str) -> list[str]:
                 f"| {beam_cell} |"
             )
             continue
-        (r, k), best = max(spec.items(), key=lambda item: item[1]["tokens_per_s"])
+        r, k = fastest_setting(results, model, setting)
+        best = spec[r, k]
         lines.append(
             f"| {model} | {plain['tokens_per_s']:.0f} | {bare_cell} | R={r}, K={k} | "
             f"{best['tokens_per_s']:.0f} | {_ratio(best, bare)} | {_ratio(best, plain)} | "
