@@ -12,7 +12,11 @@ starting runs after H hours and writes the page from what has run (the main cell
 a partial study already compares them), and the same command continues it.
 
 Writes ``docs/relaxed_nmt.md`` (tables, paired bootstrap, verdicts computed from the numbers),
-``docs/relaxed_nmt.png`` (sacreBLEU against K) and ``docs/relaxed_nmt.json``.
+``docs/relaxed_nmt.png`` (sacreBLEU against K), ``docs/relaxed_nmt.json`` (the record: every
+finished run's result) and ``docs/relaxed_nmt_hyps/`` (every evaluation's hypotheses,
+gzipped). Commit the record and the hypotheses: a checkout without the run directories
+(``work/relaxed_nmt``) goes on from them, and makes again what a later run needs (the teacher's
+checkpoint, checked against the record; the conversions).
 
 Run from the repository root::
 
@@ -133,6 +137,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         run_logged([*prep, "--vocab-size", str(args.vocab_size)], args.out / "prepare.log")
     args.langs = languages(args.data)
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    args.record = args.doc.with_suffix(".json")  # runs finished in another checkout
     study = Study(args)
     deadline = None if args.hours is None else time.time() + 3600 * args.hours
     if args.report:
@@ -147,8 +152,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         del shown[i : i + 2]
     command = shlex.join([*PROG.split(), *shown])
     args.doc.write_text(markdown(results, pending, study, command, png), encoding="utf-8")
-    write_json(args.doc.with_suffix(".json"), {"results": results, "pending": pending})
-    print(f"wrote {args.doc}, {png}, {args.doc.with_suffix('.json')}"
+    kept = study.record.keep(results, args.out)
+    record = {"results": results, "pending": pending, "bootstrap": study.record.pvalues}
+    write_json(args.record, record)
+    print(f"wrote {args.doc}, {png}, {args.record} (+{kept} hypotheses in "
+          f"{study.record.hyps_dir})"
           + (f"; {len([p for p in pending if p != LATER])} runs still to do" if pending else ""))  # fmt: skip
     return results
 

@@ -2,16 +2,19 @@
 conversion, the lr selection, fine-tuning (on the teacher's translations), every control
 (from scratch for K and for T + K, the teacher continued and re-warmed), fine-tuning with the
 teacher's distribution in the loss (``fairseq-train --teacher-checkpoint``), the page with its
-verdicts, bootstrap and plot; a second run reuses every finished run."""
+verdicts, bootstrap and plot; a second run reuses every finished run, and a third, in a
+checkout without the run directories, goes on from the committed record."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+from recurnmt.runs.relaxed_study import hypotheses
 from tests import nmt_fixtures
 from tests.test_cli_e2e import ENV, ROOT
 
@@ -67,3 +70,20 @@ def test_the_study_runs_writes_its_page_and_reuses_finished_runs(data, tmp_path)
     assert doc.with_suffix(".png").stat().st_size > 0
     again = driver(*args)
     assert "] ..." not in again and "runs to do" not in again  # every run reused
+    # a new checkout: the record and the hypotheses committed, the run directories gone, and
+    # the plan grown by a run that starts from the teacher and from a conversion
+    hyps_dir = doc.parent / "relaxed_nmt_hyps"
+    assert sorted(str(p.relative_to(hyps_dir)) for p in hyps_dir.rglob("*.gz")) == sorted(
+        f"{h}.gz" for r in found["results"] for h in hypotheses(r)
+    )
+    shutil.rmtree(tmp_path / "runs")
+    record = json.loads(doc.with_suffix(".json").read_text(encoding="utf-8"))
+    record["results"] = [r for r in record["results"] if r["kind"] != "fine-tuned + KD"]
+    doc.with_suffix(".json").write_text(json.dumps(record), encoding="utf-8")
+    third = driver(*args)
+    assert "[teacher] its checkpoint is not here: training it again" in third
+    assert "[convert/m1-stepwise-r4] its checkpoint is not here: converting again" in third
+    started = [line.split("]")[0] + "]" for line in third.splitlines() if "] ... (" in line]
+    assert started == ["[tune-kd/m1-stepwise-r4/k2/lr0.001/w0.5/s1]"]
+    # the teacher made again is the recorded one, and so is everything after it
+    assert doc.read_text(encoding="utf-8") == text

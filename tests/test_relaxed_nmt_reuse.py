@@ -6,12 +6,13 @@ numbers (:mod:`recurnmt.runs.relaxed_report`)."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
 
 from recurnmt.runs import relaxed_report
-from recurnmt.runs.relaxed_study import Study
+from recurnmt.runs.relaxed_study import Study, hypotheses
 from tests.script_modules import load_script
 
 # the BLEU each kind of run gets in the fake study: conversion wins at equal uptraining
@@ -196,3 +197,87 @@ def test_an_interrupted_run_goes_on_in_its_folder_and_keeps_its_logs(tmp_path, f
     changed = Run(run.name, {**run.settings, "seed": 2}, body, run.updates)
     Study.execute(study, changed)  # other settings: the folder is made anew
     assert seen[-1] == ["started.json"]
+
+
+def _recorded_study(tmp_path: Path, **changes):
+    """A finished fake study whose record (results, p-values, hypotheses) is written as
+    scripts/relaxed_nmt.py writes it, and its run directories then removed: a new checkout."""
+    import shutil
+
+    from recurnmt.runs.artifacts import write_json
+
+    record = tmp_path / "docs" / "relaxed_nmt.json"
+    study = FakeStudy(_args(tmp_path, record=record, **changes))
+    results, pending = study.run()
+    record.parent.mkdir()
+    made = {h for r in results for h in hypotheses(r)}  # (the fake's T + K points share one)
+    assert study.record.keep(results, study.out) == len(made) == len(results)
+    assert study.record.keep(results, study.out) == 0  # kept once
+    write_json(record, {"results": results, "pending": pending, "bootstrap": {"x": 0.25}})
+    shutil.rmtree(study.out)
+    return study, results
+
+
+def test_a_checkout_without_the_run_directories_goes_on_from_the_record(tmp_path, fake):
+    first, results = _recorded_study(tmp_path)
+    again = FakeStudy(first.args)
+    assert again.record.pvalues == {"x": 0.25}
+    found, pending = again.run()
+    assert pending == [] and again.ran == []  # every run from the record
+    assert found == results
+    for r in relaxed_report.points(results):  # the hypotheses back in place, as they were
+        assert (again.out / r["hyps"]).read_text(encoding="utf-8") == "a b c\n" * 3
+    assert json.loads((again.out / "teacher" / "result.json").read_text()) == results[0]
+    other = FakeStudy(_args(tmp_path, record=first.args.record, patience=2))
+    other.run()  # another teacher: only the runs that do not depend on it are taken
+    assert other.ran[0] == "teacher" and not any(n.startswith("scratch/") for n in other.ran)
+    fresh = FakeStudy(_args(tmp_path, record=first.args.record, fresh=True))
+    fresh.run()
+    assert len(fresh.ran) == len(results)  # --fresh: the record is not used either
+
+
+def test_what_a_later_run_needs_is_made_again_and_the_teacher_checked(tmp_path, fake):
+    from recurnmt.cli import UserError
+
+    first, results = _recorded_study(tmp_path)
+    again = FakeStudy(first.args)
+    again.run()
+    converted = []
+    again.convert = lambda cell: converted.append((cell.name, again.teacher_checkpoint()))
+    cell = again.main[0]
+    assert again.conversion(cell) == again.converted_path(cell)
+    # the teacher's checkpoint is missing: trained again, found equal to the record
+    checkpoint = again.teacher_dir / "checkpoints" / "checkpoint_best.pt"
+    assert again.ran == ["teacher"] and converted == [(cell.name, checkpoint)]
+    BLEU["teacher"] += 1  # a teacher trained again that is not the recorded one
+    try:
+        with pytest.raises(UserError, match="is not the recorded one .* --fresh redoes"):
+            again.teacher_checkpoint()
+    finally:
+        BLEU["teacher"] -= 1
+    assert again.teacher_result() == results[0]  # the recorded result is kept
+
+
+def test_p_values_are_kept_in_the_record_and_missing_hypotheses_named(tmp_path):
+    study = FakeStudy(_args(tmp_path, record=tmp_path / "none.json"))
+    refs = ["a b c"] * 3
+    a = {"run": "a", "hyps": "a/hyp.txt", "bleu": 1.0, "seconds": 3.0}
+    b = {"run": "b", "hyps": "b/hyp.txt", "bleu": 2.0, "seconds": 4.0}
+    assert relaxed_report.paired_bootstrap(study, a, b, refs) is None  # nothing to resample
+    study.record.pvalues[relaxed_report.bootstrap_key(a, b)] = 0.125
+    assert relaxed_report.paired_bootstrap(study, a, b, refs) == 0.125
+    for r, text in ((a, "a b c\na b\na b c\n"), (b, "a b c\na b c\na b c\n")):
+        (study.out / r["run"]).mkdir(parents=True)
+        (study.out / r["hyps"]).write_text(text, encoding="utf-8")
+    c = {**a, "seconds": 5.0}  # run again: another key, resampled
+    p = relaxed_report.paired_bootstrap(study, c, b, refs)
+    assert 0.0 <= p <= 1.0 and study.record.pvalues[relaxed_report.bootstrap_key(c, b)] == p
+
+
+def test_the_page_says_which_p_values_are_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(relaxed_report, "paired_bootstrap", lambda *a: None)
+    study = FakeStudy(_args(tmp_path))
+    results, _ = study.run()
+    page = relaxed_report.markdown(results, [], study, "cmd", tmp_path / "p.png")
+    assert page.count(relaxed_report.NOT_KEPT) == 2  # under both tables with a p
+    assert "| 2 | 1 | 4 | scratch K | 1 | 21.00 | 15.00 | - |" in page

@@ -68,14 +68,28 @@ def _mean(rs: list[Result], key: str) -> float | None:
     return statistics.mean(values) if values else None
 
 
-def paired_bootstrap(out: Path, a: Result, b: Result, refs: list[str]) -> float:
+def bootstrap_key(a: Result, b: Result) -> str:
+    """What a p-value is cached under: both evaluations, each by its run, hypotheses, BLEU
+    and the seconds the run took (a run made again is another key)."""
+    return " vs ".join(f"{r['run']}:{r['hyps']}:{r['bleu']}:{r.get('seconds')}" for r in (a, b))
+
+
+def paired_bootstrap(study, a: Result, b: Result, refs: list[str]) -> float | None:
     """The p-value of sacreBLEU's paired bootstrap resampling (1,000 resamples, Koehn 2004)
-    that ``a``'s test BLEU is no better than ``b``'s."""
+    that ``a``'s test BLEU is no better than ``b``'s; cached in the study's record
+    (``study.record.pvalues``). None: the hypotheses of one of them are not here (a run
+    finished before the record kept hypotheses)."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
+    key = bootstrap_key(a, b)
+    if key in study.record.pvalues:
+        return study.record.pvalues[key]
+    if not all((study.out / r["hyps"]).exists() for r in (a, b)):
+        return None
+
     def hyps(r: Result) -> list[str]:
-        return (out / r["hyps"]).read_text(encoding="utf-8").splitlines()
+        return (study.out / r["hyps"]).read_text(encoding="utf-8").splitlines()
 
     test = PairedTest(
         [("baseline", hyps(b)), ("system", hyps(a))],
@@ -85,7 +99,18 @@ def paired_bootstrap(out: Path, a: Result, b: Result, refs: list[str]) -> float:
         n_samples=1000,
     )
     _, scores = test()
-    return float(scores["BLEU"][1].p_value)
+    study.record.pvalues[key] = p = float(scores["BLEU"][1].p_value)
+    return p
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+NOT_KEPT = (
+    "*p* -: the hypotheses of a run finished before the study kept them "
+    "(`docs/relaxed_nmt_hyps/`, since 2026-11-29) are gone with its run directory."
+)
 
 
 def comparisons(results: list[Result], study) -> list[dict[str, Any]]:
@@ -288,13 +313,14 @@ def _bootstrap_table(rows: list[dict[str, Any]], study) -> list[str]:
         for seed in row["seeds"]:
             t = next(r for r in row["tuned"] if r["seed"] == seed)
             o = next(r for r in row["other"] if r["seed"] == seed)
-            p = paired_bootstrap(study.out, t, o, refs)
+            p = paired_bootstrap(study, t, o, refs)
             table.append([str(row["k"]), str(row["unique"]), str(row["rank"]), row["control"],
-                          str(seed), f"{t['bleu']:.2f}", f"{o['bleu']:.2f}", f"{p:.3f}"])  # fmt: skip
+                          str(seed), f"{t['bleu']:.2f}", f"{o['bleu']:.2f}", _p(p)])  # fmt: skip
+    missing = any(row[-1] == "-" for row in table)
     return ["", "Paired bootstrap resampling (sacreBLEU's, 1,000 resamples) of the fine-tuned "
             "conversion against each control, seed by seed: *p* is the probability that the "
             "difference arises by chance (small: the fine-tuned model is reliably better or "
-            "worse, as its BLEU says).", "",
+            "worse, as its BLEU says)." + (" " + NOT_KEPT if missing else ""), "",
             *_table(["K", "M", "r", "control", "seed", "fine-tuned", "control BLEU", "p"],
                     table)]  # fmt: skip
 
@@ -314,7 +340,7 @@ def _distillation_table(results: list[Result], study) -> list[str]:
     refs = (a.data / f"test.raw.{a.langs[1]}").read_text(encoding="utf-8").splitlines()
     rows = [[str(kd["k"]), str(kd["unique"]), kd["init"], str(kd["rank"]), str(kd["seed"]),
              f"{plain['bleu']:.2f}", f"{kd['bleu']:.2f}", f"{plain['valid_ppl']:.2f}",
-             f"{kd['valid_ppl']:.2f}", f"{paired_bootstrap(study.out, kd, plain, refs):.3f}"]
+             f"{kd['valid_ppl']:.2f}", _p(paired_bootstrap(study, kd, plain, refs))]
             for kd, plain in pairs]  # fmt: skip
     better = sum(kd["bleu"] > plain["bleu"] for kd, plain in pairs)
     how = {len(pairs): "helped", 0: "did not help"}.get(better, "helped in part")
@@ -325,7 +351,8 @@ def _distillation_table(results: list[Result], study) -> list[str]:
             "(word-level knowledge distillation, Kim & Rush 2016; `--teacher-checkpoint` and "
             "`--teacher-distill` of the recurrent criterion; validation perplexity is the "
             f"labels' alone). It {how}: higher sacreBLEU in {better} of {len(pairs)} "
-            "comparisons. *p*: paired bootstrap of the distilled run against the run without.",
+            "comparisons. *p*: paired bootstrap of the distilled run against the run without."
+            + (" " + NOT_KEPT if any(row[-1] == "-" for row in rows) else ""),
             "", *_table(["K", "M", "init", "r", "seed", "sacreBLEU", "with KD", "valid ppl",
                          "with KD", "p"], rows)]  # fmt: skip
 

@@ -8,7 +8,11 @@ with its log in its run directory; a finished run (``RUN/result.json``) is reuse
 settings it depends on are unchanged, and an interrupted one goes on from its last checkpoint
 (the teacher and the T + K runs save one every 350 updates), so the study can be stopped and
 resumed
-(``scripts/relaxed_nmt.py --hours H`` stops starting runs after H hours). The runs, in the
+(``scripts/relaxed_nmt.py --hours H`` stops starting runs after H hours). The study also goes
+on in a checkout without its run directories: a run finished there is taken from the committed
+record (``docs/relaxed_nmt.json``, its hypotheses from ``docs/relaxed_nmt_hyps/``) while its
+settings are unchanged, and what a later run needs of it (the teacher's checkpoint, a
+conversion) is made again and checked against the record (:meth:`Study.teacher_checkpoint`). The runs, in the
 order they execute (the main comparison first, so a partial study is already a complete
 comparison for its main cells):
 
@@ -40,6 +44,7 @@ the validation set.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import time
@@ -125,6 +130,8 @@ class Study:
         for cell in self.main:
             if cell not in self.cells:
                 self.cells.append(cell)
+        self.record = Record(getattr(args, "record", None))
+        self.made: set[str] = set()  # the runs this study has run
 
     # -- settings and recipes ----------------------------------------------------------------
 
@@ -260,7 +267,29 @@ class Study:
         return json.loads((self.teacher_dir / "result.json").read_text(encoding="utf-8"))
 
     def teacher_checkpoint(self) -> Path:
-        return self.teacher_dir / "checkpoints" / "checkpoint_best.pt"
+        """The teacher's best checkpoint; trained again when only its result is here (taken
+        from the record in a new checkout), and refused unless the new teacher is the recorded
+        one (the same validation curve and test BLEU): the runs that start from it would
+        otherwise mix two teachers."""
+        path = self.teacher_dir / "checkpoints" / "checkpoint_best.pt"
+        if path.exists() or not (self.teacher_dir / "result.json").exists():
+            return path
+        recorded = self.teacher_result()
+        print("[teacher] its checkpoint is not here: training it again", flush=True)
+        again = self.execute(self.teacher_run())
+        same = ("curve", "updates", "bleu", "chrf")
+        if any(json.loads(json.dumps(again[k])) != recorded[k] for k in same):
+            (self.teacher_dir / "result.json").write_text(
+                json.dumps(recorded, indent=2) + "\n", encoding="utf-8"
+            )
+            raise UserError(
+                f"the teacher trained again here is not the recorded one (best validation loss "
+                f"{again['best_valid_loss']} at update {again['updates']}, sacreBLEU {again['bleu']}"
+                f"; recorded: {recorded['best_valid_loss']} at {recorded['updates']}, "
+                f"{recorded['bleu']}): the runs that start from it cannot go on; --fresh "
+                "redoes the study"
+            )
+        return path
 
     def dependent(self, **extra: Any) -> dict[str, Any]:
         """Settings of a run that starts from the teacher (or is measured against its T)."""
@@ -269,15 +298,28 @@ class Study:
     def converted_path(self, cell: Cell) -> Path:
         return self.out / "convert" / cell.name / "converted.pt"
 
+    def convert(self, cell: Cell):
+        """``recurnmt-convert`` of the teacher to ``cell`` (its result: ``ConversionResult``)."""
+        from recurnmt.nmt.convert import convert
+
+        return convert(
+            self.teacher_checkpoint(), self.converted_path(cell), arch=RELAXED,
+            encoder_unique_layers=cell.unique, decoder_unique_layers=cell.unique,
+            init=cell.init, level_lora_rank=cell.rank, layer_norms="per-level", force=True,
+        )  # fmt: skip
+
+    def conversion(self, cell: Cell) -> Path:
+        """The converted checkpoint of ``cell``, converted again when only its result is here
+        (the teacher it comes from checked against the record first)."""
+        path = self.converted_path(cell)
+        if not path.exists():
+            print(f"[convert/{cell.name}] its checkpoint is not here: converting again", flush=True)
+            self.convert(cell)
+        return path
+
     def convert_run(self, cell: Cell) -> Run:
         def body(run_dir: Path) -> dict[str, Any]:
-            from recurnmt.nmt.convert import convert
-
-            conv = convert(
-                self.teacher_checkpoint(), self.converted_path(cell), arch=RELAXED,
-                encoder_unique_layers=cell.unique, decoder_unique_layers=cell.unique,
-                init=cell.init, level_lora_rank=cell.rank, layer_norms="per-level", force=True,
-            )  # fmt: skip
+            conv = self.convert(cell)
             found = self.evaluate(conv.out, run_dir)
             return {
                 "kind": "converted", **self.cell_fields(cell), "updates": 0,
@@ -296,13 +338,13 @@ class Study:
         """Fine-tuning a conversion; with ``teacher_distill`` W, word-level distillation from
         the teacher (the criterion's ``--teacher-distill``, Kim & Rush 2016) in its loss."""
         kd = {"teacher_distill": teacher_distill} if teacher_distill else {}
-        distill = ["--teacher-checkpoint", str(self.teacher_checkpoint()),
-                   "--teacher-distill", f"{teacher_distill:g}"] if kd else []  # fmt: skip
 
         def body(run_dir: Path) -> dict[str, Any]:
+            distill = ["--teacher-checkpoint", str(self.teacher_checkpoint()),
+                       "--teacher-distill", f"{teacher_distill:g}"] if kd else []  # fmt: skip
             flags = [*self.size(), *relaxed_flags(cell.unique, cell.rank),
                      *self.tune_recipe(k, lr, seed), *distill,
-                     "--finetune-from-model", str(self.converted_path(cell))]  # fmt: skip
+                     "--finetune-from-model", str(self.conversion(cell))]  # fmt: skip
             self.train(RELAXED, flags, run_dir, self.train_data())
             found = self.evaluate(run_dir / "checkpoints" / "checkpoint_last.pt", run_dir)
             return {"kind": "fine-tuned + KD" if kd else "fine-tuned", **self.cell_fields(cell),
@@ -469,12 +511,16 @@ class Study:
     # -- running -----------------------------------------------------------------------------
 
     def finished(self, run: Run) -> dict[str, Any] | None:
-        """The run's stored result if its settings are unchanged."""
-        done = self.out / run.name / "result.json"
-        if not done.exists() or self.args.fresh:
+        """The run's stored result if its settings are unchanged: from its directory, or, where
+        that is gone, from the committed record (written back into the directory)."""
+        if self.args.fresh and run.name not in self.made:  # --fresh: what this study made
             return None
+        settings = json.loads(json.dumps(run.settings))
+        done = self.out / run.name / "result.json"
+        if not done.exists():
+            return self.record.restore(run.name, settings, self.out)
         result = json.loads(done.read_text(encoding="utf-8"))
-        return result if result.get("settings") == json.loads(json.dumps(run.settings)) else None
+        return result if result.get("settings") == settings else None
 
     def execute(self, run: Run) -> dict[str, Any]:
         """Runs ``run``: anew, or on from where an interrupted attempt with the same settings
@@ -492,6 +538,7 @@ class Study:
         result = {"run": run.name, **run.body(run_dir), "settings": run.settings}
         result["seconds"] = round(time.time() - start, 1)
         (run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        self.made.add(run.name)
         return result
 
     def run(self, deadline: float | None = None) -> tuple[list[dict[str, Any]], list[str]]:
@@ -586,3 +633,65 @@ def distilled(teacher: Path, out: Path, args: argparse.Namespace) -> Path:
     (out / "done").write_text(stamp, encoding="utf-8")
     print(f"[distilled] {len(pairs[src]):,} training pairs with the teacher's targets", flush=True)
     return out
+
+
+def hypotheses(result: dict[str, Any]) -> list[str]:
+    """The hypothesis files of a result (relative to the study's directory), a T + K run's
+    one per K."""
+    found = [result["hyps"]] if "hyps" in result else []
+    for point in result.get("points", {}).values():
+        found += hypotheses(point)
+    return found
+
+
+class Record:
+    """The study's committed record: ``docs/relaxed_nmt.json`` (every finished run's result
+    with its settings, and the paired bootstraps' p-values) and, beside it, ``relaxed_nmt_hyps/`` (each evaluation's hypotheses,
+    gzipped, written once: the paired bootstrap needs them after the run directories are
+    gone). ``path`` None: no record."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.results: dict[str, dict[str, Any]] = {}
+        self.pvalues: dict[str, float] = {}  # paired bootstraps (relaxed_report.bootstrap_key)
+        if path is not None and path.exists():
+            found = json.loads(path.read_text(encoding="utf-8"))
+            self.results = {r["run"]: r for r in found.get("results", [])}
+            self.pvalues = dict(found.get("bootstrap", {}))
+
+    @property
+    def hyps_dir(self) -> Path | None:
+        return None if self.path is None else self.path.with_name(f"{self.path.stem}_hyps")
+
+    def kept(self, hyps: str) -> Path | None:
+        return None if self.hyps_dir is None else self.hyps_dir / f"{hyps}.gz"
+
+    def restore(self, name: str, settings: dict[str, Any], out: Path) -> dict[str, Any] | None:
+        """The recorded result of run ``name`` if it ran with ``settings``, written back to
+        ``out/name/result.json`` with the hypotheses the record keeps."""
+        from recurnmt.runs.artifacts import portable
+
+        result = self.results.get(name)
+        if result is None or result.get("settings") != portable(settings):  # as it was written
+            return None
+        result = {**result, "settings": settings}  # as RUN/result.json holds them
+        (out / name).mkdir(parents=True, exist_ok=True)
+        for hyps in hypotheses(result):
+            kept = self.kept(hyps)
+            if kept is not None and kept.exists():
+                (out / hyps).write_bytes(gzip.decompress(kept.read_bytes()))
+        (out / name / "result.json").write_text(json.dumps(result, indent=2) + "\n", "utf-8")
+        return result
+
+    def keep(self, results: list[dict[str, Any]], out: Path) -> int:
+        """Keeps the hypotheses of ``results`` not kept yet (gzipped, mtime 0: the same bytes
+        for the same text); returns how many were added."""
+        added = 0
+        for hyps in (h for r in results for h in hypotheses(r)):
+            kept, made = self.kept(hyps), out / hyps
+            if kept is None or kept.exists() or not made.exists():
+                continue
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_bytes(gzip.compress(made.read_bytes(), compresslevel=9, mtime=0))
+            added += 1
+        return added
