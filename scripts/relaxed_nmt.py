@@ -22,6 +22,7 @@ Run from the repository root::
 
     python scripts/relaxed_nmt.py --hours 2          # two hours of the study, then the page
     python scripts/relaxed_nmt.py --report           # the page from what has run
+    python scripts/relaxed_nmt.py --hours 2 --teacher-free   # only runs without the teacher
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hours", type=float, help="start no run after this many hours")
     p.add_argument("--report", action="store_true", help="run nothing: the page only")
     p.add_argument("--fresh", action="store_true", help="redo finished runs")
+    p.add_argument("--teacher-free", action="store_true",
+                   help="without the teacher's checkpoint here (a new checkout), start only the "
+                   "runs that do not need it (from scratch, T + K), not training it again")  # fmt: skip
     return p
 
 
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args.doc.parent.mkdir(parents=True, exist_ok=True)
     png = args.doc.with_suffix(".png")
     plot(results, study, png)
-    shown = [a for a in argv if a not in ("--report", "--fresh")]
+    shown = [a for a in argv if a not in ("--report", "--fresh", "--teacher-free")]
     hours = [i for i, a in enumerate(shown) if a == "--hours"]
     for i in reversed(hours):  # the page names the study, not how long one part ran
         del shown[i : i + 2]

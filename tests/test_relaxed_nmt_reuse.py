@@ -281,3 +281,22 @@ def test_the_page_says_which_p_values_are_missing(tmp_path, monkeypatch):
     page = relaxed_report.markdown(results, [], study, "cmd", tmp_path / "p.png")
     assert page.count(relaxed_report.NOT_KEPT) == 2  # under both tables with a p
     assert "| 2 | 1 | 4 | scratch K | 1 | 21.00 | 15.00 | - |" in page
+
+
+def test_teacher_free_runs_what_does_not_need_the_teacher_and_leaves_the_rest(tmp_path, fake):
+    first, results = _recorded_study(tmp_path)
+    record = json.loads(first.args.record.read_text(encoding="utf-8"))
+    record["results"] = [r for r in record["results"] if not r["run"].endswith("/s2")]
+    first.args.record.write_text(json.dumps(record), encoding="utf-8")
+    study = FakeStudy(_args(tmp_path, record=first.args.record, teacher_free=True))
+    found, pending = study.run()
+    assert study.ran and all(n.startswith(("scratch/", "total/")) for n in study.ran)
+    assert "total/m1-r4/s2" in study.ran and "teacher" not in study.ran  # not trained again
+    left = [n for n in pending if n != "(later stages)"]
+    assert left and all(n.startswith(("tune/", "rewarmed/")) for n in left)
+    assert len(found) + len(left) == len(results)
+    with_distill = FakeStudy(_args(tmp_path, record=first.args.record, teacher_free=True,
+                                   distill=True))  # fmt: skip
+    assert with_distill.needs_teacher(with_distill.scratch_run(1, "4", 2, 2))
+    assert not study.needs_teacher(study.scratch_run(1, "4", 2, 2))
+    assert not study.needs_teacher(study.teacher_run())

@@ -544,10 +544,15 @@ class Study:
     def run(self, deadline: float | None = None) -> tuple[list[dict[str, Any]], list[str]]:
         """Runs the plan until it is done or ``deadline`` (``time.time()``) has passed.
 
+        With ``--teacher-free`` (``args.teacher_free``) and no teacher's checkpoint here, the
+        runs that would need it (:meth:`needs_teacher`) are left for later without holding up
+        the stages after them: hours of the study in a new checkout without first training the
+        teacher again.
+
         Returns:
             The finished results in plan order, and the names of the runs not yet run.
         """
-        results, pending, seen, later = [], [], set(), False
+        results, pending, seen, later, skipped = [], [], set(), False, []
         for stage in self.stages():
             runs = stage()
             if pending:  # an earlier stage is unfinished: this one's finished runs are shown,
@@ -559,11 +564,17 @@ class Study:
                 later = later or unplanned or any(r is None for _, r in found)
                 continue
             todo = [r for r in runs if self.finished(r) is None]
-            total = sum(r.updates for r in todo)
+            left = [r for r in todo if self.waits_for_teacher(r)]
+            total = sum(r.updates for r in todo if r not in left)
             if todo:
-                print(f"[plan] {len(todo)} of {len(runs)} runs to do ({total:,} updates)")
+                print(f"[plan] {len(todo) - len(left)} of {len(runs)} runs to do ({total:,} "
+                      "updates)" + (f"; {len(left)} left: they need the teacher's checkpoint"
+                                    if left else ""))  # fmt: skip
             for run in runs:
                 result = self.finished(run)
+                if result is None and run in left:
+                    skipped.append(run.name)
+                    continue
                 if result is None and (deadline is None or time.time() < deadline):
                     print(f"[{run.name}] ... ({time.strftime('%H:%M')})", flush=True)
                     result = self.execute(run)
@@ -573,7 +584,20 @@ class Study:
                 elif run.name not in seen:  # a selection run is also a main-cell run
                     seen.add(run.name)
                     results.append(result)
-        return results, pending + [LATER] * later
+        return results, pending + skipped + [LATER] * later
+
+    def needs_teacher(self, run: Run) -> bool:
+        """Whether ``run`` starts from the teacher's checkpoint (or, with ``--distill``, from its
+        translations): everything but the teacher itself and the students trained from
+        scratch on the real corpus."""
+        kind = run.name.split("/", 1)[0]
+        return kind != "teacher" and (kind not in ("scratch", "total") or self.args.distill)
+
+    def waits_for_teacher(self, run: Run) -> bool:
+        """``--teacher-free`` and ``run`` needs a teacher's checkpoint this checkout lacks."""
+        if not getattr(self.args, "teacher_free", False) or not self.needs_teacher(run):
+            return False
+        return not (self.teacher_dir / "checkpoints" / "checkpoint_best.pt").exists()
 
 
 def train_logs(run_dir: Path) -> list[Path]:
