@@ -42,7 +42,8 @@ from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.commands import run_logged
 from recurnmt.runs.experiment import add_size_arguments
 from recurnmt.runs.relaxed_report import markdown, plot
-from recurnmt.runs.relaxed_study import INITS, LATER, Study
+from recurnmt.runs.relaxed_study import INITS, Study
+from recurnmt.runs.study_plan import LATER
 
 PROG = "python scripts/relaxed_nmt.py"
 

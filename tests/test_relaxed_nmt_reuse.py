@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from recurnmt.runs import relaxed_report
-from recurnmt.runs.relaxed_study import Study, hypotheses
+from recurnmt.runs.relaxed_study import Study
+from recurnmt.runs.study_plan import hypotheses
 from tests.script_modules import load_script
 
 # the BLEU each kind of run gets in the fake study: conversion wins at equal uptraining
@@ -171,7 +172,7 @@ def test_impossible_settings_are_refused_naming_the_option(tmp_path):
 
 def test_an_interrupted_run_goes_on_in_its_folder_and_keeps_its_logs(tmp_path, fake, monkeypatch):
     from recurnmt.runs import relaxed_study
-    from recurnmt.runs.relaxed_study import Run, train_logs
+    from recurnmt.runs.study_plan import Run, train_logs
 
     study = FakeStudy(_args(tmp_path))
     run = study.teacher_run()

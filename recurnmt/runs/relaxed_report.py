@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from recurnmt.runs.relaxed_study import LATER
+from recurnmt.runs.study_plan import LATER
 
 Result = dict[str, Any]
 
