@@ -7,14 +7,13 @@ Every run is a real ``fairseq-train`` / ``recurnmt-convert`` / ``fairseq-generat
 with its log in its run directory; a finished run (``RUN/result.json``) is reused while the
 settings it depends on are unchanged, and an interrupted one goes on from its last checkpoint
 (the teacher and the T + K runs save one every 350 updates), so the study can be stopped and
-resumed
-(``scripts/relaxed_nmt.py --hours H`` stops starting runs after H hours). The study also goes
+resumed (``scripts/relaxed_nmt.py --hours H`` stops starting runs after H hours). It also goes
 on in a checkout without its run directories: a run finished there is taken from the committed
 record (``docs/relaxed_nmt.json``, its hypotheses from ``docs/relaxed_nmt_hyps/``) while its
 settings are unchanged, and what a later run needs of it (the teacher's checkpoint, a
-conversion) is made again and checked against the record (:meth:`Study.teacher_checkpoint`). The runs, in the
-order they execute (the main comparison first, so a partial study is already a complete
-comparison for its main cells):
+conversion) is made again and checked against the record (:meth:`Study.teacher_checkpoint`).
+The runs, in the order they execute (the main comparison first, so a partial study is already
+a complete comparison for its main cells):
 
 1. ``teacher``: fairseq's ``transformer`` (H=128, FF=512, 4 heads, 6 layers, pre-LN, shared
    embeddings) trained to its plateau: Adam at lr 3e-3, inverse-sqrt decay after 400 warm-up
@@ -62,7 +61,7 @@ from recurnmt.runs.commands import (
 from recurnmt.runs.experiment import decoding_flags, recipe_flags, run_flags, size_flags
 from recurnmt.runs.fairseq_log import log_records
 from recurnmt.runs.launch import cpu_train_command
-from recurnmt.runs.study_plan import Record, Run, Runner, train_logs
+from recurnmt.runs.study_plan import Record, Run, Runner, train_logs, write_result
 
 TEACHER = "transformer"  # fairseq's own
 RELAXED = "relaxed_transformer"
@@ -251,6 +250,11 @@ class Study(Runner):
 
         return Run("teacher", self.teacher_settings(), body, self.args.max_update)
 
+    @property
+    def teacher_best(self) -> Path:
+        """Where the teacher's best checkpoint is (whether or not it is here)."""
+        return self.teacher_dir / "checkpoints" / "checkpoint_best.pt"
+
     def teacher_result(self) -> dict[str, Any]:
         return json.loads((self.teacher_dir / "result.json").read_text(encoding="utf-8"))
 
@@ -259,7 +263,7 @@ class Study(Runner):
         from the record in a new checkout), and refused unless the new teacher is the recorded
         one (the same validation curve and test BLEU): the runs that start from it would
         otherwise mix two teachers."""
-        path = self.teacher_dir / "checkpoints" / "checkpoint_best.pt"
+        path = self.teacher_best
         if path.exists() or not (self.teacher_dir / "result.json").exists():
             return path
         recorded = self.teacher_result()
@@ -267,9 +271,7 @@ class Study(Runner):
         again = self.execute(self.teacher_run())
         same = ("curve", "updates", "bleu", "chrf")
         if any(json.loads(json.dumps(again[k])) != recorded[k] for k in same):
-            (self.teacher_dir / "result.json").write_text(
-                json.dumps(recorded, indent=2) + "\n", encoding="utf-8"
-            )
+            write_result(self.teacher_dir, recorded)
             raise UserError(
                 f"the teacher trained again here is not the recorded one (best validation loss "
                 f"{again['best_valid_loss']} at update {again['updates']}, sacreBLEU {again['bleu']}"
@@ -511,7 +513,7 @@ class Study(Runner):
         teacher again."""
         if not getattr(self.args, "teacher_free", False) or not self.needs_teacher(run):
             return False
-        return not (self.teacher_dir / "checkpoints" / "checkpoint_best.pt").exists()
+        return not self.teacher_best.exists()
 
 
 def distilled(teacher: Path, out: Path, args: argparse.Namespace) -> Path:

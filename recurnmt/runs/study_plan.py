@@ -74,7 +74,7 @@ class Runner:
         start = time.time()
         result = {"run": run.name, **run.body(run_dir), "settings": run.settings}
         result["seconds"] = round(time.time() - start, 1)
-        (run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        write_result(run_dir, result)
         self.made.add(run.name)
         return result
 
@@ -120,6 +120,11 @@ class Runner:
                     seen.add(run.name)
                     results.append(result)
         return results, pending + skipped + [LATER] * later
+
+
+def write_result(run_dir: Path, result: dict[str, Any]) -> None:
+    """``RUN/result.json``: what marks a run finished."""
+    (run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
 
 def train_logs(run_dir: Path) -> list[Path]:
@@ -186,7 +191,7 @@ class Record:
             kept = self.kept(hyps)
             if kept is not None and kept.exists():
                 (out / hyps).write_bytes(gzip.decompress(kept.read_bytes()))
-        (out / name / "result.json").write_text(json.dumps(result, indent=2) + "\n", "utf-8")
+        write_result(out / name, result)
         return result
 
     def keep(self, results: list[dict[str, Any]], out: Path) -> int:
