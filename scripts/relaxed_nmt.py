@@ -41,7 +41,7 @@ from recurnmt.cli import UserError, entry_point
 from recurnmt.runs.artifacts import write_json
 from recurnmt.runs.commands import run_logged
 from recurnmt.runs.experiment import add_size_arguments
-from recurnmt.runs.relaxed_report import markdown, plot
+from recurnmt.runs.relaxed_report import markdown, plot, runs
 from recurnmt.runs.relaxed_study import INITS, Study
 from recurnmt.runs.study_plan import LATER
 
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     write_json(args.record, record)
     print(f"wrote {args.doc}, {png}, {args.record} (+{kept} hypotheses in "
           f"{study.record.hyps_dir})"
-          + (f"; {len([p for p in pending if p != LATER])} runs still to do" if pending else ""))  # fmt: skip
+          + (f"; {runs(len([p for p in pending if p != LATER]))} still to do" if pending else ""))  # fmt: skip
     return results
 
 

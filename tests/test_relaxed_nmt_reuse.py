@@ -120,7 +120,7 @@ def test_a_deadline_leaves_the_rest_pending_and_the_page_says_so(tmp_path, fake)
     results, pending = study.run(deadline=0.0)
     assert results == [] and pending == ["teacher", "(later stages)"]
     page = relaxed_report.markdown(results, pending, study, "cmd", tmp_path / "p.png")
-    assert "1 runs: `teacher`, then the stages planned after them." in page
+    assert "1 run: `teacher`, then the stages planned after them." in page
 
 
 def test_an_unfinished_stage_starts_nothing_after_it_but_its_finished_runs_are_shown(
@@ -149,6 +149,8 @@ def test_the_verdicts_follow_the_numbers(tmp_path, fake):
         "did not beat the same architecture trained from scratch: higher mean sacreBLEU in 0 of 3"
         in page
     )
+    assert ("Paired bootstrap: 0 of 3 differences reliable (p < 0.05 in every seed), 3 not "
+            "(M=1, K=2; M=1, K=4; M=1, K=6).") in page  # the fake's p is 0.5  # fmt: skip
     assert "K=2: re-warmed 19.50 against continued 20.10" in page
     assert "21.00 ± 0.00 (2)" in page  # two seeds of the main cell
     assert "0.001 | 10.00" in page and "0.003 | 11.00" in page  # the lr selection
@@ -281,7 +283,26 @@ def test_the_page_says_which_p_values_are_missing(tmp_path, monkeypatch):
     results, _ = study.run()
     page = relaxed_report.markdown(results, [], study, "cmd", tmp_path / "p.png")
     assert page.count(relaxed_report.NOT_KEPT) == 2  # under both tables with a p
+    assert (
+        "Paired bootstrap: 0 of 3 differences reliable (p < 0.05 in every seed), 3 untested "
+        "(hypotheses not kept)." in page
+    )
     assert "| 2 | 1 | 4 | scratch K | 1 | 21.00 | 15.00 | - |" in page
+
+
+def test_a_verdict_counts_a_difference_reliable_only_where_every_seed_separates_it(
+    tmp_path, monkeypatch
+):
+    # K=2: p 0.001 in both seeds; K=4: one seed 0.3; K=6: a seed without its hypotheses
+    p = {(2, 1): 0.001, (2, 2): 0.001, (4, 1): 0.001, (4, 2): 0.3, (6, 1): 0.01, (6, 2): None}
+    monkeypatch.setattr(relaxed_report, "paired_bootstrap", lambda s, a, b, r: p[a["k"], a["seed"]])
+    study = FakeStudy(_args(tmp_path))
+    results, _ = study.run()
+    rows = [r for r in relaxed_report.comparisons(results, study) if r["control"] == "scratch K"]
+    assert relaxed_report.reliability(rows, study, []) == (
+        "Paired bootstrap: 1 of 3 differences reliable (p < 0.05 in every seed), "
+        "1 not (M=1, K=4), 1 untested (hypotheses not kept)."
+    )
 
 
 def test_teacher_free_runs_what_does_not_need_the_teacher_and_leaves_the_rest(tmp_path, fake):

@@ -107,6 +107,44 @@ def _p(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def runs(n: int) -> str:
+    """``1 run``, ``2 runs``."""
+    return f"{n:,} run" + ("" if n == 1 else "s")
+
+
+def _refs(study) -> list[str]:
+    a = study.args
+    return (a.data / f"test.raw.{a.langs[1]}").read_text(encoding="utf-8").splitlines()
+
+
+def seed_pairs(row: dict[str, Any], study, refs: list[str]):
+    """``(seed, fine-tuned, control, p)`` for each seed of a comparison row."""
+    for seed in row["seeds"]:
+        t = next(r for r in row["tuned"] if r["seed"] == seed)
+        o = next(r for r in row["other"] if r["seed"] == seed)
+        yield seed, t, o, paired_bootstrap(study, t, o, refs)
+
+
+def reliability(pairs: list[dict[str, Any]], study, refs: list[str]) -> str:
+    """What the paired bootstrap says of a verdict's comparisons: how many differences it
+    separates in every seed (p < 0.05), which it does not, how many it could not test."""
+    reliable, not_separated, untested = 0, [], 0
+    for row in pairs:
+        ps = [p for *_, p in seed_pairs(row, study, refs)]
+        if any(p is None for p in ps):
+            untested += 1
+        elif all(p < 0.05 for p in ps):
+            reliable += 1
+        else:
+            not_separated.append(f"M={row['unique']}, K={row['k']}")
+    parts = [f"{reliable} of {len(pairs)} differences reliable (p < 0.05 in every seed)"]
+    if not_separated:
+        parts.append(f"{len(not_separated)} not ({'; '.join(not_separated)})")
+    if untested:
+        parts.append(f"{untested} untested (hypotheses not kept)")
+    return "Paired bootstrap: " + ", ".join(parts) + "."
+
+
 NOT_KEPT = (
     "*p* -: the hypotheses of a run finished before the study kept them "
     "(`docs/relaxed_nmt_hyps/`, since 2026-11-29) are gone with its run directory."
@@ -133,8 +171,9 @@ def comparisons(results: list[Result], study) -> list[dict[str, Any]]:
 
 
 def verdicts(rows: list[dict[str, Any]], results: list[Result], study) -> list[str]:
-    """One sentence per axis, computed from the numbers."""
-    out = []
+    """One sentence per axis, computed from the numbers, with what the paired bootstrap
+    says of them."""
+    refs, out = _refs(study), []
     for control, axis in (
         (
             "scratch K",
@@ -155,7 +194,7 @@ def verdicts(rows: list[dict[str, Any]], results: list[Result], study) -> list[s
         out.append(
             f"At {axis}, converted and fine-tuned models {how} the same architecture trained "
             f"from scratch: higher mean sacreBLEU in {wins} of {len(pairs)} comparisons "
-            f"({detail})."
+            f"({detail}). {reliability(pairs, study, refs)}"
         )
     restart = []
     for k in sorted(study.args.budgets):
@@ -268,7 +307,7 @@ def markdown(results: list[Result], pending: list[str], study, command: str, plo
         shown = ", ".join(f"`{p}`" for p in named[:12])
         later = ", then the stages planned after them" if LATER in pending else ""
         lines += ["", "## Still to run", "",
-                  f"{len(named)} runs: {shown}" + (", ..." if len(named) > 12 else "")
+                  f"{runs(len(named))}: {shown}" + (", ..." if len(named) > 12 else "")
                   + later + "."]  # fmt: skip
     lines += ["", f"![sacreBLEU against the uptraining budget]({plot.name})", ""]
     return "\n".join(lines)
@@ -306,14 +345,9 @@ def _main_tables(results: list[Result], study) -> list[str]:
 
 
 def _bootstrap_table(rows: list[dict[str, Any]], study) -> list[str]:
-    a = study.args
-    refs = (a.data / f"test.raw.{a.langs[1]}").read_text(encoding="utf-8").splitlines()
-    table = []
+    refs, table = _refs(study), []
     for row in rows:
-        for seed in row["seeds"]:
-            t = next(r for r in row["tuned"] if r["seed"] == seed)
-            o = next(r for r in row["other"] if r["seed"] == seed)
-            p = paired_bootstrap(study, t, o, refs)
+        for seed, t, o, p in seed_pairs(row, study, refs):
             table.append([str(row["k"]), str(row["unique"]), str(row["rank"]), row["control"],
                           str(seed), f"{t['bleu']:.2f}", f"{o['bleu']:.2f}", _p(p)])  # fmt: skip
     missing = any(row[-1] == "-" for row in table)
@@ -328,7 +362,6 @@ def _bootstrap_table(rows: list[dict[str, Any]], study) -> list[str]:
 def _distillation_table(results: list[Result], study) -> list[str]:
     """Fine-tuning with word-level distillation from the teacher against the same run
     without it (same cell, K, lr and seed), with a paired bootstrap and a verdict."""
-    a = study.args
     pairs = []
     for kd in by_kind(results, "fine-tuned + KD"):
         plain = group(results, "fine-tuned", kd["k"], kd["unique"], kd["rank"], kd["init"])
@@ -337,7 +370,7 @@ def _distillation_table(results: list[Result], study) -> list[str]:
             pairs.append((kd, plain[0]))
     if not pairs:
         return []
-    refs = (a.data / f"test.raw.{a.langs[1]}").read_text(encoding="utf-8").splitlines()
+    refs = _refs(study)
     rows = [[str(kd["k"]), str(kd["unique"]), kd["init"], str(kd["rank"]), str(kd["seed"]),
              f"{plain['bleu']:.2f}", f"{kd['bleu']:.2f}", f"{plain['valid_ppl']:.2f}",
              f"{kd['valid_ppl']:.2f}", _p(paired_bootstrap(study, kd, plain, refs))]
