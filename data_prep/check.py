@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 from data_prep.errors import PrepError
 from recurnmt.cli import entry_point
-from recurnmt.runs.experiment import size_flags
+from recurnmt.experiments.experiment import size_flags
 
 PROG = "python -m data_prep.check"
 

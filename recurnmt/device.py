@@ -1,7 +1,7 @@
 """``--device``: one reading of the flag for every command that takes it.
 
 The benchmark scripts (``scripts/benchmark_{nmt,vision}.py``) and the vision trainer
-(``recurnmt.vision.runs.distributed``) resolve their ``--device`` here; each raises its own
+(``recurnmt.vision.training.distributed``) resolve their ``--device`` here; each raises its own
 exception type (``error``) so that its callers catch what they always caught. This module
 imports only torch, so anything in recurnmt can use it without an import cycle.
 ``--deterministic`` is read here too (:func:`deterministic_algorithms`).

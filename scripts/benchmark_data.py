@@ -1,6 +1,6 @@
 """Throughput of the vision data pipeline alone: images per second per data-loading worker.
 
-What one training process's loader does for every ImageNet image (``recurnmt.vision.runs.train``
+What one training process's loader does for every ImageNet image (``recurnmt.vision.training.train``
 with DeiT's recipe): read the JPEG, decode it with torchvision (``decode_image``), then timm's
 training transform (bicubic random resized crop to 224, flip, RandAugment
 ``rand-m9-mstd0.5-inc1``, normalisation, pixel-mode random erasing), batch and collate. No

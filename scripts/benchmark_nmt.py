@@ -4,7 +4,7 @@ Every architecture is built with the same width, FFN width, heads and depth (lev
 for a fixed number of updates on the same real batches (the embedded German-English corpus)
 and then decodes the same test sentences with beam search at a fixed output length. Each
 model runs in a fresh process so that peak memory is its own, and the processes take turns
-on the machine (:class:`recurnmt.runs.benchmark.Turns`): one timed round of one model
+on the machine (:class:`recurnmt.experiments.benchmark.Turns`): one timed round of one model
 at a time, every model's rounds spread over the whole run, so that the machine's drift
 falls on all of them alike (``--sequential``: one model after another, as before). The
 table reports absolute figures and ratios to fairseq's ``transformer``:
@@ -18,7 +18,7 @@ table reports absolute figures and ratios to fairseq's ``transformer``:
 * generation sentences per second (beam search with the incremental decoder);
 * memory: on CUDA the peak ``max_memory_allocated`` of training; on CPU, where no allocator
   keeps a peak, the activations one training forward saves for backward
-  (:mod:`recurnmt.runs.activation_memory`), which is deterministic; ``ckpt mem`` is the same with
+  (:mod:`recurnmt.experiments.activation_memory`), which is deterministic; ``ckpt mem`` is the same with
   fairseq's ``--checkpoint-activations`` (per level in recurnmt's stacks);
 * the decoder's incremental cache after beam search decoded one batch (``--gen-batch``
   sentences): all of it, and its cross-attention part (the projected encoder keys and
@@ -46,7 +46,7 @@ import torch
 
 from recurnmt.cli import entry_point
 from recurnmt.device import resolve_device
-from recurnmt.runs.benchmark import (
+from recurnmt.experiments.benchmark import (
     Column,
     MixedPrecision,
     add_device_arguments,
@@ -67,8 +67,8 @@ from recurnmt.runs.benchmark import (
     training_step,
     write_json,
 )
-from recurnmt.runs.experiment import add_size_arguments
-from recurnmt.runs.results import family_order
+from recurnmt.experiments.experiment import add_size_arguments
+from recurnmt.experiments.results import family_order
 
 ROOT = Path(__file__).resolve().parent.parent
 

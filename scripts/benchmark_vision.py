@@ -9,7 +9,7 @@ position table and head, PyTorch's attention and layer code). Every model has th
 FFN width, heads and number of levels (SReT-style naive recursion runs levels/2 blocks twice;
 One Wide FFN shares one FFN), sees the same real images (scikit-learn's handwritten digits,
 upsampled) and runs in a fresh process so that peak memory is its own; the processes take
-turns on the machine, one timed round at a time (:class:`recurnmt.runs.benchmark.Turns`;
+turns on the machine, one timed round at a time (:class:`recurnmt.experiments.benchmark.Turns`;
 ``--sequential``: one model after another). The table reports absolute figures and ratios to
 ``--baseline`` (timm's ViT by default):
 
@@ -24,7 +24,7 @@ turns on the machine, one timed round at a time (:class:`recurnmt.runs.benchmark
 * parameters.
 
 ``--dtype bf16`` / ``fp16`` runs training and inference under ``torch.autocast`` (fp16 with a
-loss scaler, CUDA only), as ``recurnmt.vision.runs.train --amp`` does. ``--json OUT`` writes the
+loss scaler, CUDA only), as ``recurnmt.vision.training.train --amp`` does. ``--json OUT`` writes the
 figures with the device, versions and settings.
 
     python scripts/benchmark_vision.py                     # CPU-sized default
@@ -42,7 +42,7 @@ import torch
 
 from recurnmt.cli import entry_point
 from recurnmt.device import resolve_device
-from recurnmt.runs.benchmark import (
+from recurnmt.experiments.benchmark import (
     Column,
     MixedPrecision,
     add_device_arguments,
@@ -57,7 +57,7 @@ from recurnmt.runs.benchmark import (
     training_step,
     write_json,
 )
-from recurnmt.runs.experiment import add_size_arguments
+from recurnmt.experiments.experiment import add_size_arguments
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -186,7 +186,7 @@ def real_images(count: int, size: int):
 def training_memory_mb(model, x, y, precision: MixedPrecision | None = None) -> float:
     """Memory of one training step: the CUDA peak, or on CPU the MB of the distinct tensor
     storages one training forward saves for backward (:func:`peak_memory_mb`)."""
-    from recurnmt.vision.runs.losses import ClassificationLoss
+    from recurnmt.vision.training.losses import ClassificationLoss
 
     precision = precision or MixedPrecision("fp32", x.device)
     criterion = ClassificationLoss()  # a DVT cascade's exits summed (a tuple in training)
@@ -203,7 +203,7 @@ def training_memory_mb(model, x, y, precision: MixedPrecision | None = None) -> 
 def worker(opts: argparse.Namespace) -> dict:
     """Benchmarks one model in this process; returns its figures."""
     turns, device, precision = start_worker(opts)
-    from recurnmt.vision.runs.losses import ClassificationLoss
+    from recurnmt.vision.training.losses import ClassificationLoss
 
     criterion = ClassificationLoss()  # a DVT cascade's exits summed (a tuple in training)
 

@@ -29,10 +29,9 @@ from typing import Any
 
 from data_prep.embedded import data_dir
 from recurnmt.cli import UserError, entry_point
-from recurnmt.nmt.quiet import quiet_env
-from recurnmt.runs.artifacts import write_json
-from recurnmt.runs.commands import generate_command, run_logged, train_command
-from recurnmt.runs.experiment import (
+from recurnmt.experiments.artifacts import write_json
+from recurnmt.experiments.commands import generate_command, run_logged, train_command
+from recurnmt.experiments.experiment import (
     SCHEDULES,
     add_recipe_arguments,
     add_size_arguments,
@@ -42,9 +41,10 @@ from recurnmt.runs.experiment import (
     run_flags,
     size_flags,
 )
-from recurnmt.runs.fairseq_log import train_stats, valid_ppl
-from recurnmt.runs.launch import cpu_train_command
-from recurnmt.runs.results import family_order, family_title
+from recurnmt.experiments.fairseq_log import train_stats, valid_ppl
+from recurnmt.experiments.launch import cpu_train_command
+from recurnmt.experiments.results import family_order, family_title
+from recurnmt.nmt.quiet import quiet_env
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -65,7 +65,7 @@ def train_and_test(arch: str, args: argparse.Namespace, run_dir: Path) -> dict[s
     """Trains ``arch``, translates the test set and scores it; writes ``result.json``."""
     import sacrebleu
 
-    from recurnmt.runs.scoring import read_hypotheses
+    from recurnmt.experiments.scoring import read_hypotheses
 
     flags = [*size_flags(args, arch), *recipe_flags(args), *run_flags(run_dir / "checkpoints")]
     train = train_command(args.data, arch, flags, start=cpu_train_command(args.nproc))

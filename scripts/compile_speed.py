@@ -4,7 +4,7 @@ Builds one translation model (``--arch`` at the benchmarks' size flags, random t
 toy vocabulary) and one image model (``--vision-model``, random images), each twice with the
 same weights: eager, and compiled as the commands compile them (the NMT stacks through the
 model option ``--compile BACKEND``, the image model whole, as ``python -m
-recurnmt.vision.runs.train --compile`` does). One step is a forward and backward pass on a fixed
+recurnmt.vision.training.train --compile`` does). One step is a forward and backward pass on a fixed
 batch (no optimiser: compilation changes the passes only). The first compiled step compiles;
 its wall time is reported (inductor compiles in worker processes, outside this process's CPU
 time). Then, in ``--rounds`` rounds, eager and compiled each run ``--steps`` steps in turn,
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from recurnmt.cli import entry_point
-from recurnmt.runs.experiment import add_size_arguments
+from recurnmt.experiments.experiment import add_size_arguments
 
 PROG = "python scripts/compile_speed.py"
 TASKS = ("nmt", "vision")
@@ -33,8 +33,8 @@ def nmt_steps(opts: argparse.Namespace) -> tuple[Callable[[], None], Callable[[]
     """The eager and the compiled training step of the translation model."""
     import torch
 
+    from recurnmt.experiments.benchmark import nmt_model_flags, random_token_batch
     from recurnmt.nmt.build import build_model, toy_dictionary
-    from recurnmt.runs.benchmark import nmt_model_flags, random_token_batch
 
     dictionary = toy_dictionary(opts.vocab)
     flags = nmt_model_flags(opts.arch, argparse.Namespace(**vars(opts), device="cpu"))
@@ -60,7 +60,7 @@ def vision_steps(opts: argparse.Namespace) -> tuple[Callable[[], None], Callable
 
     from recurnmt.modules.compile import from_flags
     from recurnmt.vision import create_model
-    from recurnmt.vision.runs.losses import ClassificationLoss
+    from recurnmt.vision.training.losses import ClassificationLoss
 
     torch.manual_seed(0)
     model = create_model(opts.vision_model, num_classes=10).train()

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from recurnmt.cli import entry_point
-from recurnmt.runs.experiment import add_size_arguments
-from recurnmt.runs.results import family_order
+from recurnmt.experiments.experiment import add_size_arguments
+from recurnmt.experiments.results import family_order
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,14 +55,14 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from recurnmt.nmt.build import build_model, check_arch
-    from recurnmt.runs.benchmark import (
+    from recurnmt.experiments.benchmark import (
         fixed_length_generator,
         load_batches,
         load_generation_batches,
         nmt_model_flags,
         training_step,
     )
+    from recurnmt.nmt.build import build_model, check_arch
 
     for arch in opts.archs:
         check_arch(arch)

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from data_prep.embedded import data_dir
 from recurnmt.cli import UserError, entry_point, split_extra_args
-from recurnmt.runs.commands import generate_command, run_logged, train_command
-from recurnmt.runs.experiment import processes, recipe_flags, size_flags
-from recurnmt.runs.fairseq_log import last_valid_stats
+from recurnmt.experiments.commands import generate_command, run_logged, train_command
+from recurnmt.experiments.experiment import processes, recipe_flags, size_flags
+from recurnmt.experiments.fairseq_log import last_valid_stats
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -91,8 +91,8 @@ def serve(checkpoint: Path, data: Path, work: Path, sources: list[str], refs: li
         print("\n(CTranslate2 is not installed: pip install 'recurnmt[deploy]' to serve the "
               "model with it)")  # fmt: skip
         return
-    from recurnmt.runs.deployment import translate
-    from recurnmt.runs.scoring import corpus_bleu
+    from recurnmt.experiments.deployment import translate
+    from recurnmt.experiments.scoring import corpus_bleu
 
     out = work / "ct2-int8"
     export = [str(BIN / "python"), "-m", "recurnmt.nmt.ct2_export", str(checkpoint), str(out)]
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     train_log = work / "train.log"
     if args.nproc < 1 or MAX_TOKENS % args.nproc:
         raise UserError(f"--nproc must divide the {MAX_TOKENS:,}-token update, got {args.nproc}")
-    from recurnmt.runs.launch import cpu_train_command
+    from recurnmt.experiments.launch import cpu_train_command
 
     recipe = argparse.Namespace(
         **RECIPE, max_tokens=MAX_TOKENS, nproc=args.nproc, max_update=args.max_update
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     if speed:
         print(speed.group(0))
 
-    from recurnmt.runs.scoring import score
+    from recurnmt.experiments.scoring import score
 
     result, hyps = score(lines, refs, kind="D")
     hyp_out = work / "test.hyp.en"

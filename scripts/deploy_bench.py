@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         train = [sys.executable, str(ROOT / "scripts" / "speculative.py"), "train", "--data",
                  str(args.data), "--out", str(args.runs), "--models", *missing]  # fmt: skip
         subprocess.run(train, cwd=ROOT, check=True)
-    from recurnmt.runs.deploy_report import write_report
-    from recurnmt.runs.deployment import measure
+    from recurnmt.experiments.deploy_report import write_report
+    from recurnmt.experiments.deployment import measure
 
     write_report(args.doc, measure(args, MODELS))
     return 0

@@ -5,7 +5,7 @@ step (forward and backward) on a fixed random batch, three ways: plain, with fai
 ``--checkpoint-activations`` (per level), and with ``--checkpoint-segment sqrt`` as well
 (segments of ceil(sqrt(N)) levels, Chen et al. 2016). Two figures per run:
 
-* saved: the bytes the forward pass keeps for backward (:mod:`recurnmt.runs.activation_memory`,
+* saved: the bytes the forward pass keeps for backward (:mod:`recurnmt.experiments.activation_memory`,
   deterministic), which omits what a checkpointed backward pass recomputes;
 * peak: the growth of the process's peak resident memory during the step, backward and its
   recomputation included, measured in a fresh process per run (glibc is told to return large
@@ -57,9 +57,9 @@ def measure(opts: argparse.Namespace) -> dict:
 
     import torch
 
+    from recurnmt.experiments.activation_memory import saved_for_backward_bytes
+    from recurnmt.experiments.benchmark import random_token_batch
     from recurnmt.nmt.build import build_model, toy_dictionary
-    from recurnmt.runs.activation_memory import saved_for_backward_bytes
-    from recurnmt.runs.benchmark import random_token_batch
 
     torch.set_num_threads(1)
     flags = ["--encoder-layers", str(opts.worker_levels), "--decoder-layers"]

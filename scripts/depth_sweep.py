@@ -2,7 +2,7 @@
 
 Elastic depth: a weight-shared model trained at N levels runs at K levels
 (``fairseq-generate --model-overrides "{'encoder_levels': K, 'decoder_levels': K}"``,
-``python -m recurnmt.vision.runs.evaluate --encoder-levels K``). This script trains one model plainly and
+``python -m recurnmt.vision.training.evaluate --encoder-levels K``). This script trains one model plainly and
 one with SReT's mixed-depth training (appendix B: the loss of the shallow branch, every block
 once, is added), same seed and budget, and scores both at K = 1 ... ``--max-levels``:
 
@@ -11,8 +11,8 @@ once, is added), same seed and budget, and scores both at K = 1 ... ``--max-leve
   ``scripts/compare_nmt.py``), the test set translated at every K (beam 4), detokenized
   sacreBLEU against the raw references;
 * ``vision``: RingFormer-ViTs (``--model``) on the digits with ``python -m
-  recurnmt.vision.runs.train`` (``--mixed-depth`` for one), top-1 on the digits' evaluation half
-  with ``python -m recurnmt.vision.runs.evaluate --encoder-levels K``, and its multiply-accumulates.
+  recurnmt.vision.training.train`` (``--mixed-depth`` for one), top-1 on the digits' evaluation half
+  with ``python -m recurnmt.vision.training.evaluate --encoder-levels K``, and its multiply-accumulates.
 
 A depth that a model does not define is asked of the model before anything runs and shown as
 refused, with the model's reason (RingFormer's level signals and norms are learned for its N
@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from recurnmt.cli import entry_point, split_extra_args
-from recurnmt.runs.artifacts import write_json
-from recurnmt.runs.commands import generate_command, run_logged, train_command
-from recurnmt.runs.experiment import (
+from recurnmt.experiments.artifacts import write_json
+from recurnmt.experiments.commands import generate_command, run_logged, train_command
+from recurnmt.experiments.experiment import (
     add_recipe_arguments,
     add_size_arguments,
     decoding_flags,
@@ -50,7 +50,7 @@ from recurnmt.runs.experiment import (
     run_flags,
     size_flags,
 )
-from recurnmt.runs.launch import cpu_train_command
+from recurnmt.experiments.launch import cpu_train_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,7 +92,7 @@ def nmt_refusal(checkpoint: str, depth: int) -> str | None:
 
 def nmt_score(args: argparse.Namespace, checkpoint: str, depth: int, run_dir: Path) -> Score:
     """sacreBLEU of the test set translated at ``depth`` levels."""
-    from recurnmt.runs.scoring import score
+    from recurnmt.experiments.scoring import score
 
     levels = f"{{'encoder_levels': {depth}, 'decoder_levels': {depth}}}"
     flags = [*decoding_flags(args.beam, lenpen=1.0), "--model-overrides", levels]
@@ -110,7 +110,7 @@ def nmt_score(args: argparse.Namespace, checkpoint: str, depth: int, run_dir: Pa
 
 def vision_train(args: argparse.Namespace, variant: str, run_dir: Path) -> dict[str, Any]:
     """Trains one image model; returns its command, wall seconds and checkpoint."""
-    cmd = [sys.executable, "-m", "recurnmt.vision.runs.train", "--model", args.model]
+    cmd = [sys.executable, "-m", "recurnmt.vision.training.train", "--model", args.model]
     cmd += ["--data", "digits", "--epochs", str(args.epochs), "--seed", str(args.seed)]
     cmd += ["--output", str(run_dir), "--no-progress", "--no-tensorboard"]
     cmd += ["--threads", str(args.threads)]
@@ -153,7 +153,7 @@ def vision_score(args: argparse.Namespace, checkpoint: str, depth: int, run_dir:
     cmd = [
         sys.executable,
         "-m",
-        "recurnmt.vision.runs.evaluate",
+        "recurnmt.vision.training.evaluate",
         checkpoint,
         "--encoder-levels",
         str(depth),

@@ -45,8 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def fairseq_generate_tokens(args: argparse.Namespace) -> tuple[dict[int, str], float]:
     """``{sentence id: H tokens}`` of fairseq-generate, and its wall time."""
-    from recurnmt.runs.commands import generate_command
-    from recurnmt.runs.scoring import read_hypotheses
+    from recurnmt.experiments.commands import generate_command
+    from recurnmt.experiments.scoring import read_hypotheses
 
     flags = ["--gen-subset", args.subset, "--cpu", "--beam", str(args.beam)]
     flags += ["--lenpen", str(args.lenpen), "--max-len-b", str(args.max_len_b)]

@@ -39,19 +39,19 @@ import sys
 from pathlib import Path
 
 from recurnmt.cli import UserError, entry_point
-from recurnmt.modules.sdpa import ENV, POLICIES, parse_policy, set_policy
-from recurnmt.nmt.quiet import quiet_env
-from recurnmt.runs.artifacts import write_json
-from recurnmt.runs.commands import generate_command, run_logged, train_command
-from recurnmt.runs.experiment import (
+from recurnmt.experiments.artifacts import write_json
+from recurnmt.experiments.commands import generate_command, run_logged, train_command
+from recurnmt.experiments.experiment import (
     add_size_arguments,
     decoding_flags,
     recipe_flags,
     run_flags,
     size_flags,
 )
-from recurnmt.runs.fairseq_log import epoch_stats, generation_speed
-from recurnmt.runs.launch import cpu_train_command
+from recurnmt.experiments.fairseq_log import epoch_stats, generation_speed
+from recurnmt.experiments.launch import cpu_train_command
+from recurnmt.modules.sdpa import ENV, POLICIES, parse_policy, set_policy
+from recurnmt.nmt.quiet import quiet_env
 
 ROOT = Path(__file__).resolve().parent.parent
 

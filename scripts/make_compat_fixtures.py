@@ -8,7 +8,7 @@ compute) fails ``tests/test_compat_fixtures.py``:
   fairseq's format (its parsed arguments and weights, as ``fairseq-train`` saves them, at a
   width of 16 over a 20-symbol dictionary), with a source batch, the decoder's input and the
   logits of the full pass;
-* ``vision/NAME.pt``: an image model as ``recurnmt.vision.runs.train`` saves one (name,
+* ``vision/NAME.pt``: an image model as ``recurnmt.vision.training.train`` saves one (name,
   keyword arguments, weights), with images and their logits;
 * ``hf/ARCH/``: a model exported to ``transformers`` (``config.json``, weights), with
   ``expected.pt`` (its inputs and logits).

@@ -53,8 +53,8 @@ import torch
 
 from recurnmt.cli import entry_point
 from recurnmt.device import resolve_device
-from recurnmt.runs.artifacts import write_json
-from recurnmt.runs.benchmark import (
+from recurnmt.experiments.artifacts import write_json
+from recurnmt.experiments.benchmark import (
     MixedPrecision,
     device_name,
     fixed_length_generator,
@@ -62,8 +62,8 @@ from recurnmt.runs.benchmark import (
     load_generation_batches,
     nmt_model_flags,
 )
-from recurnmt.runs.experiment import add_size_arguments
-from recurnmt.runs.results import family_order
+from recurnmt.experiments.experiment import add_size_arguments
+from recurnmt.experiments.results import family_order
 
 ROOT = Path(__file__).resolve().parent.parent
 PROG = "python scripts/profile_decoding.py"

@@ -2,8 +2,8 @@
 plateau (a sunk cost) converted into relaxed recursive models and uptrained for K updates,
 against the same models trained from scratch for K and for the teacher's T + K updates, the
 teacher continued and the teacher re-warmed (Relaxed Recursive Transformers, Bae et al., ICLR
-2025). The runs and their order: :mod:`recurnmt.runs.relaxed_study`; the page:
-:mod:`recurnmt.runs.relaxed_report`.
+2025). The runs and their order: :mod:`recurnmt.experiments.relaxed_study`; the page:
+:mod:`recurnmt.experiments.relaxed_report`.
 
 On the embedded German-English corpus (prepared with a learned 4,000-piece vocabulary when
 missing). The study is long (the teacher, 36 conversions, then the fine-tuning grid: many
@@ -38,12 +38,12 @@ from typing import Any
 
 from data_prep.embedded import data_dir
 from recurnmt.cli import UserError, entry_point
-from recurnmt.runs.artifacts import write_json
-from recurnmt.runs.commands import run_logged
-from recurnmt.runs.experiment import add_size_arguments
-from recurnmt.runs.relaxed_report import markdown, plot, runs
-from recurnmt.runs.relaxed_study import INITS, Study
-from recurnmt.runs.study_plan import LATER
+from recurnmt.experiments.artifacts import write_json
+from recurnmt.experiments.commands import run_logged
+from recurnmt.experiments.experiment import add_size_arguments
+from recurnmt.experiments.relaxed_report import markdown, plot, runs
+from recurnmt.experiments.relaxed_study import INITS, Study
+from recurnmt.experiments.study_plan import LATER
 
 PROG = "python scripts/relaxed_nmt.py"
 

@@ -38,8 +38,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from recurnmt.cli import entry_point
 from recurnmt.device import resolve_device
-from recurnmt.runs.artifacts import write_json
-from recurnmt.runs.benchmark import device_name
+from recurnmt.experiments.artifacts import write_json
+from recurnmt.experiments.benchmark import device_name
 
 PROG = "python scripts/sdpa_first_call.py"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

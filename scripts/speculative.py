@@ -39,10 +39,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from recurnmt.cli import entry_point
-from recurnmt.runs.artifacts import write_json
-from recurnmt.runs.commands import run_logged, train_command
-from recurnmt.runs.experiment import add_size_arguments, recipe_flags, run_flags, size_flags
-from recurnmt.runs.launch import cpu_train_command
+from recurnmt.experiments.artifacts import write_json
+from recurnmt.experiments.commands import run_logged, train_command
+from recurnmt.experiments.experiment import add_size_arguments, recipe_flags, run_flags, size_flags
+from recurnmt.experiments.launch import cpu_train_command
 
 ROOT = Path(__file__).resolve().parent.parent
 PROG = "python scripts/speculative.py"
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.step == "train":
         train(args)
         return 0
-    from recurnmt.runs.speculation import measure  # torch and fairseq: not for training
+    from recurnmt.experiments.speculation import measure  # torch and fairseq: not for training
 
     measure(args, MODELS)
     return 0

@@ -35,11 +35,11 @@ from typing import Any
 
 from data_prep.embedded import data_dir
 from recurnmt.cli import UserError, entry_point
+from recurnmt.experiments.artifacts import write_json
+from recurnmt.experiments.commands import train_command
+from recurnmt.experiments.experiment import recipe_flags, size_flags
+from recurnmt.experiments.fairseq_log import log_records
 from recurnmt.nmt.quiet import quiet_env
-from recurnmt.runs.artifacts import write_json
-from recurnmt.runs.commands import train_command
-from recurnmt.runs.experiment import recipe_flags, size_flags
-from recurnmt.runs.fairseq_log import log_records
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -1,4 +1,4 @@
-"""recurnmt.runs.artifacts: committed documents hold no absolute path of the machine that made
+"""recurnmt.experiments.artifacts: committed documents hold no absolute path of the machine that made
 them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recurnmt.runs.artifacts import portable, write_json
+from recurnmt.experiments.artifacts import portable, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,4 +40,6 @@ def test_write_json_writes_the_portable_document(tmp_path):
 )
 def test_committed_documents_hold_no_absolute_path(path):
     doc = json.loads((ROOT / path).read_text(encoding="utf-8"))
-    assert portable(doc) == doc, f"{path}: absolute paths (rewrite with recurnmt.runs.artifacts)"
+    assert portable(doc) == doc, (
+        f"{path}: absolute paths (rewrite with recurnmt.experiments.artifacts)"
+    )

@@ -1,4 +1,4 @@
-"""recurnmt.runs.benchmark: the table and worker plumbing of the benchmark scripts."""
+"""recurnmt.experiments.benchmark: the table and worker plumbing of the benchmark scripts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recurnmt.runs.benchmark import (
+from recurnmt.experiments.benchmark import (
     Column,
     WorkerError,
     forward_flags,
@@ -44,7 +44,7 @@ def test_workers_run_in_their_own_processes(tmp_path: Path):
         textwrap.dedent(
             """
             import os, sys
-            from recurnmt.runs.benchmark import emit
+            from recurnmt.experiments.benchmark import emit
             name = sys.argv[2]
             if name == "bad":
                 sys.exit("no such model")
@@ -66,7 +66,7 @@ TURN_WORKER = """
 import os, sys, time
 from pathlib import Path
 import torch
-from recurnmt.runs.benchmark import Turns, emit, fastest_round
+from recurnmt.experiments.benchmark import Turns, emit, fastest_round
 turns = Turns()
 name, log = sys.argv[2], Path(sys.argv[3])
 Path(log.parent / f"{name}.pid").write_text(str(os.getpid()))
@@ -139,7 +139,7 @@ def test_device_auto_resolves_and_cuda_is_refused_where_absent(monkeypatch):
 def test_fp16_is_refused_on_the_cpu_and_bf16_autocasts():
     import torch
 
-    from recurnmt.runs.benchmark import MixedPrecision
+    from recurnmt.experiments.benchmark import MixedPrecision
 
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="--dtype fp16 needs CUDA"):
@@ -155,7 +155,7 @@ def test_fp16_is_refused_on_the_cpu_and_bf16_autocasts():
 def test_storage_bytes_counts_a_shared_buffer_once():
     import torch
 
-    from recurnmt.runs.benchmark import storage_bytes
+    from recurnmt.experiments.benchmark import storage_bytes
 
     class Holder:
         def __init__(self, t):
@@ -182,7 +182,7 @@ def test_timing_rounds_must_be_positive(capsys, flag):
 def test_training_flops_counts_linear_layers_and_cpu_flash_attention():
     import torch
 
-    from recurnmt.runs.benchmark import training_flops
+    from recurnmt.experiments.benchmark import training_flops
 
     torch.manual_seed(0)
     n, c = 6, 8
@@ -206,7 +206,7 @@ def test_training_flops_counts_linear_layers_and_cpu_flash_attention():
 def test_generation_batches_are_padded_as_fairseq_pads_a_batch(left_pad):
     import torch
 
-    from recurnmt.runs.benchmark import generation_batches
+    from recurnmt.experiments.benchmark import generation_batches
 
     pad = 1
     lengths = torch.tensor([5, 2, 3, 1, 4])
@@ -235,7 +235,7 @@ def test_generation_decodes_a_typical_batch_of_the_test_set(data):  # noqa: F811
     not the longest; all of them, sorted, where more are asked than the test set holds."""
     import torch
 
-    from recurnmt.runs.benchmark import load_generation_batches, translation_task
+    from recurnmt.experiments.benchmark import load_generation_batches, translation_task
 
     task = translation_task(data, "test")
     sizes = sorted(int(n) for n in task.dataset("test").src_sizes)

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
+from recurnmt.experiments.activation_memory import saved_for_backward_bytes
 from recurnmt.nmt.architectures import FAMILIES
 from recurnmt.nmt.build import build_model
-from recurnmt.runs.activation_memory import saved_for_backward_bytes
 from recurnmt.vision import list_models
-from recurnmt.vision.runs.losses import ClassificationLoss
+from recurnmt.vision.training.losses import ClassificationLoss
 from tests.nmt_helpers import DICT, batch, train_signals
 from tests.test_vision_models import build_small
 

@@ -187,7 +187,7 @@ def test_train_generate_interactive_and_resume(data, tmp_path, device):
     out = generate(data, tmp_path / "a" / "checkpoint_last.pt", "--print-alignment", device=on)
     assert len(re.findall(r"^A-\d+\t", out, flags=re.M)) == SIZES["test"]
     assert re.search(r"Generate test with beam=3: BLEU = [\d.]+", out)
-    from recurnmt.runs.scoring import corpus_bleu, read_hypotheses
+    from recurnmt.experiments.scoring import corpus_bleu, read_hypotheses
 
     hyps = read_hypotheses(out.splitlines())
     refs = (data / "test.raw.en").read_text(encoding="utf-8").splitlines()

@@ -75,7 +75,7 @@ def test_exit_status_of_main_and_user_errors_with_detail(capsys, monkeypatch):
 
 def test_vision_train_names_an_unknown_model(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "recurnmt.vision.runs.train", "--model", "vit_xl"]
+        [sys.executable, "-m", "recurnmt.vision.training.train", "--model", "vit_xl"]
         + ["--output", str(tmp_path / "run")],
         cwd=REPO,
         capture_output=True,
@@ -84,7 +84,9 @@ def test_vision_train_names_an_unknown_model(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith("python -m recurnmt.vision.runs.train: error: unknown vision model")
+    assert lines[0].startswith(
+        "python -m recurnmt.vision.training.train: error: unknown vision model"
+    )
 
 
 @pytest.mark.parametrize(
@@ -97,7 +99,7 @@ def test_vision_train_names_an_unknown_model(tmp_path):
 )
 def test_a_vision_command_s_former_name_runs_it_and_says_so(tmp_path, name, argv, named):
     """``python -m recurnmt.vision.NAME``, the name before the trainer moved, runs
-    ``recurnmt.vision.runs.NAME`` with the same options, saying so once."""
+    ``recurnmt.vision.training.NAME`` with the same options, saying so once."""
     result = subprocess.run(
         [sys.executable, "-m", f"recurnmt.vision.{name}", *argv],
         cwd=tmp_path,
@@ -108,7 +110,9 @@ def test_a_vision_command_s_former_name_runs_it_and_says_so(tmp_path, name, argv
     assert result.returncode == 2
     notice, error = result.stderr.strip().splitlines()
     assert notice == (
-        f"python -m recurnmt.vision.{name} is now python -m recurnmt.vision.runs.{name} "
+        f"python -m recurnmt.vision.{name} is now python -m recurnmt.vision.training.{name} "
         "(the same options)"
     )
-    assert error.startswith(f"python -m recurnmt.vision.runs.{name}: error: ") and named in error
+    assert (
+        error.startswith(f"python -m recurnmt.vision.training.{name}: error: ") and named in error
+    )

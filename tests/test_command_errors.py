@@ -152,22 +152,22 @@ BAD_INPUTS: dict[str, BadInput] = {
     "python -m recurnmt.analysis.plot_lrc": _missing("train.log"),
     "python -m recurnmt.analysis.cka": _cka,
     "python -m recurnmt.analysis.attention_distance": _attention_distance,
-    "python -m recurnmt.vision.runs.train": _vision_train,
-    "python -m recurnmt.vision.runs.evaluate": _missing("best.pt"),
-    "python -m recurnmt.vision.runs.budget": _missing("dvt.pt"),
+    "python -m recurnmt.vision.training.train": _vision_train,
+    "python -m recurnmt.vision.training.evaluate": _missing("best.pt"),
+    "python -m recurnmt.vision.training.budget": _missing("dvt.pt"),
     "python -m recurnmt.vision.train": _vision_train,  # the former names
     "python -m recurnmt.vision.evaluate": _missing("best.pt"),
     "python -m recurnmt.vision.budget": _missing("dvt.pt"),
-    "python -m recurnmt.runs.scoring": _nmt_evaluate,
-    "python -m recurnmt.runs.evaluate": _nmt_evaluate,  # its former name
-    "python -m recurnmt.runs.averaging": lambda tmp: (
+    "python -m recurnmt.experiments.scoring": _nmt_evaluate,
+    "python -m recurnmt.experiments.evaluate": _nmt_evaluate,  # its former name
+    "python -m recurnmt.experiments.averaging": lambda tmp: (
         ["--inputs", str(tmp / "c1.pt"), "--output", str(tmp / "avg.pt")],
         "c1.pt",
     ),
-    "python -m recurnmt.runs.evaluation": _evaluation,
-    "python -m recurnmt.runs.results": _results,
-    "python -m recurnmt.runs.recipe": _recipe,
-    "python -m recurnmt.runs.launch": _launch,
+    "python -m recurnmt.experiments.evaluation": _evaluation,
+    "python -m recurnmt.experiments.results": _results,
+    "python -m recurnmt.experiments.recipe": _recipe,
+    "python -m recurnmt.experiments.launch": _launch,
     "python -m recurnmt.export": lambda tmp: (
         [str(tmp / "bad_input.py"), str(tmp / "out")],  # an empty file, no checkpoint
         "bad_input.py is not a fairseq checkpoint",

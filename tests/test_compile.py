@@ -83,7 +83,7 @@ def test_vision_compiled_training_equals_eager():
 
 
 def test_vision_trainer_refuses_an_unknown_backend(tmp_path):
-    from recurnmt.vision.runs import train as train_cli
+    from recurnmt.vision.training import train as train_cli
 
     with pytest.raises(ConfigError, match=r"--compile='no_such_backend'"):
         train_cli.main(["--output", str(tmp_path), "--compile", "no_such_backend"])

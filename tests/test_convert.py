@@ -305,7 +305,7 @@ def test_every_loader_reads_a_checkpoint_after_a_safe_globals_context(tmp_path):
     from fairseq import checkpoint_utils
 
     from recurnmt import export
-    from recurnmt.runs import averaging
+    from recurnmt.experiments import averaging
 
     path = tmp_path / "src.pt"
     save_source(path, "transformer")

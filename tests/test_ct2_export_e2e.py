@@ -35,7 +35,7 @@ MAX_LEN = 20  # generate()'s --max-len-b (and --max-len-a 0): CTranslate2's max_
 
 
 def _sources(data) -> dict[int, list[str]]:
-    from recurnmt.runs.benchmark import translation_task
+    from recurnmt.experiments.benchmark import translation_task
 
     task = translation_task(data, "test")
     dataset, vocab = task.dataset("test"), task.source_dictionary

@@ -187,7 +187,7 @@ def test_cli_reports_errors_in_one_line(tmp_path):
 
 
 def test_vision_training_reads_the_prepared_folder(tmp_path):
-    from recurnmt.vision.runs import train as train_cli
+    from recurnmt.vision.training import train as train_cli
 
     prepare(write_fixture(tmp_path / "src"), tmp_path / "imagenet")
     run = tmp_path / "run"

@@ -70,8 +70,16 @@ def test_compare_splits_the_update_over_processes_and_decays_linearly_on_request
 
 
 def test_training_on_cpu_processes_goes_through_the_launcher():
-    from recurnmt.runs.launch import cpu_train_command
+    from recurnmt.experiments.launch import cpu_train_command
 
     assert cpu_train_command(1)[-1] == "--cpu" and "fairseq" in cpu_train_command(1)[0]
     many = cpu_train_command(2)
-    assert many[1:] == ["-m", "recurnmt.runs.launch", "--nproc", "2", "--device", "cpu", "--"]
+    assert many[1:] == [
+        "-m",
+        "recurnmt.experiments.launch",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--",
+    ]

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import recurnmt.nmt.checkpoint_safety  # noqa: F401  (fairseq checkpoints load weights-only)
-from recurnmt.runs.commands import fairseq_tool, user_dir
-from recurnmt.runs.launch import free_port
+from recurnmt.experiments.commands import fairseq_tool, user_dir
+from recurnmt.experiments.launch import free_port
 from tests import nmt_fixtures
 
 pytestmark = [pytest.mark.dist, pytest.mark.e2e]
@@ -148,7 +148,15 @@ def test_two_processes_match_one_process_on_the_combined_batch(
     data, tmp_path, reference, launcher, two_devices
 ):
     save = tmp_path / "dist"
-    cmd = [sys.executable, "-m", "recurnmt.runs.launch", "--nproc", "2", "--device", two_devices]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recurnmt.experiments.launch",
+        "--nproc",
+        "2",
+        "--device",
+        two_devices,
+    ]
     cmd += ["--launcher", launcher, "--", *one_update(data, save)]
     proc = run(cmd)
     log = proc.stdout + proc.stderr
@@ -178,7 +186,16 @@ def test_two_processes_resume_from_their_checkpoint(data, tmp_path):
     fairseq's default, rank 0 reading it and sending the state to the others, fails in their
     weights-only torch.load (the omegaconf configuration in it)."""
     save = tmp_path / "dist"
-    cmd = [sys.executable, "-m", "recurnmt.runs.launch", "--nproc", "2", "--device", "cpu", "--"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recurnmt.experiments.launch",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--",
+    ]
     first = run([*cmd, *one_update(data, save)])
     assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
     second = run([*cmd, *one_update(data, save), "--max-update", "2"])

@@ -140,7 +140,7 @@ def shown() -> dict[tuple[str, str], list[str]]:
             prog = program(command)
             if prog is None:
                 continue
-            for name in _braces(prog[1]):  # python -m recurnmt.runs.{recipe,launch}
+            for name in _braces(prog[1]):  # python -m recurnmt.experiments.{recipe,launch}
                 out.setdefault((prog[0], name), []).append(f"{path.relative_to(REPO)}: {command}")
     return out
 
@@ -172,26 +172,26 @@ def test_no_command_carries_a_path_of_the_machine_that_wrote_it():
 def test_the_extraction_sees_blocks_spans_and_continuations(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(
-        "Run `python -m recurnmt.vision.runs.train --help` or `make test`; not `x = 1`.\n"
+        "Run `python -m recurnmt.vision.training.train --help` or `make test`; not `x = 1`.\n"
         "```bash\nCUDA_VISIBLE_DEVICES=0 .venv/bin/python scripts/demo_nmt.py \\\n  --quick\n"
-        "torchrun --nproc_per_node 2 -m recurnmt.vision.runs.train --output r  # two\n```\n"
+        "torchrun --nproc_per_node 2 -m recurnmt.vision.training.train --output r  # two\n```\n"
     )
     assert commands(page) == [
         "CUDA_VISIBLE_DEVICES=0 .venv/bin/python scripts/demo_nmt.py --quick",
-        "torchrun --nproc_per_node 2 -m recurnmt.vision.runs.train --output r",
-        "python -m recurnmt.vision.runs.train --help",
+        "torchrun --nproc_per_node 2 -m recurnmt.vision.training.train --output r",
+        "python -m recurnmt.vision.training.train --help",
         "make test",
     ]
     assert [program(c) for c in commands(page)] == [
         ("script", "scripts/demo_nmt.py"),
-        ("module", "recurnmt.vision.runs.train"),
-        ("module", "recurnmt.vision.runs.train"),
+        ("module", "recurnmt.vision.training.train"),
+        ("module", "recurnmt.vision.training.train"),
         ("make", "test"),
     ]
     assert not _exists("module", "recurnmt.nmt.launch")
-    assert _braces("recurnmt.runs.{recipe,launch}") == [
-        "recurnmt.runs.recipe",
-        "recurnmt.runs.launch",
+    assert _braces("recurnmt.experiments.{recipe,launch}") == [
+        "recurnmt.experiments.recipe",
+        "recurnmt.experiments.launch",
     ]
 
 

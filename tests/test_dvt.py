@@ -20,14 +20,14 @@ from recurnmt.vision.layers.reuse import (
     upsample_tokens,
 )
 from recurnmt.vision.models.dvt import DVTCascade
-from recurnmt.vision.runs.budget import (
+from recurnmt.vision.training.budget import (
     budget_table,
     candidate_thresholds,
     exit_costs,
     simulate,
     solve_thresholds,
 )
-from recurnmt.vision.runs.exits import ExitLogits
+from recurnmt.vision.training.exits import ExitLogits
 
 SMALL = dict(embed_dim=32, ffn_dim=64, num_heads=2, img_size=32, patch_size=8, num_classes=5)
 
@@ -305,8 +305,8 @@ def test_exit_costs_grow_and_count_the_reuse_modules():
 
 @pytest.mark.e2e
 def test_train_and_budget_cli(tmp_path, capsys):
-    from recurnmt.vision.runs import budget as budget_cli
-    from recurnmt.vision.runs import train as train_cli
+    from recurnmt.vision.training import budget as budget_cli
+    from recurnmt.vision.training import train as train_cli
 
     out = tmp_path / "dvt"
     flags = ["--model", "dvt_vit_mini_patch2", "--epochs", "1", "--limit-train", "64"]

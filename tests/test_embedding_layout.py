@@ -8,10 +8,10 @@ import pytest
 import torch
 from fairseq import tasks
 
+from recurnmt.experiments.recipe import load_recipe, validate
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.build import toy_dictionary
 from recurnmt.parameters import parameter_report
-from recurnmt.runs.recipe import load_recipe, validate
 from tests.nmt_helpers import build
 
 # the BiBERT vocabulary (Xu et al. 2021): 52,000 word pieces; data_prep's fairseq dictionary
@@ -109,7 +109,7 @@ def test_separate_dictionaries_are_refused():
 
 
 def test_bibert_recipes_decode_word_pieces(tmp_path):
-    from recurnmt.runs.recipe import generate_flags
+    from recurnmt.experiments.recipe import generate_flags
 
     flags = generate_flags(load_recipe("ringformer_wmt14_bibert_base", base_dir=tmp_path))
     assert flags[flags.index("--bpe") + 1] == "bert" and "--post-process" not in flags

@@ -16,10 +16,10 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.scoring import bleu as fairseq_bleu
 
-from recurnmt.runs import scoring
-from recurnmt.runs.evaluation import EvalSettings, evaluation_steps
-from recurnmt.runs.presets import PRESETS
-from recurnmt.runs.scoring import (
+from recurnmt.experiments import scoring
+from recurnmt.experiments.evaluation import EvalSettings, evaluation_steps
+from recurnmt.experiments.presets import PRESETS
+from recurnmt.experiments.scoring import (
     compound_split,
     read_hypotheses,
     read_targets,
@@ -180,7 +180,7 @@ def test_truncated_output_is_reported(tmp_path, capsys):
     with pytest.raises(ValueError, match="fairseq-generate output"):
         scoring.main([str(gen), "--reference", str(ref)])
     assert scoring.cli([str(gen), "--reference", str(ref)]) == 2
-    assert capsys.readouterr().err.startswith("python -m recurnmt.runs.scoring: error: ")
+    assert capsys.readouterr().err.startswith("python -m recurnmt.experiments.scoring: error: ")
 
 
 # --- the evaluation commands of each dataset ---------------------------------------------------
@@ -203,7 +203,7 @@ def test_wmt14_evaluation_averages_beams_4_and_splits_compounds(tmp_path):
         PRESETS["wmt14"], data, tmp_path / "ck", tmp_path / "run", EvalSettings(), meta={"a": 1}
     )
     average, generate, scoring = (list(s.argv) for s in steps)
-    assert "recurnmt.runs.averaging" in average and _flag(average, "--last") == "5"
+    assert "recurnmt.experiments.averaging" in average and _flag(average, "--last") == "5"
     assert _flag(average, "--by") == "update"
     assert _flag(generate, "--path") == _flag(average, "--output")
     assert (_flag(generate, "--beam"), _flag(generate, "--lenpen")) == ("4", "0.6")
@@ -257,8 +257,8 @@ def test_model_report_of_a_saved_model(tmp_path):
 
 
 def test_the_former_command_name_still_scores(tmp_path):
-    """``python -m recurnmt.runs.evaluate`` (the scoring command's name before) runs
-    ``recurnmt.runs.scoring`` and says so."""
+    """``python -m recurnmt.experiments.evaluate`` (the scoring command's name before) runs
+    ``recurnmt.experiments.scoring`` and says so."""
     import subprocess
     import sys
 
@@ -267,7 +267,7 @@ def test_the_former_command_name_still_scores(tmp_path):
     ref = tmp_path / "ref.txt"
     ref.write_text("the cat\n", encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, "-m", "recurnmt.runs.evaluate", str(gen), "--reference", str(ref)],
+        [sys.executable, "-m", "recurnmt.experiments.evaluate", str(gen), "--reference", str(ref)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    assert "recurnmt.runs.scoring" in done.stderr and "BLEU" in done.stdout
+    assert "recurnmt.experiments.scoring" in done.stderr and "BLEU" in done.stdout

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from recurnmt.runs import averaging
-from recurnmt.runs.averaging import average_checkpoints, last_checkpoints
+from recurnmt.experiments import averaging
+from recurnmt.experiments.averaging import average_checkpoints, last_checkpoints
 
 
 def fake_checkpoint(path: Path, seed: int) -> dict:

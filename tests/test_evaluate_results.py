@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from recurnmt.runs import results
-from recurnmt.runs.results import load_results, markdown_table, split_arch
+from recurnmt.experiments import results
+from recurnmt.experiments.results import load_results, markdown_table, split_arch
 
 SIG = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
 
@@ -83,8 +83,8 @@ def test_command_line_writes_markdown_and_png(tmp_path, capsys):
 def test_every_family_is_in_the_tables_and_benchmarks_order():
     """The results table, the NMT benchmark and the decoding profiler take their families from
     family_order(): fairseq's transformer, then recurnmt.modules.FAMILIES in their order."""
+    from recurnmt.experiments.results import family_order
     from recurnmt.modules import FAMILIES
-    from recurnmt.runs.results import family_order
 
     assert family_order() == ("transformer", *FAMILIES)
 
@@ -96,9 +96,9 @@ def test_a_new_family_reaches_the_tools_from_its_entry_alone(monkeypatch, tmp_pa
     import importlib.util
     from types import SimpleNamespace
 
+    from recurnmt.experiments import results
+    from recurnmt.experiments.experiment import size_flags
     from recurnmt.modules import FAMILIES, Family
-    from recurnmt.runs import results
-    from recurnmt.runs.experiment import size_flags
 
     new = Family({"num_unique": 2, "num_levels": 6, "sharing": "sequence"}, title="Loop Three")
     monkeypatch.setitem(FAMILIES, "loop_three", new)

@@ -1,12 +1,12 @@
-"""recurnmt.runs.fairseq_log: one reader for fairseq's json, simple and tqdm log lines;
-recurnmt.runs.commands: the one spelling of fairseq-train / fairseq-generate command lines."""
+"""recurnmt.experiments.fairseq_log: one reader for fairseq's json, simple and tqdm log lines;
+recurnmt.experiments.commands: the one spelling of fairseq-train / fairseq-generate command lines."""
 
 from __future__ import annotations
 
 import json
 
-from recurnmt.runs import fairseq_log
-from recurnmt.runs.commands import generate_command, train_command, user_dir
+from recurnmt.experiments import fairseq_log
+from recurnmt.experiments.commands import generate_command, train_command, user_dir
 
 STAMP = "2026-11-23 17:00:00 | INFO"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from fairseq import options
 
-from recurnmt.runs.experiment import decoding_flags
+from recurnmt.experiments.experiment import decoding_flags
 from tests.script_modules import load_script
 
 

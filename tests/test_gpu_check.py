@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from recurnmt.cli import UserError, entry_point
-from recurnmt.runs.timed import Budget
+from recurnmt.experiments.timed import Budget
 from scripts.gpu_check import __main__ as gpu_check
 from scripts.gpu_check import environment as gpu_env
 from scripts.gpu_check import report as gpu_report
@@ -37,7 +37,7 @@ def worker_opts(flags: str, **extra) -> argparse.Namespace:
 
 
 def document(opts: argparse.Namespace, results: list[dict]) -> dict:
-    """What ``--json`` writes (see recurnmt.runs.benchmark.write_json)."""
+    """What ``--json`` writes (see recurnmt.experiments.benchmark.write_json)."""
     settings = {k: str(v) for k, v in vars(opts).items()}
     return {"device": "cpu", "dtype": opts.dtype, "settings": settings, "results": results}
 

@@ -149,7 +149,7 @@ def test_no_import_cycles(package):
 
 
 def test_running_experiments_sits_above_the_models():
-    """recurnmt.runs runs the models and reads what they wrote: the model packages never import
+    """recurnmt.experiments runs the models and reads what they wrote: the model packages never import
     it, and it imports no analysis tool (which may read its logs)."""
     graph = import_graph("recurnmt")
     below = ("recurnmt.modules", "recurnmt.nmt", "recurnmt.vision", "recurnmt.hf")
@@ -157,31 +157,31 @@ def test_running_experiments_sits_above_the_models():
         f"{name} -> {target}"
         for name, targets in graph.items()
         for target in targets
-        if (name.startswith(below) and target.startswith("recurnmt.runs"))
-        or (name.startswith("recurnmt.runs") and target.startswith("recurnmt.analysis"))
+        if (name.startswith(below) and target.startswith("recurnmt.experiments"))
+        or (name.startswith("recurnmt.experiments") and target.startswith("recurnmt.analysis"))
     ]
     assert not upward, upward
-    runs = [t for n, ts in graph.items() if n.startswith("recurnmt.runs") for t in ts]
+    runs = [t for n, ts in graph.items() if n.startswith("recurnmt.experiments") for t in ts]
     assert any(t.startswith("recurnmt.nmt") for t in runs)  # the check sees its imports
 
 
-# the image commands' former names: thin aliases that run recurnmt.vision.runs's commands
+# the image commands' former names: thin aliases that run recurnmt.vision.training's commands
 VISION_ALIASES = {f"recurnmt.vision.{name}" for name in ("train", "evaluate", "budget")}
 
 
 def test_the_image_trainer_sits_above_the_image_models():
-    """recurnmt.vision.runs trains and measures the image models: no model part, registry,
+    """recurnmt.vision.training trains and measures the image models: no model part, registry,
     converter or other package imports it (the commands' former names excepted)."""
     graph = import_graph("recurnmt")
     upward = [
         f"{name} -> {target}"
         for name, targets in graph.items()
         for target in targets
-        if target.startswith("recurnmt.vision.runs")
-        and not name.startswith("recurnmt.vision.runs")
+        if target.startswith("recurnmt.vision.training")
+        and not name.startswith("recurnmt.vision.training")
         and name not in VISION_ALIASES
     ]
     assert not upward, upward
-    runs = [t for n, ts in graph.items() if n.startswith("recurnmt.vision.runs") for t in ts]
+    runs = [t for n, ts in graph.items() if n.startswith("recurnmt.vision.training") for t in ts]
     assert any(t.startswith("recurnmt.vision.models") for t in runs)  # the check sees its imports
-    assert graph["recurnmt.vision.train"] == {"recurnmt.vision.runs.train"}  # and the aliases'
+    assert graph["recurnmt.vision.train"] == {"recurnmt.vision.training.train"}  # and the aliases'

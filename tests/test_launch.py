@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import pytest
 
-from recurnmt.modules import ConfigError
-from recurnmt.nmt.build import arch_train_args
-from recurnmt.nmt.distributed_checks import check_distributed, distributed_problems
-from recurnmt.runs import launch
-from recurnmt.runs.commands import user_dir
-from recurnmt.runs.launch import (
+from recurnmt.experiments import launch
+from recurnmt.experiments.commands import user_dir
+from recurnmt.experiments.launch import (
     LaunchPlan,
     device_flags,
     rank_commands,
     torchrun_command,
     worker_argv,
 )
+from recurnmt.modules import ConfigError
+from recurnmt.nmt.build import arch_train_args
+from recurnmt.nmt.distributed_checks import check_distributed, distributed_problems
 from tests.nmt_helpers import build
 
 LS = ["--criterion", "label_smoothed_cross_entropy"]
@@ -207,7 +207,7 @@ def test_torchrun_command_and_worker_flags():
     joined = " ".join(cmd)
     assert "--nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr h --master-port 5" in joined
     assert joined.endswith(
-        "-m recurnmt.runs.launch --torchrun-worker --device cpu -- DATA --arch x"
+        "-m recurnmt.experiments.launch --torchrun-worker --device cpu -- DATA --arch x"
     )
     env = {**TORCHRUN_FULL, "WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}
     argv = worker_argv(["DATA"], "cuda", env)

@@ -1,10 +1,10 @@
-"""recurnmt.runs.activation_memory: bytes saved for backward, the CPU benchmarks' memory figure."""
+"""recurnmt.experiments.activation_memory: bytes saved for backward, the CPU benchmarks' memory figure."""
 
 from __future__ import annotations
 
 import torch
 
-from recurnmt.runs.activation_memory import saved_for_backward_bytes
+from recurnmt.experiments.activation_memory import saved_for_backward_bytes
 
 
 def test_counts_each_saved_storage_once():

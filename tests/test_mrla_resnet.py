@@ -174,7 +174,7 @@ def test_timm_model_interface():
 
 
 def test_builds_as_the_training_command_asks():
-    """recurnmt.vision.runs.train passes the image size, classes and channels of its data."""
+    """recurnmt.vision.training.train passes the image size, classes and channels of its data."""
     model = small("mrla_light_resnet50", img_size=16, in_chans=1, num_classes=10)
     assert model.img_size == (16, 16)
     assert model(torch.randn(2, 1, 16, 16)).shape == (2, 10)

@@ -18,13 +18,13 @@ from fairseq import tasks
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 
+from recurnmt.experiments import recipe as recipes
+from recurnmt.experiments import results
+from recurnmt.experiments.launch import LaunchPlan
+from recurnmt.experiments.recipe import RecipeError, load_recipe, train_argv, validate
 from recurnmt.nmt.build import toy_dictionary
 from recurnmt.nmt.model import RecurrentTransformerModel
 from recurnmt.parameters import parameter_report
-from recurnmt.runs import recipe as recipes
-from recurnmt.runs import results
-from recurnmt.runs.launch import LaunchPlan
-from recurnmt.runs.recipe import RecipeError, load_recipe, train_argv, validate
 from tests import nmt_fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,7 +223,7 @@ def test_dry_run_prints_every_command(tmp_path, capsys):
     commands = [line for line in out.splitlines() if line.startswith("$ ")]
     assert len(commands) == 4  # torchrun, average, generate, score
     assert "--nproc-per-node 2" in commands[0] and "--arch transformer_wmt_en_de" in commands[0]
-    assert "recurnmt.runs.averaging" in commands[1] and "--beam 4" in commands[2]
+    assert "recurnmt.experiments.averaging" in commands[1] and "--beam 4" in commands[2]
 
 
 def test_cpu_multi_process_commands(tmp_path, capsys):
@@ -258,7 +258,7 @@ def test_ringformer_wmt14_recipe_runs_end_to_end(wmt14_de_en_bpe, tmp_path):
         "evaluate.average_last": 2,
         "generate.max_len_b": 20,
     }
-    cmd = [sys.executable, "-m", "recurnmt.runs.recipe", "run", "ringformer_wmt14"]
+    cmd = [sys.executable, "-m", "recurnmt.experiments.recipe", "run", "ringformer_wmt14"]
     cmd += ["--device", "cpu"]
     for key, value in overrides.items():
         cmd += ["--override", f"{key}={value}"]

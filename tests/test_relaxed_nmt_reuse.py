@@ -1,7 +1,7 @@
-"""``scripts/relaxed_nmt.py``'s plan (:mod:`recurnmt.runs.relaxed_study`) without training:
+"""``scripts/relaxed_nmt.py``'s plan (:mod:`recurnmt.experiments.relaxed_study`) without training:
 the order of the runs, the lr chosen on validation, reuse of finished runs while their
 settings hold, a deadline that leaves the rest pending, and verdicts computed from the
-numbers (:mod:`recurnmt.runs.relaxed_report`)."""
+numbers (:mod:`recurnmt.experiments.relaxed_report`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from recurnmt.runs import relaxed_report
-from recurnmt.runs.relaxed_study import Study
-from recurnmt.runs.study_plan import hypotheses
+from recurnmt.experiments import relaxed_report
+from recurnmt.experiments.relaxed_study import Study
+from recurnmt.experiments.study_plan import hypotheses
 from tests.script_modules import load_script
 
 # the BLEU each kind of run gets in the fake study: conversion wins at equal uptraining
@@ -173,8 +173,8 @@ def test_impossible_settings_are_refused_naming_the_option(tmp_path):
 
 
 def test_an_interrupted_run_goes_on_in_its_folder_and_keeps_its_logs(tmp_path, fake, monkeypatch):
-    from recurnmt.runs import relaxed_study
-    from recurnmt.runs.study_plan import Run, train_logs
+    from recurnmt.experiments import relaxed_study
+    from recurnmt.experiments.study_plan import Run, train_logs
 
     study = FakeStudy(_args(tmp_path))
     run = study.teacher_run()
@@ -207,7 +207,7 @@ def _recorded_study(tmp_path: Path, **changes):
     scripts/relaxed_nmt.py writes it, and its run directories then removed: a new checkout."""
     import shutil
 
-    from recurnmt.runs.artifacts import write_json
+    from recurnmt.experiments.artifacts import write_json
 
     record = tmp_path / "docs" / "relaxed_nmt.json"
     study = FakeStudy(_args(tmp_path, record=record, **changes))

@@ -13,8 +13,8 @@ import pytest
 from recurnmt.flags import CONVERSION_FLAGS, RUN_MODES, is_on
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.build import arch_train_args
-from recurnmt.vision.runs.arguments import parse_args as vision_args
-from recurnmt.vision.runs.setup import set_grad_checkpointing
+from recurnmt.vision.training.arguments import parse_args as vision_args
+from recurnmt.vision.training.setup import set_grad_checkpointing
 from tests.test_vision_models import build_small, stacks_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +110,7 @@ def test_elastic_depth_is_one_declaration_spelt_alike_everywhere():
     from recurnmt.export import elastic_depth
     from recurnmt.flags import levels_flag
     from recurnmt.hf.configuration import RecurnmtConfig
-    from recurnmt.vision.runs.evaluate import build_parser as vision_evaluator
+    from recurnmt.vision.training.evaluate import build_parser as vision_evaluator
 
     nmt = arch_train_args("ringformer_tiny", ["--encoder-levels", "3", "--decoder-levels", "2"])
     assert (nmt.encoder_levels, nmt.decoder_levels) == (3, 2)

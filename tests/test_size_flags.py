@@ -1,5 +1,5 @@
 """The size flags (``--embed-dim --ffn-dim --heads --levels --pre-ln``) are declared once, by
-``recurnmt.runs.experiment.add_size_arguments``, and every script takes them from there with
+``recurnmt.experiments.experiment.add_size_arguments``, and every script takes them from there with
 its own defaults (issue 41, item 2)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import re
 from pathlib import Path
 
-from recurnmt.runs.experiment import add_size_arguments
+from recurnmt.experiments.experiment import add_size_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 DECLARATION = re.compile(r"""add_argument\(\s*["']--(embed-dim|ffn-dim|heads|levels|pre-ln)["']""")

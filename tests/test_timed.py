@@ -1,4 +1,4 @@
-"""recurnmt.runs.timed: a command's output streamed as it comes, stopped with its children
+"""recurnmt.experiments.timed: a command's output streamed as it comes, stopped with its children
 at its time limit; a budget shared among the steps still to come."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from recurnmt.runs.timed import Budget, run_streamed
+from recurnmt.experiments.timed import Budget, run_streamed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def test_a_stopped_run_stops_its_command_and_the_commands_children(tmp_path, sig
     )
     outer = (  # Ctrl-C's own handler, whatever the test runner's process had set (ignored)
         "import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "from pathlib import Path\nfrom recurnmt.runs.timed import run_streamed\n"
+        "from pathlib import Path\nfrom recurnmt.experiments.timed import run_streamed\n"
         f"run_streamed([sys.executable, '-c', {inner!r}], Path({str(tmp_path / 'log')!r}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

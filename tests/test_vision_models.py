@@ -326,5 +326,5 @@ def test_timm_checkpoint_path_loads_our_weights(tmp_path):
 def test_vision_does_not_import_fairseq():
     import subprocess
 
-    code = "import sys, recurnmt.vision.runs.train; assert 'fairseq' not in sys.modules"
+    code = "import sys, recurnmt.vision.training.train; assert 'fairseq' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,7 +11,7 @@ import torch
 
 from recurnmt.parameters import count_parameters
 from recurnmt.vision import create_model
-from recurnmt.vision.runs.flops import count_macs
+from recurnmt.vision.training.flops import count_macs
 
 
 def params(name: str, **kwargs) -> int:

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from recurnmt.vision import create_model, list_models
-from recurnmt.vision.runs import train as train_cli
-from recurnmt.vision.runs.distributed import DistInfo
-from recurnmt.vision.runs.engine import Precision, train_one_epoch
-from recurnmt.vision.runs.losses import ClassificationLoss
+from recurnmt.vision.training import train as train_cli
+from recurnmt.vision.training.distributed import DistInfo
+from recurnmt.vision.training.engine import Precision, train_one_epoch
+from recurnmt.vision.training.losses import ClassificationLoss
 from tests.vision_fixtures import small_kwargs
 
 CPU = torch.device("cpu")

@@ -12,8 +12,8 @@ import pytest
 import timm
 import torch
 
-from recurnmt.vision.runs import train as train_cli
-from recurnmt.vision.runs.arguments import parse_args
+from recurnmt.vision.training import train as train_cli
+from recurnmt.vision.training.arguments import parse_args
 from tests.vision_fixtures import small_kwargs
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,18 +18,18 @@ import torch.nn.functional as F
 
 from recurnmt.modules import ConfigError
 from recurnmt.vision.checkpoint import load_checkpoint
-from recurnmt.vision.runs import evaluate as evaluate_cli
-from recurnmt.vision.runs import train as train_cli
-from recurnmt.vision.runs.arguments import parse_args
-from recurnmt.vision.runs.distributed import (
+from recurnmt.vision.training import evaluate as evaluate_cli
+from recurnmt.vision.training import train as train_cli
+from recurnmt.vision.training.arguments import parse_args
+from recurnmt.vision.training.distributed import (
     DistInfo,
     DistributedSetupError,
     check_batch_size,
     init_distributed,
     resolve_device,
 )
-from recurnmt.vision.runs.losses import ClassificationLoss, distillation_loss
-from recurnmt.vision.runs.setup import build_optimization
+from recurnmt.vision.training.losses import ClassificationLoss, distillation_loss
+from recurnmt.vision.training.setup import build_optimization
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = [
@@ -142,7 +142,11 @@ def test_zero_keeps_timm_groups_and_schedule_and_trains_like_timm(process_group_
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from recurnmt.vision import create_model
-    from recurnmt.vision.runs.zero import full_optimizer_state, load_optimizer_state, shard_sizes
+    from recurnmt.vision.training.zero import (
+        full_optimizer_state,
+        load_optimizer_state,
+        shard_sizes,
+    )
 
     args = parse_args(["--lr", "1e-2", "--warmup-lr", "1e-3", "--min-lr", "1e-4"])
     args.epochs, args.warmup_epochs = 2, 1
@@ -252,7 +256,7 @@ def test_a_setup_error_is_one_line_at_the_command_line(tmp_path, capsys, monkeyp
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err == (
-        "python -m recurnmt.vision.runs.train: error: --device 'tpu': expected auto, cpu or "
+        "python -m recurnmt.vision.training.train: error: --device 'tpu': expected auto, cpu or "
         "cuda[:N]\n"
     )
 
@@ -496,7 +500,7 @@ def torchrun(out: Path, device: str, *flags: str) -> tuple[list[dict], str]:
         "2",
         "--standalone",
         "-m",
-        "recurnmt.vision.runs.train",
+        "recurnmt.vision.training.train",
         "--output",
         str(out),
         *FAST,
@@ -577,7 +581,7 @@ def test_two_process_zero_trains_like_ddp_and_resumes(tmp_path, device):
 def test_shipped_configs_parse_and_build(config):
     from recurnmt.vision import create_model
     from recurnmt.vision.data import SPECS
-    from recurnmt.vision.runs.arguments import parse_args
+    from recurnmt.vision.training.arguments import parse_args
 
     args = parse_args(["--config", str(config)])
     spec = SPECS[args.data]

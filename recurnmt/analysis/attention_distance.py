@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="CKPT",
-        help="checkpoints of recurnmt.vision.runs.train, one panel each",
+        help="checkpoints of recurnmt.vision.training.train, one panel each",
     )
     p.add_argument(
         "--model",

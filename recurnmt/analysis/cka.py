@@ -286,7 +286,7 @@ def vision_cka(
     batch_size: int,
     device: torch.device,
 ) -> tuple[list[str], list[Tensor]]:
-    """CKA of vision checkpoints (``recurnmt.vision.runs.train``) against the first one.
+    """CKA of vision checkpoints (``recurnmt.vision.training.train``) against the first one.
 
     Returns:
         (the model names, one N_ref x N_model matrix per further checkpoint).
@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--vision",
         action="store_true",
-        help="vision checkpoints of recurnmt.vision.runs.train; --data names the data set",
+        help="vision checkpoints of recurnmt.vision.training.train; --data names the data set",
     )
     p.add_argument("--data-root", help="vision data folder (not needed for digits)")
     p.add_argument("--max-images", type=int, default=1000, help="vision: images to use")

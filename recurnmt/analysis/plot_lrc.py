@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from recurnmt.cli import entry_point
-from recurnmt.runs.fairseq_log import log_records
+from recurnmt.experiments.fairseq_log import log_records
 
 Series = dict[str, list[tuple[int, float]]]
 

@@ -6,7 +6,7 @@ training adds the shallow branch's loss to the deep one's. The branch is a mode 
 as their depth is (:meth:`~recurnmt.modules.stack.RecurrentStack.set_shallow`): no forward
 takes an argument for it. :func:`shallow_branch` switches every stack of a model for the
 passes inside it; the front ends use it (the translation criterion, the image trainer's
-:class:`~recurnmt.vision.runs.mixed_depth.MixedDepth`).
+:class:`~recurnmt.vision.training.mixed_depth.MixedDepth`).
 
 A model whose modules cannot run a shallow branch (a DVT cascade, which trains every exit
 instead) says why in a ``no_shallow_branch`` attribute; entering the mode then raises.

@@ -22,7 +22,7 @@ wrong combinations fail silently or with unrelated-looking errors (seen on fairs
 
 :func:`check_distributed` refuses all of these with a message that says what to do instead.
 Two callers, both above this module: :class:`recurnmt.nmt.model.RecurrentTransformerModel`
-when fairseq builds the model, and :mod:`recurnmt.runs.launch` before it starts any process.
+when fairseq builds the model, and :mod:`recurnmt.experiments.launch` before it starts any process.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _summable_logging(criterion: str | None) -> bool:
 def _launcher_hint(world: int) -> str:
     return (
         f"use `recurnmt-train-nmt --nproc {world} [--launcher torchrun] -- ARGS` "
-        "(python -m recurnmt.runs.launch), which passes the world size and the ranks"
+        "(python -m recurnmt.experiments.launch), which passes the world size and the ranks"
     )
 
 

@@ -5,8 +5,8 @@ Usage::
     from recurnmt.vision import create_model, list_models
     model = create_model("ringformer_vit_base_patch16_224", num_classes=100)
 
-Training and evaluation: ``python -m recurnmt.vision.runs.train`` and
-``python -m recurnmt.vision.runs.evaluate``. Importing this package also registers every model with
+Training and evaluation: ``python -m recurnmt.vision.training.train`` and
+``python -m recurnmt.vision.training.evaluate``. Importing this package also registers every model with
 timm (``timm.create_model("sret_t")``, see :mod:`recurnmt.vision.timm_registry`).
 """
 

@@ -4,7 +4,7 @@
 :func:`model_from_checkpoint` rebuilds the model it stores (registered name, keyword arguments,
 weights) for the commands that evaluate, convert, analyse or distil from one. A checkpoint of
 the training command holds more, what resumes its run exactly (optimiser, scheduler, scaler,
-epoch, arguments and every process's random streams: :mod:`recurnmt.vision.runs.state`); one of
+epoch, arguments and every process's random streams: :mod:`recurnmt.vision.training.state`); one of
 the converter holds the model alone.
 
 Everything stored is a tensor or a plain Python value, so checkpoints load with
@@ -38,7 +38,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def model_from_checkpoint(ckpt: dict[str, Any]) -> nn.Module:
-    """Rebuilds the model stored in a checkpoint (of ``recurnmt.vision.runs.train`` or the
+    """Rebuilds the model stored in a checkpoint (of ``recurnmt.vision.training.train`` or the
     converter) with its weights.
 
     Raises:

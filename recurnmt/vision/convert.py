@@ -1,7 +1,7 @@
 """``python -m recurnmt.vision.convert SRC OUT``: a trained ViT/DeiT as a relaxed recursive one
 (Relaxed Recursive Transformers, Bae et al. 2025).
 
-The source is a checkpoint of ``recurnmt.vision.runs.train`` holding a ViT-family model without
+The source is a checkpoint of ``recurnmt.vision.training.train`` holding a ViT-family model without
 sharing (or with sharing: its blocks are untied first), or the weights of a timm
 ``VisionTransformer`` (ViT/DeiT: a state dict in a ``.pth``/``.pt`` file, bare or under
 ``model``/``state_dict``, or a ``.safetensors`` file; widths, depth, patch and image size and
@@ -12,7 +12,7 @@ shared blocks start by ``--init`` and whose levels each get a LoRA and bias delt
 truncated SVD of (source layer - shared block) (:mod:`recurnmt.modules.relaxed_init`); patch
 and position embeddings, the class token, norms and the head are the source's. At
 ``--level-lora-rank full`` it computes the source's logits. ``python -m
-recurnmt.vision.runs.evaluate OUT`` evaluates it and ``python -m recurnmt.vision.runs.train
+recurnmt.vision.training.evaluate OUT`` evaluates it and ``python -m recurnmt.vision.training.train
 --finetune OUT`` fine-tunes it.
 """
 
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> Path:
         f"levels ({args.init} init, LoRA rank {rank}), {count_parameters(model):,} "
         f"parameters\nthe LoRAs keep {kept:.1%} of the energy of the levels' differences from "
         f"their blocks; max logit difference from the source {difference:.3g} on random "
-        f"images\nfine-tune with python -m recurnmt.vision.runs.train --finetune {args.out}"
+        f"images\nfine-tune with python -m recurnmt.vision.training.train --finetune {args.out}"
     )
     return args.out
 

@@ -16,7 +16,7 @@ models carry: input size, normalisation, evaluation crop and interpolation, so t
 defaults are DeiT's (Touvron et al. 2021, sec. 6 and Table 9: ImageNet mean and std, bicubic
 resizing, centre crop of 224/256 = 0.875); the input size is the registered one, or the one the
 model was built at. Training on another data set overwrites the normalisation
-(:mod:`recurnmt.vision.runs.setup`), so a checkpoint's model knows its own data.
+(:mod:`recurnmt.vision.training.setup`), so a checkpoint's model knows its own data.
 """
 
 from __future__ import annotations

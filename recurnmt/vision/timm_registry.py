@@ -102,7 +102,7 @@ def _timm_entry(name: str, target: str):
         if pretrained:
             raise ValueError(
                 f"recurnmt has no pretrained weights for {target}; train one with "
-                "python -m recurnmt.vision.runs.train and pass checkpoint_path="
+                "python -m recurnmt.vision.training.train and pass checkpoint_path="
             )
         if isinstance(pretrained_cfg, str):
             raise ValueError(f"{target} has no pretrained tag {pretrained_cfg!r}")

@@ -56,7 +56,7 @@ pipeline, the budget and the report anywhere.
 It runs before recurnmt is installed, with the machine's own Python: ``python -m
 scripts.gpu_check`` from the repository's root puts that root first on the import path, so
 the standard-library-only modules it shares with the package (``recurnmt.cli``,
-``recurnmt.runs.artifacts``, ``recurnmt.runs.timed``) import from the checkout.
+``recurnmt.experiments.artifacts``, ``recurnmt.experiments.timed``) import from the checkout.
 
 Its modules: ``environment.py`` (1. above), ``steps.py`` (2.), ``report.py`` (the report of
 3.), and ``__main__.py``, the command line that runs them in turn.

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from recurnmt.cli import UserError, entry_point  # standard library only
-from recurnmt.runs.timed import Budget  # standard library only
+from recurnmt.experiments.timed import Budget  # standard library only
 from scripts import gpu_check
 from scripts.gpu_check.environment import (
     REPORTED_PACKAGES,

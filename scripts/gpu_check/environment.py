@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from recurnmt.cli import UserError  # standard library only
-from recurnmt.runs.timed import run_streamed  # standard library only
+from recurnmt.experiments.timed import run_streamed  # standard library only
 from scripts.setup_env import normalize, pinned_requirements  # standard library only
 
 ROOT = Path(__file__).resolve().parents[2]

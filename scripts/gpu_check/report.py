@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from recurnmt.runs.artifacts import portable  # standard library only
-from recurnmt.runs.timed import Budget  # standard library only
+from recurnmt.experiments.artifacts import portable  # standard library only
+from recurnmt.experiments.timed import Budget  # standard library only
 
 if TYPE_CHECKING:
     from scripts.gpu_check.steps import Step

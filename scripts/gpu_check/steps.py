@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recurnmt.runs.timed import run_streamed  # standard library only
+from recurnmt.experiments.timed import run_streamed  # standard library only
 from scripts.gpu_check.environment import ROOT, child_env, probe
 
 if TYPE_CHECKING:

@@ -46,7 +46,7 @@ Parameters (``tests/test_vision_params.py``): MRLA-light adds 0.178M to ResNet-5
 Table 1: 25.7M) and 0.387M to ResNet-101 (44.94M, Table 1: 44.9M); MRLA-base adds 0.166M to
 ResNet-50 (25.72M, Table 1: 25.7M). Table 1 has no MRLA-base ResNet-101 (out of memory at the
 paper's batch size); ``mrla_base_resnet101`` is built the same way. Multiply-accumulates at
-224 x 224 (:func:`recurnmt.vision.runs.flops.count_macs`, which counts convolutions and matrix
+224 x 224 (:func:`recurnmt.vision.training.flops.count_macs`, which counts convolutions and matrix
 products only): ResNet-50 4.09G, + MRLA-light 4.14G (Table 1: 4.2B), + MRLA-base 4.15G
 (Table 1: 4.6B; with the released code's deep stem, below, 4.39G); ResNet-101 + MRLA-light
 7.88G (7.9B).
