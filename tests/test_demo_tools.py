@@ -74,12 +74,4 @@ def test_training_on_cpu_processes_goes_through_the_launcher():
 
     assert cpu_train_command(1)[-1] == "--cpu" and "fairseq" in cpu_train_command(1)[0]
     many = cpu_train_command(2)
-    assert many[1:] == [
-        "-m",
-        "recurnmt.experiments.launch",
-        "--nproc",
-        "2",
-        "--device",
-        "cpu",
-        "--",
-    ]
+    assert many[1:] == ["-m", "recurnmt.experiments.launch", *"--nproc 2 --device cpu --".split()]

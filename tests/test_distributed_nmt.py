@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.e2e]
 data = nmt_fixtures.data  # the shared fixture, found by pytest under this name
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+LAUNCH = [sys.executable, "-m", "recurnmt.experiments.launch"]  # the launcher, as a user runs it
 
 
 def one_update(data: Path, save_dir: Path, *extra: str) -> list[str]:
@@ -148,15 +149,7 @@ def test_two_processes_match_one_process_on_the_combined_batch(
     data, tmp_path, reference, launcher, two_devices
 ):
     save = tmp_path / "dist"
-    cmd = [
-        sys.executable,
-        "-m",
-        "recurnmt.experiments.launch",
-        "--nproc",
-        "2",
-        "--device",
-        two_devices,
-    ]
+    cmd = [*LAUNCH, "--nproc", "2", "--device", two_devices]
     cmd += ["--launcher", launcher, "--", *one_update(data, save)]
     proc = run(cmd)
     log = proc.stdout + proc.stderr
@@ -186,16 +179,7 @@ def test_two_processes_resume_from_their_checkpoint(data, tmp_path):
     fairseq's default, rank 0 reading it and sending the state to the others, fails in their
     weights-only torch.load (the omegaconf configuration in it)."""
     save = tmp_path / "dist"
-    cmd = [
-        sys.executable,
-        "-m",
-        "recurnmt.experiments.launch",
-        "--nproc",
-        "2",
-        "--device",
-        "cpu",
-        "--",
-    ]
+    cmd = [*LAUNCH, "--nproc", "2", "--device", "cpu", "--"]
     first = run([*cmd, *one_update(data, save)])
     assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
     second = run([*cmd, *one_update(data, save), "--max-update", "2"])
