@@ -1,19 +1,13 @@
 """The evaluation command's former name: ``python -m recurnmt.vision.evaluate`` runs
-``python -m recurnmt.vision.training.evaluate`` (:mod:`recurnmt.vision.training.evaluate`), saying
-so once."""
+``python -m recurnmt.vision.training.evaluate`` (:func:`recurnmt.cli.run_former_name`)."""
 
 from __future__ import annotations
-
-import sys
 
 from recurnmt.vision.training.evaluate import build_parser, cli, main
 
 __all__ = ["build_parser", "cli", "main"]
 
 if __name__ == "__main__":
-    print(
-        "python -m recurnmt.vision.evaluate is now python -m recurnmt.vision.training.evaluate "
-        "(the same options)",
-        file=sys.stderr,
-    )
-    sys.exit(cli())
+    from recurnmt.cli import run_former_name
+
+    run_former_name("recurnmt.vision.evaluate", "recurnmt.vision.training.evaluate")
