@@ -23,6 +23,7 @@ Run from the repository root::
     python scripts/relaxed_nmt.py --hours 2          # two hours of the study, then the page
     python scripts/relaxed_nmt.py --report           # the page from what has run
     python scripts/relaxed_nmt.py --hours 2 --teacher-free   # only runs without the teacher
+    python scripts/relaxed_nmt.py --hours 2 --recover-hypotheses  # and the bootstraps it lacks
 """
 
 from __future__ import annotations
@@ -97,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher-free", action="store_true",
                    help="without the teacher's checkpoint here (a new checkout), start only the "
                    "runs that do not need it (from scratch, T + K), not training it again")  # fmt: skip
+    p.add_argument("--recover-hypotheses", action="store_true",
+                   help="make again the finished runs whose paired bootstrap is missing because "
+                   "their hypotheses were not kept; kept only where the new run reproduces the "
+                   "recorded one")  # fmt: skip
     return p
 
 
@@ -151,7 +156,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args.doc.parent.mkdir(parents=True, exist_ok=True)
     png = args.doc.with_suffix(".png")
     plot(results, study, png)
-    shown = [a for a in argv if a not in ("--report", "--fresh", "--teacher-free")]
+    once = ("--report", "--fresh", "--teacher-free", "--recover-hypotheses")
+    shown = [a for a in argv if a not in once]
     hours = [i for i, a in enumerate(shown) if a == "--hours"]
     for i in reversed(hours):  # the page names the study, not how long one part ran
         del shown[i : i + 2]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -205,8 +206,6 @@ def test_an_interrupted_run_goes_on_in_its_folder_and_keeps_its_logs(tmp_path, f
 def _recorded_study(tmp_path: Path, **changes):
     """A finished fake study whose record (results, p-values, hypotheses) is written as
     scripts/relaxed_nmt.py writes it, and its run directories then removed: a new checkout."""
-    import shutil
-
     from recurnmt.experiments.artifacts import write_json
 
     record = tmp_path / "docs" / "relaxed_nmt.json"
@@ -322,3 +321,41 @@ def test_teacher_free_runs_what_does_not_need_the_teacher_and_leaves_the_rest(tm
     assert with_distill.needs_teacher(with_distill.scratch_run(1, "4", 2, 2))
     assert not study.needs_teacher(study.scratch_run(1, "4", 2, 2))
     assert not study.needs_teacher(study.teacher_run())
+
+
+def test_recover_hypotheses_makes_the_untested_runs_again_and_keeps_only_what_reproduces(
+    tmp_path, fake, capsys
+):
+    first, results = _recorded_study(tmp_path)
+    kept = first.record.hyps_dir
+    for tuned in (kept / "tune").rglob("*.gz"):  # fine-tunings finished before hypotheses were kept
+        tuned.unlink()
+    args = _args(tmp_path, record=first.args.record, recover_hypotheses=True)
+    study = FakeStudy(args)
+    found, pending = study.run()
+    # the fine-tunings the comparisons use (at the chosen lr; the T + K runs' are kept)
+    compared = {f"tune/m1-stepwise-r4/k{k}/lr0.001/s{s}" for k in (2, 4, 6) for s in (1, 2)}
+    assert pending == [] and set(study.ran) == compared  # no bootstrap in the record: all of them
+    assert all(r["reproduced"] for r in found if r["run"] in compared)
+    assert [{k: v for k, v in r.items() if k != "reproduced"} for r in found] == results
+    assert all((study.out / r["hyps"]).exists() for r in found if r["run"] in compared)
+    assert "equal to the recorded run: its hypotheses kept" in capsys.readouterr().out
+    again = FakeStudy(args)
+    assert again.run()[1] == [] and again.ran == []  # here now: nothing made again
+    BLEU["fine-tuned"] += 1  # a fine-tuning that does not reproduce its record
+    try:
+        shutil.rmtree(args.out)
+        other = FakeStudy(args)
+        found, _ = other.run()
+    finally:
+        BLEU["fine-tuned"] -= 1
+    assert set(other.ran) == compared
+    assert "is not the recorded run (bleu: 22.0 against 21.0)" in capsys.readouterr().out
+    tuned = [r for r in found if r["run"] in compared]
+    assert all(r["bleu"] == 21.0 and r["reproduced"] is False for r in tuned)  # the record stands
+    assert not any((other.out / r["hyps"]).exists() for r in tuned)
+    assert FakeStudy(args).run() and FakeStudy(args).ran == []  # not made again and again
+    late = FakeStudy(_args(tmp_path, record=first.args.record, recover_hypotheses=True))
+    shutil.rmtree(args.out)
+    found, pending = late.run(deadline=0.0)  # no time: the recorded results, nothing pending
+    assert late.ran == [] and pending == [] and len(found) == len(results)

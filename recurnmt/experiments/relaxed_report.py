@@ -125,6 +125,22 @@ def seed_pairs(row: dict[str, Any], study, refs: list[str]):
         yield seed, t, o, paired_bootstrap(study, t, o, refs)
 
 
+def untested(results: list[Result], study) -> set[str]:
+    """The runs of the comparisons whose paired bootstrap is not in the record (the ones
+    ``--recover-hypotheses`` makes again where their hypotheses are gone)."""
+    results = at_chosen_lr(points(results), study.chosen_lr())
+    return {
+        r["run"]
+        for row in comparisons(results, study)
+        for seed in row["seeds"]
+        for pair in [
+            [next(r for r in row[side] if r["seed"] == seed) for side in ("tuned", "other")]
+        ]
+        if bootstrap_key(*pair) not in study.record.pvalues
+        for r in pair
+    }
+
+
 def reliability(pairs: list[dict[str, Any]], study, refs: list[str]) -> str:
     """What the paired bootstrap says of a verdict's comparisons: how many differences it
     separates in every seed (p < 0.05), which it does not, how many it could not test."""
@@ -147,7 +163,9 @@ def reliability(pairs: list[dict[str, Any]], study, refs: list[str]) -> str:
 
 NOT_KEPT = (
     "*p* -: the hypotheses of a run finished before the study kept them "
-    "(`docs/relaxed_nmt_hyps/`, since 2026-11-29) are gone with its run directory."
+    "(`docs/relaxed_nmt_hyps/`, since 2026-11-29) are gone with its run directory; "
+    "`--recover-hypotheses` makes such runs again and keeps their hypotheses where the new run "
+    "reproduces the recorded one."
 )
 
 

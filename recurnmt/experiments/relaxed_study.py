@@ -61,7 +61,14 @@ from recurnmt.experiments.commands import (
 from recurnmt.experiments.experiment import decoding_flags, recipe_flags, run_flags, size_flags
 from recurnmt.experiments.fairseq_log import log_records
 from recurnmt.experiments.launch import cpu_train_command
-from recurnmt.experiments.study_plan import Record, Run, Runner, train_logs, write_result
+from recurnmt.experiments.study_plan import (
+    Record,
+    Run,
+    Runner,
+    hypotheses,
+    train_logs,
+    write_result,
+)
 
 TEACHER = "transformer"  # fairseq's own
 RELAXED = "relaxed_transformer"
@@ -119,6 +126,8 @@ class Study(Runner):
                 self.cells.append(cell)
         self.record = Record(getattr(args, "record", None))
         self.made: set[str] = set()  # the runs this study has run
+        self.again: dict[str, dict[str, Any]] = {}
+        self._untested: set[str] | None = None
 
     # -- settings and recipes ----------------------------------------------------------------
 
@@ -428,7 +437,7 @@ class Study(Runner):
     def chosen_lr(self) -> float | None:
         """The fine-tuning lr with the lowest validation perplexity at the smallest K on the first
         main cell (None: not all of the selection has run)."""
-        found = [self.finished(self.tune_run(self.main[0], self.selection_k, lr, 1))
+        found = [self.stored(self.tune_run(self.main[0], self.selection_k, lr, 1))
                  for lr in self.args.tune_lrs]  # fmt: skip
         if any(r is None for r in found):
             return None
@@ -514,6 +523,20 @@ class Study(Runner):
         if not getattr(self.args, "teacher_free", False) or not self.needs_teacher(run):
             return False
         return not self.teacher_best.exists()
+
+    def recovers(self, run: Run, result: dict[str, Any]) -> bool:
+        """``--recover-hypotheses``: a run of a comparison without its paired bootstrap whose
+        hypotheses are neither here nor in the record (it finished before the study kept
+        them) is made again, and its hypotheses are kept if it reproduces the record."""
+        if not getattr(self.args, "recover_hypotheses", False):
+            return False
+        if self._untested is None:
+            from recurnmt.experiments.relaxed_report import untested
+
+            self._untested = untested(list(self.record.results.values()), self)
+        gone = [h for h in hypotheses(result) if not (self.out / h).exists()
+                and not self.record.keeps(h)]  # fmt: skip
+        return run.name in self._untested and bool(gone) and result.get("reproduced") is None
 
 
 def distilled(teacher: Path, out: Path, args: argparse.Namespace) -> Path:

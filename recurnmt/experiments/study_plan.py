@@ -31,7 +31,7 @@ class Run:
 
 class Runner:
     """Runs a plan: a subclass gives ``args`` (``fresh``), ``out`` (the run directories),
-    ``record`` (:class:`Record`), ``made`` (a set) and :meth:`stages`."""
+    ``record`` (:class:`Record`), ``made`` (a set), ``again`` (a dict) and :meth:`stages`."""
 
     WAITS = "they wait for what this checkout lacks"  # why :meth:`waits` leaves runs
 
@@ -39,6 +39,7 @@ class Runner:
     out: Path
     record: Record
     made: set[str]
+    again: dict[str, dict[str, Any]]  # the recorded results of the runs made again
 
     def stages(self) -> list[Callable[[], list[Run]]]:
         raise NotImplementedError
@@ -47,7 +48,21 @@ class Runner:
         """Whether ``run`` is left for later (none is, unless a subclass says so)."""
         return False
 
+    def recovers(self, run: Run, result: dict[str, Any]) -> bool:
+        """Whether ``run``, finished with ``result``, is run again for what its record lacks
+        (none is, unless a subclass says so): :meth:`execute` then keeps the recorded result,
+        and what the new run made only if it reproduced every recorded number."""
+        return False
+
     def finished(self, run: Run) -> dict[str, Any] | None:
+        """:meth:`stored`, unless the run is to be made again (:meth:`recovers`)."""
+        result = self.stored(run)
+        if result is not None and run.name not in self.made and self.recovers(run, result):
+            self.again[run.name] = result
+            return None
+        return result
+
+    def stored(self, run: Run) -> dict[str, Any] | None:
         """The run's stored result if its settings are unchanged: from its directory, or, where
         that is gone, from the committed record (written back into the directory)."""
         if self.args.fresh and run.name not in self.made:  # --fresh: what this study made
@@ -74,9 +89,28 @@ class Runner:
         start = time.time()
         result = {"run": run.name, **run.body(run_dir), "settings": run.settings}
         result["seconds"] = round(time.time() - start, 1)
+        if run.name in self.again:
+            result = self.reproduced(self.again.pop(run.name), result)
         write_result(run_dir, result)
         self.made.add(run.name)
         return result
+
+    def reproduced(self, recorded: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+        """The recorded result of a run made again (:meth:`recovers`), whose hypotheses are
+        kept only where the new run reproduced every recorded number (the time excepted);
+        ``reproduced`` says which (a run that did not is not made again)."""
+        name, same = recorded["run"], json.loads(json.dumps(result))
+        differs = [k for k in recorded if k not in ("seconds", "settings") and
+                   k != "reproduced" and same.get(k) != json.loads(json.dumps(recorded[k]))]  # fmt: skip
+        if differs:
+            for hyps in hypotheses(result):
+                (self.out / hyps).unlink(missing_ok=True)
+            shown = "; ".join(f"{k}: {same.get(k)} against {recorded[k]}" for k in differs[:3])
+            print(f"[{name}] run again, it is not the recorded run ({shown}): its record "
+                  "stands, without its hypotheses", flush=True)  # fmt: skip
+        else:
+            print(f"[{name}] run again, equal to the recorded run: its hypotheses kept", flush=True)
+        return {**recorded, "reproduced": not differs, "settings": result["settings"]}
 
     def run(self, deadline: float | None = None) -> tuple[list[dict[str, Any]], list[str]]:
         """Runs the plan until it is done or ``deadline`` (``time.time()``) has passed.
@@ -92,7 +126,8 @@ class Runner:
             runs = stage()
             if pending:  # an earlier stage is unfinished: this one's finished runs are shown,
                 # none is started (a stage may need the earlier ones' results)
-                found = [(run, self.finished(run)) for run in runs]
+                found = [(run, self.finished(run) or self.again.pop(run.name, None))
+                         for run in runs]  # fmt: skip
                 results += [r for run, r in found if r is not None and run.name not in seen]
                 seen.update(run.name for run, r in found if r is not None)
                 unplanned = self.chosen_lr() is None  # its stages plan nothing yet
@@ -101,19 +136,24 @@ class Runner:
             todo = [r for r in runs if self.finished(r) is None]
             left = [r for r in todo if self.waits(r)]
             total = sum(r.updates for r in todo if r not in left)
+            again = sum(r.name in self.again for r in todo if r not in left)
             if todo:
                 print(f"[plan] {len(todo) - len(left)} of {len(runs)} runs to do ({total:,} "
-                      "updates)" + (f"; {len(left)} left: {self.WAITS}"
-                                    if left else ""))  # fmt: skip
+                      "updates)" + (f"; {again} of them again, for what the record lacks"
+                                    if again else "")
+                      + (f"; {len(left)} left: {self.WAITS}" if left else ""))  # fmt: skip
             for run in runs:
                 result = self.finished(run)
-                if result is None and run in left:
-                    skipped.append(run.name)
-                    continue
-                if result is None and (deadline is None or time.time() < deadline):
+                if result is None and run not in left and (deadline is None or
+                                                           time.time() < deadline):  # fmt: skip
                     print(f"[{run.name}] ... ({time.strftime('%H:%M')})", flush=True)
                     result = self.execute(run)
                     print(f"[{run.name}] {summary(result)}", flush=True)
+                if result is None and run.name in self.again:  # not made again now: as recorded
+                    result = self.again.pop(run.name)
+                if result is None and run in left:
+                    skipped.append(run.name)
+                    continue
                 if result is None:
                     pending.append(run.name)
                 elif run.name not in seen:  # a selection run is also a main-cell run
@@ -176,6 +216,11 @@ class Record:
 
     def kept(self, hyps: str) -> Path | None:
         return None if self.hyps_dir is None else self.hyps_dir / f"{hyps}.gz"
+
+    def keeps(self, hyps: str) -> bool:
+        """Whether the record keeps the hypotheses ``hyps``."""
+        kept = self.kept(hyps)
+        return kept is not None and kept.exists()
 
     def restore(self, name: str, settings: dict[str, Any], out: Path) -> dict[str, Any] | None:
         """The recorded result of run ``name`` if it ran with ``settings``, written back to
