@@ -14,7 +14,7 @@ import pytest
 
 from recurnmt.experiments import relaxed_report
 from recurnmt.experiments.relaxed_study import Study
-from recurnmt.experiments.study_plan import hypotheses
+from recurnmt.experiments.study_plan import AGAIN, hypotheses
 from tests.script_modules import load_script
 
 # the BLEU each kind of run gets in the fake study: conversion wins at equal uptraining
@@ -337,9 +337,13 @@ def test_recover_hypotheses_makes_the_untested_runs_again_and_keeps_only_what_re
     compared = {f"tune/m1-stepwise-r4/k{k}/lr0.001/s{s}" for k in (2, 4, 6) for s in (1, 2)}
     assert pending == [] and set(study.ran) == compared  # no bootstrap in the record: all of them
     assert all(r["reproduced"] for r in found if r["run"] in compared)
-    assert [{k: v for k, v in r.items() if k != "reproduced"} for r in found] == results
+    assert [{k: v for k, v in r.items() if k not in AGAIN} for r in found] == results
     assert all((study.out / r["hyps"]).exists() for r in found if r["run"] in compared)
-    assert "equal to the recorded run: its hypotheses kept" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "equal to the recorded run: its hypotheses kept" in out
+    made = [r for r in found if r["run"] in compared]  # the log: the recorded and the new time
+    assert all(f"{r['seconds']:.0f} s; made again in {r['seconds_again']:.0f} s)" in out
+               for r in made)  # fmt: skip
     again = FakeStudy(args)
     assert again.run()[1] == [] and again.ran == []  # here now: nothing made again
     BLEU["fine-tuned"] += 1  # a fine-tuning that does not reproduce its record

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 LATER = "(later stages)"  # pending: stages with runs that wait for the runs before them
+AGAIN = ("reproduced", "seconds_again")  # what a run made again adds to its recorded result
 
 
 @dataclass
@@ -100,8 +101,8 @@ class Runner:
         kept only where the new run reproduced every recorded number (the time excepted);
         ``reproduced`` says which (a run that did not is not made again)."""
         name, same = recorded["run"], json.loads(json.dumps(result))
-        differs = [k for k in recorded if k not in ("seconds", "settings") and
-                   k != "reproduced" and same.get(k) != json.loads(json.dumps(recorded[k]))]  # fmt: skip
+        differs = [k for k in recorded if k not in ("seconds", "settings", *AGAIN) and
+                   same.get(k) != json.loads(json.dumps(recorded[k]))]  # fmt: skip
         if differs:
             for hyps in hypotheses(result):
                 (self.out / hyps).unlink(missing_ok=True)
@@ -110,7 +111,8 @@ class Runner:
                   "stands, without its hypotheses", flush=True)  # fmt: skip
         else:
             print(f"[{name}] run again, equal to the recorded run: its hypotheses kept", flush=True)
-        return {**recorded, "reproduced": not differs, "settings": result["settings"]}
+        return {**recorded, "reproduced": not differs, "seconds_again": result["seconds"],
+                "settings": result["settings"]}  # fmt: skip
 
     def run(self, deadline: float | None = None) -> tuple[list[dict[str, Any]], list[str]]:
         """Runs the plan until it is done or ``deadline`` (``time.time()``) has passed.
@@ -182,7 +184,12 @@ def summary(result: dict[str, Any]) -> str:
             f"valid ppl {p['valid_ppl']}"
             for k, p in points.items()
         )
-        + f" ({result.get('seconds', 0):.0f} s)"
+        + f" ({result.get('seconds', 0):.0f} s"
+        + (
+            f"; made again in {result['seconds_again']:.0f} s)"
+            if "seconds_again" in result
+            else ")"
+        )
     )
 
 
