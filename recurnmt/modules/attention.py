@@ -49,11 +49,21 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention.bias import causal_lower_right
 
 from recurnmt.modules import sdpa
 from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.sliced_attention import SlicedGroups
+
+
+def causal_lower_right(t: int, s: int):
+    """torch's lower-right causal bias for ``t`` new queries on top of ``s`` keys. Imported
+    at the first call: ``torch.nn.attention.bias`` imports ``torch._dynamo``, about a second of
+    every command's start-up, and only several queries on a cache (speculative verification)
+    make one (:func:`recurnmt.modules.sdpa.is_causal_bias` reads it back)."""
+    from torch.nn.attention.bias import causal_lower_right as bias
+
+    return bias(t, s)
+
 
 Probe = Callable[[Tensor], None]
 # the weight and bias a level runs in place of one of its shared block's linears: the block's

@@ -44,13 +44,13 @@ import contextlib
 import contextvars
 import logging
 import os
+import sys
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend
-from torch.nn.attention.bias import CausalBias
 
 logger = logging.getLogger(__name__)
 
@@ -166,11 +166,19 @@ def _chosen_kernel(chosen, q, k, v, attn_mask, dropout_p, is_causal) -> Tensor:
     raise RuntimeError(f"none of the attention kernels chosen ({names}) takes this call")
 
 
+def is_causal_bias(mask: object) -> bool:
+    """Whether ``mask`` is torch's causal bias (a tensor subclass). Its module is imported only
+    where one is made (:func:`recurnmt.modules.attention.causal_lower_right`, which keeps
+    ``torch._dynamo`` out of the start-up): where it is not loaded, no mask can be one."""
+    bias = sys.modules.get("torch.nn.attention.bias")
+    return bias is not None and isinstance(mask, bias.CausalBias)
+
+
 def _float_mask(mask: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
     """``mask`` as an additive float mask in q's dtype (True keeps a key, as in torch)."""
     if mask is None:
         return None
-    if isinstance(mask, CausalBias):  # causal queries on top of a cache: the lower-right band
+    if is_causal_bias(mask):  # causal queries on top of a cache: the lower-right band
         t, s = q.size(-2), k.size(-2)
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
     if mask.dtype == torch.bool:
