@@ -271,6 +271,24 @@ def test_timm_registration_keeps_timm_names_and_adds_ours():
         timm.create_model("sret_mini", pretrained=True)
 
 
+@pytest.mark.parametrize(
+    "name", sorted(set(list_models()) & set(timm.list_models(module="timm_registry")))
+)
+def test_both_timm_names_build_the_same_model(name):
+    """``<name>`` and ``recurnmt_<name>`` are one model under two names: the same class, the
+    same parameters and buffers, the same configuration but its ``architecture`` (timm's model
+    tests run such an alias only where they read the name: tests/timm_peer/conftest.py)."""
+    with torch.device("meta"):
+        plain, alias = timm.create_model(name), timm.create_model(TIMM_PREFIX + name)
+    assert type(plain) is type(alias)
+    shapes = {k: (v.shape, v.dtype) for k, v in plain.state_dict().items()}
+    assert shapes == {k: (v.shape, v.dtype) for k, v in alias.state_dict().items()}
+    assert repr(plain) == repr(alias)
+    cfg, alias_cfg = plain.pretrained_cfg, alias.pretrained_cfg
+    assert cfg["architecture"] == name and alias_cfg["architecture"] == TIMM_PREFIX + name
+    assert {**cfg, "architecture": None} == {**alias_cfg, "architecture": None}
+
+
 @pytest.mark.parametrize("name", list_models())
 def test_registered_input_size_is_the_built_one(name):
     """The data configuration timm keeps for a name describes what the name builds."""

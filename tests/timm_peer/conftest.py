@@ -10,6 +10,13 @@ only, marked ``timm_peer`` (``pytest -m timm_peer`` runs them alone; ``make test
 the rest). The test file's own markers (base, cfg, features, ...) are registered here so that
 pytest knows them.
 
+A model timm knows under both of its names (``<name>`` and the ``recurnmt_<name>`` alias, one
+entry point builder) is tested under its plain name; its alias runs only the tests that read the
+name (the pretrained configurations: ``NAME_TESTS``), since every other test would build the same
+model a second time (``tests/test_vision_models.py`` checks that the two names build the same
+model). That leaves out 44 models' fx, TorchScript and gradient tests, about 11 of the suite's
+CPU-minutes.
+
 Items timm's tests apply to a recurnmt model but that it does not pass yet are marked
 ``xfail(strict=True)`` below, each with its reason, so they are reported (and a fix that makes
 one pass fails the run until its mark is removed); see recurnmt/vision/README.md.
@@ -29,10 +36,19 @@ HERE = Path(__file__).parent
 TIMM_MARKERS = ("base", "cfg", "features", "fxforward", "fxbackward", "torchscript", "timeout")
 
 
+# timm's tests whose outcome depends on the name a model is built by, not only on the model
+NAME_TESTS = ("test_model_default_cfgs", "test_model_default_cfgs_non_std")
+
+
 def recurnmt_models() -> set[str]:
     import timm
 
     return set(timm.list_models(module="timm_registry"))
+
+
+def twin_aliases(names: set[str]) -> set[str]:
+    """The ``recurnmt_`` aliases of ``names`` whose plain name is registered too."""
+    return {n for n in names if n.startswith(TIMM_PREFIX) and n[len(TIMM_PREFIX) :] in names}
 
 
 def _family_file(name: str) -> str:
@@ -62,6 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     ours = recurnmt_models()
+    twins = twin_aliases(ours)
     keep, drop = [], []
     for item in items:
         if HERE not in Path(str(item.path)).parents:
@@ -69,7 +86,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         params = getattr(getattr(item, "callspec", None), "params", {})
         name = params.get("model_name")
-        if name not in ours:
+        if name not in ours or (name in twins and item.originalname not in NAME_TESTS):
             drop.append(item)
             continue
         item.add_marker(pytest.mark.timm_peer)
