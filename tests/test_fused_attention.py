@@ -106,7 +106,10 @@ PATHS = {
     "cross": ["key"],
     "causal": ["is_causal"],
     "causal-step": ["none"] * 7 + ["is_causal"],
-    "causal-chunk": ["is_causal", "lower-right", "is_causal"],
+    # several queries on a cache: a boolean band on the CPU (torch's bias costs more there),
+    # torch's lower-right causal bias on CUDA (test_speculative's simulated device, and
+    # test_each_path_runs_on_the_fused_kernels_alone there)
+    "causal-chunk": ["is_causal", "full", "is_causal"],
     "sliced": ["key"],
     "bias": ["additive"],
 }
@@ -119,6 +122,26 @@ def test_each_path_passes_the_mask_form_fused_kernels_take(path, sdpa_calls):
     assert torch.isfinite(out).all()
     if reference is not None:  # the cached paths equal the full causal pass
         torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_a_cached_chunk_on_a_cpu_takes_one_band_for_every_level_and_mode():
+    """Several queries on top of a cache (speculative verification): the lower-right band,
+    made once for the levels of a pass that share its sizes, a mask of its own under
+    inference_mode (an inference tensor that autograd outside it refuses); torch's causal
+    bias, a tensor subclass dispatched in Python, only on CUDA."""
+    from recurnmt.modules import attention
+
+    cpu = torch.device("cpu")
+    band = attention.causal_lower_right(3, 7, cpu)
+    assert band.dtype == torch.bool and band.tolist() == [
+        [True] * 5 + [False] * 2, [True] * 6 + [False], [True] * 7
+    ]  # fmt: skip
+    assert attention.causal_lower_right(3, 7, cpu) is band  # the next level's
+    with torch.inference_mode():
+        inner = attention.causal_lower_right(3, 7, cpu)
+    assert inner is not band and inner.is_inference() and not band.is_inference()
+    if torch.cuda.is_available():
+        assert isinstance(attention.causal_lower_right(3, 7, torch.device("cuda")), CausalBias)
 
 
 def test_sliced_key_mask_keeps_padding_out_and_rows_finite():

@@ -300,8 +300,8 @@ def test_a_verification_waits_on_the_device_once_and_copies_nothing_to_it(family
     if not sim.supported():
         pytest.skip("this torch's Python indexing takes a CUDA device guard, which needs a GPU")
 
-    def band(t, s):
-        return torch.ones(t, s, dtype=torch.bool, device="cuda").tril(s - t)
+    def band(t, s, device):
+        return torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
 
     monkeypatch.setattr(attention, "causal_lower_right", band)
     extra = {}

@@ -23,8 +23,8 @@ module knows nothing of levels or papers:
 Attention logits and probabilities are computed in one place, :func:`attention_logits`; the
 fast path (no probe) never materialises them and lets SDPA pick a fused kernel. Masks reach
 SDPA in the forms its flash and memory-efficient kernels take: full causal attention as
-``is_causal`` (no mask), causal queries on top of a cache as the lower-right causal bias,
-padding as a boolean key mask broadcast over queries (B x 1 x 1 x S), and a T x S mask only
+``is_causal`` (no mask), causal queries on top of a cache as the lower-right causal bias
+(on CUDA; on a CPU a boolean band, cheaper there: :func:`causal_lower_right`), padding as a boolean key mask broadcast over queries (B x 1 x 1 x S), and a T x S mask only
 where a decoder target has padding between real tokens. The logit ``bias`` is an additive
 float mask, which the memory-efficient kernel takes.
 
@@ -41,6 +41,7 @@ the memory repeated for every row.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,14 +56,28 @@ from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.sliced_attention import SlicedGroups
 
 
-def causal_lower_right(t: int, s: int):
-    """torch's lower-right causal bias for ``t`` new queries on top of ``s`` keys. Imported
-    at the first call: ``torch.nn.attention.bias`` imports ``torch._dynamo``, about a second of
-    every command's start-up, and only several queries on a cache (speculative verification)
-    make one (:func:`recurnmt.modules.sdpa.is_causal_bias` reads it back)."""
-    from torch.nn.attention.bias import causal_lower_right as bias
+def causal_lower_right(t: int, s: int, device: torch.device):
+    """The causal mask of ``t`` new queries on top of ``s`` keys (the last ``t`` of them),
+    lower-right aligned. On a GPU torch's lower-right causal bias, which its fused kernels
+    apply without a T x S mask; imported at the first call: ``torch.nn.attention.bias`` imports
+    ``torch._dynamo``, about a second of every command's start-up, and only several queries on
+    a cache (speculative verification) make one (:func:`recurnmt.modules.sdpa.is_causal_bias`
+    reads it back). Elsewhere a boolean T x S mask, made once for the levels of a pass that
+    share t and s: the bias reaches SDPA through a tensor subclass's Python dispatch, which on
+    a CPU costs several times the attention call it masks (one thread, 4 heads of 32, T = 4,
+    S = 20: 75 microseconds a call with the bias, 18 with a boolean mask made before)."""
+    if device.type == "cuda":
+        from torch.nn.attention.bias import causal_lower_right as bias
 
-    return bias(t, s)
+        return bias(t, s)
+    return _lower_right_mask(t, s, device, torch.is_inference_mode_enabled())
+
+
+@functools.lru_cache(maxsize=8)
+def _lower_right_mask(t: int, s: int, device: torch.device, inference: bool) -> Tensor:
+    # ``inference``: a mask made under inference_mode is an inference tensor, which autograd
+    # outside it refuses, so each mode has its own; nothing here derives from weights
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
 
 
 Probe = Callable[[Tensor], None]
@@ -427,7 +442,7 @@ class SelfAttention(_Attention):
             if not self._probed(terms):
                 # several new queries on top of a cache: the lower-right causal bias, which
                 # the fused kernels apply without a T x S mask
-                return self._attend(q, k, v, causal_lower_right(t, s), terms)
+                return self._attend(q, k, v, causal_lower_right(t, s, x.device), terms)
         mask = attention_mask(key_padding_mask, causal, t, s, x.device)
         return self._attend(q, k, v, mask, terms)
 
