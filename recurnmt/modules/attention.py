@@ -24,8 +24,8 @@ Attention logits and probabilities are computed in one place, :func:`attention_l
 fast path (no probe) never materialises them and lets SDPA pick a fused kernel. Masks reach
 SDPA in the forms its flash and memory-efficient kernels take: full causal attention as
 ``is_causal`` (no mask), causal queries on top of a cache as the lower-right causal bias
-(on CUDA; on a CPU a boolean band, cheaper there: :func:`causal_lower_right`), padding as a boolean key mask broadcast over queries (B x 1 x 1 x S), and a T x S mask only
-where a decoder target has padding between real tokens. The logit ``bias`` is an additive
+(on CUDA; on a CPU a boolean band, cheaper there: :func:`causal_lower_right`), padding as a
+boolean key mask broadcast over queries (B x 1 x 1 x S), and a T x S mask only where a decoder target has padding between real tokens. The logit ``bias`` is an additive
 float mask, which the memory-efficient kernel takes.
 
 Cross-attention splits the work in two: :meth:`CrossAttention.project_memory` turns the encoder
@@ -440,8 +440,8 @@ class SelfAttention(_Attention):
                 # the common training case: SDPA's fused causal kernel, no mask tensor
                 return self._attend(q, k, v, None, terms, is_causal=True)
             if not self._probed(terms):
-                # several new queries on top of a cache: the lower-right causal bias, which
-                # the fused kernels apply without a T x S mask
+                # several new queries on top of a cache: the lower-right causal band (torch's
+                # bias on CUDA, which the fused kernels apply without a T x S mask)
                 return self._attend(q, k, v, causal_lower_right(t, s, x.device), terms)
         mask = attention_mask(key_padding_mask, causal, t, s, x.device)
         return self._attend(q, k, v, mask, terms)
