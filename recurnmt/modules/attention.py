@@ -75,9 +75,10 @@ def causal_lower_right(t: int, s: int, device: torch.device):
 
 @functools.lru_cache(maxsize=8)
 def _lower_right_mask(t: int, s: int, device: torch.device, inference: bool) -> Tensor:
-    # ``inference``: a mask made under inference_mode is an inference tensor, which autograd
-    # outside it refuses, so each mode has its own; nothing here derives from weights
-    return torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
+    # attention_mask's causal band, kept; ``inference``: a mask made under inference_mode is
+    # an inference tensor, which autograd outside it refuses, so each mode has its own;
+    # nothing here derives from weights
+    return attention_mask(None, True, t, s, device)
 
 
 Probe = Callable[[Tensor], None]
