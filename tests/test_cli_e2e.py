@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,13 @@ cli_main()
 """
 
 
-def fairseq(tool: str, *args: str, stdin: str | None = None, blocked: tuple[str, ...] = ()) -> str:
+def fairseq(
+    tool: str,
+    *args: str,
+    stdin: str | None = None,
+    blocked: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> str:
     command = [str(BIN / f"fairseq-{tool}")]
     if blocked:
         command = [sys.executable, "-c", WITHOUT.format(tool=tool), ",".join(blocked)]
@@ -58,7 +65,7 @@ def fairseq(tool: str, *args: str, stdin: str | None = None, blocked: tuple[str,
         input=stdin,
         capture_output=True,
         text=True,
-        env=ENV,
+        env=ENV if env is None else {**ENV, **env},
     )
     if proc.returncode:
         raise AssertionError(
@@ -127,7 +134,12 @@ def losses(log: str) -> dict[int, str]:
 
 
 def generate(
-    data: Path, checkpoint: Path, *extra: str, device: str = "cpu", blocked: tuple[str, ...] = ()
+    data: Path,
+    checkpoint: Path,
+    *extra: str,
+    device: str = "cpu",
+    blocked: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> str:
     return fairseq(
         "generate",
@@ -151,6 +163,7 @@ def generate(
         *device_flags(device),
         *extra,
         blocked=blocked,
+        env=env,
     )
 
 
@@ -360,7 +373,7 @@ def test_mixed_precision_training_and_generation_on_cuda(data, tmp_path, device,
 def test_static_decoding_through_fairseq_generate(data, tmp_path):
     """``fairseq-generate --task speculative_translation --static-decoding`` translates the test
     set as fairseq's beam search does (beam 3, batches of 16), says which path ran, and refuses
-    drafts beside it naming the flag. (A model this briefly trained ends every sentence at one
+    drafts beside it naming the flag; so does ``--compile-decoding``. (A model this briefly trained ends every sentence at one
     step; tests/test_static_decoding.py has sentences that end at different steps.)"""
     train(data, tmp_path, "universal_transformer_tiny", 9, "--decoder-layers", "3")
     checkpoint = tmp_path / "checkpoint_last.pt"
@@ -374,6 +387,22 @@ def test_static_decoding_through_fairseq_generate(data, tmp_path):
     assert "static-shape decoding: every row kept" in out and "run eagerly" in out
     with pytest.raises(AssertionError, match="--static-decoding: not with --draft-levels"):
         generate(data, checkpoint, "--task", "speculative_translation", "--static-decoding",
+                 "--draft-levels", "1")  # fmt: skip
+    # --compile-decoding: the same search with each step compiled by torch.compile, with the
+    # machine's C++ compiler on the PATH; without one (ENV's PATH holds the tools alone), eager
+    # after one warning naming the flag
+    compiled = ("--task", "speculative_translation", "--compile-decoding")
+    out = generate(data, checkpoint, *compiled)
+    assert hypotheses(out) == hypotheses(plain)
+    assert "--compile-decoding: compiling a step failed" in out and "eager from now on" in out
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is not None:
+        path = f"{BIN}{os.pathsep}{Path(cxx).parent}"
+        out = generate(data, checkpoint, *compiled, env={"PATH": path})
+        assert hypotheses(out) == hypotheses(plain)
+        assert "compiled by torch.compile" in out and "failed" not in out
+    with pytest.raises(AssertionError, match="--compile-decoding: not with --draft-levels"):
+        generate(data, checkpoint, "--task", "speculative_translation", "--compile-decoding",
                  "--draft-levels", "1")  # fmt: skip
 
 

@@ -365,3 +365,57 @@ def test_a_capture_that_fails_falls_back_to_the_eager_step(monkeypatch):
     assert len(failures) == 1 and "capturing" in str(failures[0])
     assert fake.replays == 0
     torch.testing.assert_close(outputs["captured"], outputs["eager"])
+
+
+@pytest.mark.parametrize(
+    "family,setting",
+    [("ringformer", "across length buckets"), ("universal_transformer", "beam 4"),
+     ("relaxed_transformer", "greedy")],
+)  # fmt: skip
+def test_a_compiled_step_decodes_as_fairseqs_beam_search(family, setting, caplog):
+    """``compiled`` (``--compile-decoding``): the step compiled by torch.compile gives
+    fairseq's hypotheses, says so in the log, and compiles a few times per decoding, not once
+    per step (float64, as above: fused kernels sum in another order again)."""
+    torch._dynamo.reset()
+    model = _model(f"{family}_tiny").double()
+    _eos_likelier(model)
+    sample = _sample(bsz=6)
+    options = SETTINGS[setting]
+    want = _nbest(SequenceGenerator([model], DICT, **options), model, sample)
+    generator = StaticSequenceGenerator([model], DICT, compiled=True, **options)
+    frames = torch._dynamo.utils.counters["stats"]
+    before = frames["unique_graphs"]
+    with caplog.at_level("INFO", logger="recurnmt.nmt.static_decoding"):
+        got = _nbest(generator, model, sample)
+    _assert_same_nbest(got, want)
+    assert generator.path == "compiled" and generator.compiled
+    assert "compiled by torch.compile" in caplog.text and "failed" not in caplog.text
+    assert 1 <= frames["unique_graphs"] - before <= 4
+
+
+def test_a_compilation_that_fails_falls_back_to_the_eager_step(monkeypatch, caplog):
+    """A step torch.compile cannot compile (here: a backend that raises, as Inductor does
+    without a C++ compiler) runs eagerly from then on, with one warning naming the flag; the
+    hypotheses are the eager ones."""
+    from recurnmt.nmt import static_decoding
+
+    def broken(step):
+        raise RuntimeError("InductorError: no C++ compiler found\nmore detail")
+
+    monkeypatch.setattr(static_decoding.CompiledStep, "compiled", broken)
+    model = _model("ringformer_tiny")
+    sample = _sample(bsz=3)
+    want = _nbest(StaticSequenceGenerator([model], DICT, beam_size=2), model, sample)
+    generator = StaticSequenceGenerator([model], DICT, compiled=True, beam_size=2)
+    with caplog.at_level("INFO", logger="recurnmt.nmt.static_decoding"):
+        got = _nbest(generator, model, sample)
+        again = _nbest(generator, model, sample)
+    _assert_same_nbest(got, want)
+    _assert_same_nbest(again, want)
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert warnings[0].getMessage() == (
+        "--compile-decoding: compiling a step failed (InductorError: no C++ compiler found); "
+        "eager from now on"
+    )
+    assert not generator.compiled and generator.path == "eager"

@@ -12,7 +12,8 @@ other option of ``fairseq-generate`` keeps its meaning (``--max-len-a/b``, ``--m
 speculation cannot honour is refused at once, naming its flag. The log says how many drafts each
 verification accepted and what drafting and verifying took.
 
-The same task's ``--static-decoding`` runs beam search over fixed shapes instead
+The same task's ``--static-decoding`` runs beam search over fixed shapes instead, and
+``--compile-decoding`` the same with each step compiled by ``torch.compile``
 (:mod:`recurnmt.nmt.static_decoding`): the plugin's decoding options live in one task.
 """
 
@@ -179,9 +180,22 @@ class SpeculativeTranslationConfig(TranslationConfig):
             "CUDA graph step needs); outputs equal fairseq's beam search"
         },
     )
+    compile_decoding: bool = field(
+        default=False,
+        metadata={
+            "help": "--static-decoding with each step compiled by torch.compile "
+            "(TorchInductor's fused kernels; a C++ compiler on a CPU): faster sentence by "
+            "sentence on a CPU; eager, with a warning, where compiling fails"
+        },
+    )
 
 
-_TYPES = (("draft_levels", Optional[str]), ("draft_tokens", int), ("static_decoding", bool))  # noqa: UP045
+_TYPES = (
+    ("draft_levels", Optional[str]),  # noqa: UP045
+    ("draft_tokens", int),
+    ("static_decoding", bool),
+    ("compile_decoding", bool),
+)
 for _name, _type in _TYPES:
     SpeculativeTranslationConfig.__dataclass_fields__[_name].type = _type
 
@@ -194,22 +208,23 @@ class SpeculativeTranslationTask(TranslationTask):
     (:class:`~recurnmt.nmt.static_decoding.StaticSequenceGenerator`)."""
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        levels, static = self.cfg.draft_levels, self.cfg.static_decoding
+        levels, compiled = self.cfg.draft_levels, self.cfg.compile_decoding
+        static = self.cfg.static_decoding or compiled
         if (levels is None and not static) or getattr(args, "score_reference", False):
             return super().build_generator(
                 models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs
             )
-        option = "--static-decoding" if static else "--draft-levels"
+        static_option = "--compile-decoding" if compiled else "--static-decoding"
+        option = static_option if static else "--draft-levels"
         if static and levels is not None:
-            raise ValueError("--static-decoding: not with --draft-levels (beam search or drafts)")
+            raise ValueError(f"{static_option}: not with --draft-levels (beam search or drafts)")
         if getattr(args, "print_alignment", False):
             raise ValueError(f"--print-alignment: not with {option}")
         if static:
             from recurnmt.nmt.static_decoding import StaticSequenceGenerator
 
-            return super().build_generator(
-                models, args, StaticSequenceGenerator, extra_gen_cls_kwargs, **kwargs
-            )
+            extra = {**(extra_gen_cls_kwargs or {}), "compiled": compiled}
+            return super().build_generator(models, args, StaticSequenceGenerator, extra, **kwargs)
         extra = {
             **(extra_gen_cls_kwargs or {}),
             "draft_levels": levels,

@@ -22,10 +22,15 @@ hypotheses are fairseq's: the same tokens, scores equal to float rounding
 memory and folds the levels' weights) is one call of :class:`StaticStep`, a function of fixed
 buffers; on CUDA it is captured as a CUDA graph once per batch and length bucket (32 steps)
 and replayed (:class:`CapturedStep`), elsewhere it runs eagerly, and the log says which path
-ran. (The
-capture has not run on a GPU yet: docs/gpu.md.) On a CPU the path costs more than fairseq's
-(attention reads the masked positions of a length bucket, a finished sentence's rows are still
-computed); it exists there to be checked.
+ran. (The capture has not run on a GPU yet: docs/gpu.md.) Eager on a CPU, the path costs more
+than fairseq's (attention reads the masked positions of a length bucket, a finished sentence's
+rows are still computed).
+
+``--compile-decoding`` (which implies ``--static-decoding``) compiles the step with
+``torch.compile`` instead (:class:`CompiledStep`): a function of fixed buffers is what
+TorchInductor compiles once and reuses, and on a CPU, where a step of a small model at a small
+batch costs the host's dispatch more than its arithmetic, its fused kernels decode sentence by
+sentence faster than fairseq's own search (docs/compiled_decoding.md).
 
 Settings fairseq's beam search has and this one does not (sampling, diverse beam search,
 constraints, prefixes, n-gram blocking, a language model, alignment) are refused at once,
@@ -56,6 +61,7 @@ from recurnmt.nmt.generation import (
 
 logger = logging.getLogger(__name__)
 WHAT, OPTION = "static-shape decoding", "--static-decoding"
+COMPILE_OPTION = "--compile-decoding"
 OTHER_SEARCHES = (
     "--sampling, --diverse-beam-groups, --diversity-rate, --constraints, --prefix-allowed-tokens"
 )
@@ -71,20 +77,26 @@ class StaticSequenceGenerator(SequenceGenerator):
         ValueError: a setting it cannot honour, naming its flag.
     """
 
-    def __init__(self, models, tgt_dict, cuda_graphs: bool = True, **kwargs) -> None:
+    def __init__(
+        self, models, tgt_dict, cuda_graphs: bool = True, compiled: bool = False, **kwargs
+    ) -> None:
         super().__init__(models, tgt_dict, **kwargs)
         check_generator(self, models, WHAT, OPTION, (search.BeamSearch,), OTHER_SEARCHES)
-        self.cuda_graphs = cuda_graphs
-        self.path: str | None = None  # how the steps ran: "cuda graph" or "eager"
+        self.cuda_graphs, self.compiled = cuda_graphs, compiled
+        self.path: str | None = None  # how the steps ran: "compiled", "cuda graph" or "eager"
 
     def _runner(self, step: StaticStep) -> Callable[[], Tensor]:
-        """How this batch's steps after the first run: replayed as a CUDA graph where the
-        model is on CUDA (unless ``cuda_graphs`` is off or a capture failed once), else
+        """How this batch's steps after the first run: compiled by ``torch.compile`` where
+        ``compiled`` (unless a compilation failed once), else replayed as a CUDA graph where
+        the model is on CUDA (unless ``cuda_graphs`` is off or a capture failed once), else
         eagerly; the log says which, once."""
         device = step.tokens.device
         path = "cuda graph" if self.cuda_graphs and device.type == "cuda" else "eager"
+        path = "compiled" if self.compiled else path
         if path != self.path:
             why = {
+                "compiled": "each step after the first compiled by torch.compile (TorchInductor"
+                "'s fused kernels; a few compilations in the first batches, at new shapes)",
                 "cuda graph": "each step after the first replayed as one CUDA graph",
                 "eager": f"each step run eagerly (on {device.type}: CUDA graphs need CUDA)",
             }
@@ -92,6 +104,8 @@ class StaticSequenceGenerator(SequenceGenerator):
                 why["eager"] = "each step run eagerly (CUDA graphs turned off)"
             logger.info(f"{WHAT}: every row kept, caches of fixed shape, {why[path]}")  # fmt: skip
             self.path = path
+        if path == "compiled":
+            return CompiledStep(step, self._compile_failed)
         return CapturedStep(step, self._capture_failed) if path == "cuda graph" else step
 
     def _capture_failed(self, error: Exception) -> None:
@@ -99,6 +113,11 @@ class StaticSequenceGenerator(SequenceGenerator):
             f"{WHAT}: capturing a step as a CUDA graph failed ({error}); eager from now on"
         )
         self.cuda_graphs = False
+
+    def _compile_failed(self, error: Exception) -> None:
+        first = str(error).strip().splitlines()[:1] or [type(error).__name__]
+        logger.warning(f"{COMPILE_OPTION}: compiling a step failed ({first[0]}); eager from now on")
+        self.compiled = False
 
     @torch.no_grad()
     def _generate(
@@ -166,6 +185,40 @@ class StaticStep:
         x = self.decoder.embedded(self.tokens, positions)
         out = self.decoder.run(x, None, self.cache, self.decoder.hooks(positions))
         return self.decoder.logits(out.output)
+
+
+def _run_step(step: StaticStep) -> Tensor:
+    return step()
+
+
+class CompiledStep:
+    """A :class:`StaticStep` compiled by ``torch.compile`` (TorchInductor, dynamic shapes): on a
+    CPU, where a step of a small model costs the host's dispatch of its operations more than
+    their arithmetic, the step's elementwise operations, norms and softmaxes run as a few fused
+    C++ kernels (docs/compiled_decoding.md). Every step reads the same kinds of tensors, so a
+    decoding compiles a few times (the first shapes, then with symbolic sizes, then at the
+    first bucket past :data:`~recurnmt.modules.static_cache.BUCKET`) and reuses the code after.
+    A compilation that fails (no C++ compiler, an operation Inductor cannot lower) calls
+    ``failed`` with the error and runs the step eagerly from then on (running it again is
+    safe: a step writes its position's keys and values, the same ones again)."""
+
+    compiled = None  # one compiled function for every step: its compilations are shared
+
+    def __init__(self, step: StaticStep, failed: Callable[[Exception], None]) -> None:
+        self.step, self.failed = step, failed
+        self.eager = False
+        if CompiledStep.compiled is None:
+            CompiledStep.compiled = torch.compile(_run_step, dynamic=True)
+
+    def __call__(self) -> Tensor:
+        if self.eager:
+            return self.step()
+        try:
+            return CompiledStep.compiled(self.step)
+        except Exception as error:  # noqa: BLE001 (any failure to compile: eager, warned)
+            self.eager = True
+            self.failed(error)
+            return self.step()
 
 
 class CapturedStep:

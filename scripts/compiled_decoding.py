@@ -1,0 +1,66 @@
+"""Decoding with each step compiled (``fairseq-generate --task speculative_translation
+--compile-decoding``) against fairseq's own greedy and beam search, on the CPU, for the models
+``python scripts/speculative.py train`` trained (docs/compiled_decoding.md; the measurement:
+:mod:`recurnmt.experiments.compiled_decoding`).
+
+    python scripts/speculative.py train --models ringformer-random transformer
+    python scripts/compiled_decoding.py      # the models trained of --models; resumable
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from recurnmt.cli import entry_point
+
+ROOT = Path(__file__).resolve().parent.parent
+PROG = "python scripts/compiled_decoding.py"
+MODELS = {
+    "ringformer-random": "RingFormer, drafts trained at a random depth every batch",
+    "universal_transformer-random": "Universal Transformer, drafts at a random depth",
+    "relaxed_transformer-random": "relaxed recursion (2 blocks, rank 8), drafts at a random depth",
+    "transformer": "fairseq's transformer (fairseq's searches only)",
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=ROOT / "data-bin" / "lohelp_de_en_spm4000")
+    parser.add_argument("--out", type=Path, default=ROOT / "work" / "speculative",
+                        help="where scripts/speculative.py trained the models")  # fmt: skip
+    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "compiled_decoding.md")
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--sentences", type=int, default=150, help="timed test sentences")
+    parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=2, help="timing rounds (best kept)")
+    parser.add_argument("--draft", type=int, nargs=2, default=[4, 3], metavar=("R", "K"),
+                        help="the speculative greedy setting shown beside (draft levels, "
+                        "tokens; docs/speculative.md's fastest for ringformer-random)")  # fmt: skip
+    args = parser.parse_args(argv)
+    args.device = "cpu"
+    if args.sentences < 1 or args.batch < 1 or args.rounds < 1 or args.threads < 1:
+        parser.error("--sentences, --batch, --rounds and --threads: at least 1")
+    if args.draft[0] < 1 or args.draft[1] < 1:
+        parser.error(f"--draft {args.draft[0]} {args.draft[1]}: at least 1 level and 1 token")
+    if not (args.data / "dict.en.txt").exists():
+        parser.error(
+            f"--data {args.data}: no binarized corpus there (python -m data_prep.embedded "
+            "prepare --vocab-size 4000 makes data-bin/lohelp_de_en_spm4000)"
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    from recurnmt.experiments.compiled_decoding import measure  # torch, fairseq: after parsing
+
+    measure(args, MODELS)
+    print(f"wrote {args.doc.relative_to(ROOT) if args.doc.is_relative_to(ROOT) else args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(entry_point(main, PROG)())
