@@ -373,7 +373,8 @@ def test_mixed_precision_training_and_generation_on_cuda(data, tmp_path, device,
 def test_static_decoding_through_fairseq_generate(data, tmp_path):
     """``fairseq-generate --task speculative_translation --static-decoding`` translates the test
     set as fairseq's beam search does (beam 3, batches of 16), says which path ran, and refuses
-    drafts beside it naming the flag; so does ``--compile-decoding``. (A model this briefly trained ends every sentence at one
+    drafts beside it naming the flag; so does ``--compile-decoding``, which also compiles the
+    greedy loop of ``--draft-levels 0``. (A model this briefly trained ends every sentence at one
     step; tests/test_static_decoding.py has sentences that end at different steps.)"""
     train(data, tmp_path, "universal_transformer_tiny", 9, "--decoder-layers", "3")
     checkpoint = tmp_path / "checkpoint_last.pt"
@@ -401,9 +402,12 @@ def test_static_decoding_through_fairseq_generate(data, tmp_path):
         out = generate(data, checkpoint, *compiled, env={"PATH": path})
         assert hypotheses(out) == hypotheses(plain)
         assert "compiled by torch.compile" in out and "failed" not in out
-    with pytest.raises(AssertionError, match="--compile-decoding: not with --draft-levels"):
-        generate(data, checkpoint, "--task", "speculative_translation", "--compile-decoding",
-                 "--draft-levels", "1")  # fmt: skip
+        # greedy: recurnmt's loop without drafts, its passes compiled
+        greedy = generate(data, checkpoint, "--beam", "1")
+        out = generate(data, checkpoint, *compiled, "--draft-levels", "0", "--beam", "1",
+                       env={"PATH": path})  # fmt: skip
+        assert hypotheses(out) == hypotheses(greedy)
+        assert "draft levels 0" in out and "failed" not in out
 
 
 def test_speculative_decoding_through_fairseq_generate_and_interactive(data, tmp_path):

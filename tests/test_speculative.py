@@ -310,3 +310,80 @@ def test_a_verification_waits_on_the_device_once_and_copies_nothing_to_it(family
         assert not log.to_device, [(e.op, e.where) for e in log.to_device]
         extra[levels] = len(log.syncs) - verifications
     assert 0 <= extra[4] <= 6 and 0 <= extra[8] <= 6, extra
+
+
+# ---- compiled passes (--compile-decoding) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "family,levels,tokens",
+    [("ringformer", 0, 1), ("universal_transformer", 2, 2), ("relaxed_transformer", 1, 3)],
+)  # fmt: skip
+def test_compiled_passes_decode_as_fairseqs_beam_one(family, levels, tokens):
+    """``compiled``: the draft passes and verifications compiled by torch.compile over a
+    static-shape cache (truncated by moving its position back, rows leaving the batch into
+    smaller buffers) give fairseq's beam-1 search's output, in a batch whose rows end at
+    different steps and across a length bucket (float64: fused kernels sum in another
+    order)."""
+    model = _model(f"{family}_tiny").double()
+    _eos_likelier(model, 4.0)  # the relaxed model's rows then end at steps 1 and 12
+    sample = _sample(bsz=6, seed=3)
+    for options in (dict(max_len_b=12, unk_penalty=0.5), dict(max_len_b=40, min_len=34)):
+        want = _hypos(SequenceGenerator([model], DICT, beam_size=1, **options), model, sample)
+        spec = SpeculativeSequenceGenerator(
+            [model], DICT, beam_size=1, draft_levels=levels, draft_tokens=tokens, compiled=True,
+            **options,
+        )  # fmt: skip
+        _assert_same(_hypos(spec, model, sample), want)
+        assert spec.compiled  # no compilation failed
+        lengths = sorted(len(t) for t, _, _ in want)
+        if "min_len" in options:
+            assert lengths[0] > 33  # a second length bucket
+        elif family == "relaxed_transformer":
+            assert lengths[0] < lengths[-1]  # rows left the batch at different steps
+    from recurnmt.modules import speculative
+
+    assert (1, tuple(range(levels, 4))) in speculative._COMPILED  # the verification compiled
+
+
+def test_compiled_sampling_draws_as_the_eager_passes():
+    """Sampling with compiled passes: the same generator seed draws the same tokens as the
+    eager passes (the token rule runs outside the compiled code; float64)."""
+    model = _model("ringformer_tiny").double()
+    sample = _sample(bsz=3, seed=5)
+    outs = []
+    for compiled in (False, True):
+        torch.manual_seed(7)
+        generator = SpeculativeSequenceGenerator(
+            [model], DICT, beam_size=1, max_len_b=6, draft_levels=2, draft_tokens=2,
+            search_strategy=_sampling(0, 0.0), compiled=compiled,
+        )  # fmt: skip
+        outs.append([t.tolist() for t, _, _ in _hypos(generator, model, sample)])
+    assert outs[0] == outs[1]
+
+
+def test_compiled_passes_that_fail_to_compile_run_eagerly(monkeypatch, caplog):
+    """A pass torch.compile cannot compile: one warning naming the flag, the eager passes
+    from then on, the same output."""
+    from recurnmt.modules import speculative
+
+    def broken(*args):
+        raise RuntimeError("InductorError: no C++ compiler found\ndetail")
+
+    monkeypatch.setattr(speculative, "_compiled_pass", lambda which, levels: broken)
+    model = _model("ringformer_tiny")
+    sample = _sample()
+    options = dict(beam_size=1, max_len_b=12)
+    want = _hypos(SequenceGenerator([model], DICT, **options), model, sample)
+    spec = SpeculativeSequenceGenerator(
+        [model], DICT, draft_levels=1, draft_tokens=2, compiled=True, **options
+    )
+    with caplog.at_level("WARNING", logger="recurnmt.nmt.speculative"):
+        _assert_same(_hypos(spec, model, sample), want)
+        _assert_same(_hypos(spec, model, sample), want)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "--compile-decoding: compiling a pass failed (InductorError: no C++ compiler found); "
+        "eager from now on"
+    ]
+    assert not spec.compiled

@@ -140,20 +140,45 @@ def test_the_static_cache_attends_as_the_growing_one():
     assert static.buffer.shape == (2, 6, 4, 9, 4)
 
 
+def test_several_positions_attend_as_the_growing_cache_and_truncate():
+    """Speculative decoding's use of a static cache: a verification writes several positions
+    at once (query j attending to 0 .. its own position), a truncation moves the position back
+    (the rejected positions stay in the buffer, masked, and are written over), and attention
+    equals the default cache's throughout, across a length bucket."""
+    torch.manual_seed(0)
+    attn = SelfAttention(16, 4, causal=True).eval()
+    growing, cache = KVCache(), StaticStackCache(64, "cpu")
+    static = cache.level(0)
+    step = 0
+    with torch.no_grad():
+        for count, keep in [(1, 1), (4, 2), (1, 1), (5, 5), (3, 1), (1, 1)] * 4:
+            x = torch.randn(3, count, 16)
+            cache.set_positions(step, count)
+            want = attn(x, cache=growing)
+            torch.testing.assert_close(attn(x, cache=static), want, atol=1e-6, rtol=1e-5)
+            step += keep
+            cache.truncate(step)
+            growing.truncate(step)
+    assert step == 44 and static.buffer.size(3) == 64  # the second bucket
+    torch.testing.assert_close(static.keys, growing.keys)
+
+
 def test_the_static_cache_refuses_what_would_change_its_shape():
     position = StepPosition(capacity=4, device="cpu")
     cache = StaticKVCache(position)
     position.set(0)
     cache.append_pair(torch.randn(2, 3, 2, 1, 4))
-    with pytest.raises(ValueError, match="one position per step, not 2"):
+    with pytest.raises(ValueError, match="takes the step's 1 position\\(s\\), not 2"):
         cache.append_pair(torch.randn(2, 3, 2, 2, 4))
     with pytest.raises(ValueError, match="keeps its 3 rows; a step gave 2"):
         cache.append_pair(torch.randn(2, 2, 2, 1, 4))
     with pytest.raises(ValueError, match="keeps its 3 rows; the new order has 2"):
         cache.reorder(torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match="position 4: the static-shape cache holds 4"):
+    with pytest.raises(ValueError, match="positions 4 .. 4: the static-shape cache holds 4"):
         position.set(4)
-    with pytest.raises(ValueError, match="not truncated"):
+    with pytest.raises(ValueError, match="positions 2 .. 4: the static-shape cache holds 4"):
+        position.set(2, 3)
+    with pytest.raises(ValueError, match="cannot truncate a cache of 0 positions to 1"):
         StaticStackCache(4, "cpu").truncate(1)
     with pytest.raises(ValueError, match="of 0 positions holds nothing"):
         StepPosition(0, "cpu")

@@ -69,14 +69,14 @@ class StackCache:
         where the new order breaks the groups.
         """
         levels = {i: kv.reorder(new_order) for i, kv in self.levels.items()}
-        memory = {b: _select_memory(kv, new_order) for b, kv in self.memory.items()}
-        relaxed = {i: _select_memory(kv, new_order) for i, kv in self.level_memory.items()}
+        memory = {b: select_memory(kv, new_order) for b, kv in self.memory.items()}
+        relaxed = {i: select_memory(kv, new_order) for i, kv in self.level_memory.items()}
         moved = StackCache(levels, memory, relaxed)
         moved.session = self.session  # derived from the weights, not from the rows
         return moved
 
 
-def _select_memory(kv: MemoryKV, new_order: Tensor) -> MemoryKV:
+def select_memory(kv: MemoryKV, new_order: Tensor) -> MemoryKV:
     """``kv`` for the query rows ``new_order`` (indices into its current query rows)."""
     g = kv.group
     if kv.k.size(0) * g == new_order.numel():
@@ -87,7 +87,7 @@ def _select_memory(kv: MemoryKV, new_order: Tensor) -> MemoryKV:
         if sentences is None or not bool((sentences == sentences[:, :1]).all()):
             # a new group would mix sentences: one memory row per query row from here on
             k, v, pad = (_rows(t, lambda t: t.repeat_interleave(g, dim=0)) for t in _rows_of(kv))
-            return _select_memory(MemoryKV(k, v, pad, 1, _mask_like(kv, pad)), new_order)
+            return select_memory(MemoryKV(k, v, pad, 1, _mask_like(kv, pad)), new_order)
         new_order = sentences[:, 0]  # every group keeps the rows of one sentence
 
     def select(t: Tensor) -> Tensor:

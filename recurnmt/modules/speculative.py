@@ -27,6 +27,11 @@ full model's own token at that position as well (greedy: their draft; sampling: 
 draft), so every row stays exact and all rows keep one cache length. Finished rows leave the
 batch.
 
+With ``compiled`` (``--compile-decoding``) the passes run compiled by ``torch.compile`` over a
+static-shape cache (:class:`~recurnmt.modules.static_cache.StaticStackCache`: a draft pass
+writes one position, a verification several, a truncation moves the position back), the
+token choices and the acceptance staying eager (docs/compiled_decoding.md).
+
 The front end supplies a :class:`DraftingDecoder` (the token embedding, the stack, the memory,
 the output layer) and a :class:`TokenRule` (how log-probabilities become the distribution a
 token is chosen from at a step: fairseq's forbidden pad, unk penalty, minimum and maximum
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import math
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -49,6 +55,7 @@ from torch import Tensor
 from recurnmt.modules.cache import StackCache
 from recurnmt.modules.hooks import LevelHook
 from recurnmt.modules.stack import RecurrentStack, StackOutput
+from recurnmt.modules.static_cache import BUCKET, StaticStackCache
 
 
 class DraftingDecoder(Protocol):
@@ -212,16 +219,49 @@ class SelfSpeculation:
             one token at a time in this same loop (what speculation is measured against).
         draft_tokens: k, tokens drafted per verification (none without draft levels).
         rule: how a token is chosen from the log-probabilities.
+        compiled: None: eager passes over the default cache. Else the passes compiled by
+            ``torch.compile`` over a static-shape cache (:mod:`~recurnmt.modules.static_cache`:
+            a truncation moves its position back), from each decoding's second verification on;
+            a pass that fails to compile calls ``compiled`` with the error and runs eagerly
+            from then on.
     """
 
     def __init__(
-        self, decoder: DraftingDecoder, draft_levels: int, draft_tokens: int, rule: TokenRule
+        self,
+        decoder: DraftingDecoder,
+        draft_levels: int,
+        draft_tokens: int,
+        rule: TokenRule,
+        compiled: Callable[[Exception], None] | None = None,
     ) -> None:
         stack = decoder.stack
         check_draft(stack, draft_levels, draft_tokens)
         order = list(stack.active_levels)
-        self.shallow, self.deep = order[:draft_levels], order[draft_levels:]
+        self.shallow, self.deep = tuple(order[:draft_levels]), tuple(order[draft_levels:])
         self.decoder, self.k, self.rule = decoder, draft_tokens if draft_levels else 0, rule
+        self.failed = compiled  # compiled passes: called with the error if compiling fails
+        self.passes = EAGER  # a draft pass, a verification, a draft pass without the logits
+
+    def _compile(self) -> None:
+        """From the second iteration on (the first one made every level's buffers, projected
+        the memory and folded the levels' weights), the passes compiled."""
+        self.passes = tuple(
+            _compiled_pass(which, levels)
+            for which, levels in ((0, self.shallow), (1, self.deep), (2, self.shallow))
+        )
+
+    def _pass(self, which: int, x: Tensor, levels, cache: StackCache, hooks):
+        """A draft pass (0), a verification (1) or the last draft pass (2, its state alone):
+        the levels on ``x``, then the output layer (not for 2); compiled where asked, eager
+        from the first failure to compile on."""
+        try:
+            return self.passes[which](self.decoder, x, levels, cache, hooks)
+        except Exception as error:  # noqa: BLE001 (any failure to compile: eager, reported)
+            if self.passes is EAGER:
+                raise
+            self.passes = EAGER
+            self.failed(error)
+            return EAGER[which](self.decoder, x, levels, cache, hooks)
 
     @torch.no_grad()
     def run(
@@ -236,7 +276,11 @@ class SelfSpeculation:
         its own."""
         decoder, rule = self.decoder, self.rule
         stats = Statistics()
-        cache = StackCache()
+        # compiled: fixed shapes (a multiple of the length bucket, so that one sentence's buffers
+        # are shaped as another's and the compilations serve both)
+        capacity = -(-(max_len + 1) // BUCKET) * BUCKET
+        static = self.failed is not None
+        cache = StaticStackCache(capacity, prefix.device) if static else StackCache()
         rows = list(range(prefix.size(0)))  # the original row of each row still running
         tokens, scores = prefix, torch.zeros(prefix.shape, device=prefix.device)
         done: dict[int, tuple[Tensor, Tensor]] = {}
@@ -252,11 +296,14 @@ class SelfSpeculation:
                 if not self.shallow:  # no draft: the full model reads the token itself
                     states.append(x)
                     break
-                out = decoder.run(x, self.shallow, cache, decoder.hooks(pos))
-                states.append(out.hidden)
-                if j == k:
+                if static:
+                    cache.set_positions(step + j, 1)
+                last_pass = j == k  # the state alone: no output layer
+                hidden, logits = self._pass(2 if last_pass else 0, x, self.shallow, cache,
+                                            decoder.hooks(pos))  # fmt: skip
+                states.append(hidden)
+                if last_pass:
                     break
-                logits = decoder.logits(out.output)
                 if rule.sampling:
                     q = rule.probs(rule.lprobs(logits, step + j)[:, 0])
                     last = torch.multinomial(q, 1, generator=generator)
@@ -267,8 +314,10 @@ class SelfSpeculation:
             stats.draft_seconds += time.perf_counter() - start
             start = time.perf_counter()
             pos = None if positions[0] is None else torch.cat(positions, 1)
-            out = decoder.run(torch.cat(states, 1), self.deep, cache, decoder.hooks(pos))
-            lprobs = rule.lprobs(decoder.logits(out.output), step)  # B x (k + 1) x V
+            if static:
+                cache.set_positions(step, len(states))
+            _, logits = self._pass(1, torch.cat(states, 1), self.deep, cache, decoder.hooks(pos))
+            lprobs = rule.lprobs(logits, step)  # B x (k + 1) x V
             drafted = torch.cat(drafts, 1) if drafts else tokens[:, :0]
             if rule.sampling:
                 agree = self._agreement(lprobs, drafted, draft_probs, generator)  # per row
@@ -285,6 +334,8 @@ class SelfSpeculation:
                 emitted = target[:, : accepted + 1]
             n = emitted.size(1)
             cache.truncate(step + n)
+            if static and stats.verifications == 0:
+                self._compile()
             stats.verify_seconds += time.perf_counter() - start
             stats.verifications += 1
             stats.drafted += k
@@ -353,6 +404,39 @@ class SelfSpeculation:
                 took = (agree > accepted).unsqueeze(1)
                 last = torch.where(took, drafted[:, accepted : accepted + 1], last)
         return torch.cat([drafted[:, :accepted], last], 1)
+
+
+def _eager_pass(decoder: DraftingDecoder, x: Tensor, levels, cache: StackCache, hooks):
+    """The levels on ``x``, then the output layer: the state after them and the logits."""
+    out = decoder.run(x, levels, cache, hooks)
+    return out.hidden, decoder.logits(out.output)
+
+
+def _eager_state(decoder: DraftingDecoder, x: Tensor, levels, cache: StackCache, hooks):
+    """The levels on ``x``: the state after them (no logits)."""
+    return decoder.run(x, levels, cache, hooks).hidden, None
+
+
+EAGER = (_eager_pass, _eager_pass, _eager_state)
+
+
+_COMPILED: dict[tuple[int, tuple[int, ...]], Callable] = {}
+
+
+def _compiled_pass(which: int, levels: tuple[int, ...]) -> Callable:
+    """:data:`EAGER`'s pass ``which`` on ``levels`` compiled by ``torch.compile`` (dynamic
+    shapes), made once per process. Each (pass, levels) gets a code object of its own, so that
+    it keeps its own compilations: torch keeps them per code object and, past a small limit,
+    runs new shapes eagerly, which a draft depth calibration (every R) would otherwise reach."""
+    key = (which, levels)
+    if key not in _COMPILED:
+        base = EAGER[which]
+        name = f"{base.__name__}_{which}_{'_'.join(map(str, levels)) or 'none'}"
+        code = base.__code__.replace(co_name=name, co_qualname=name)
+        _COMPILED[key] = torch.compile(
+            types.FunctionType(code, base.__globals__, name), dynamic=True
+        )
+    return _COMPILED[key]
 
 
 def _first(hits: Tensor) -> Tensor:

@@ -37,48 +37,83 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from recurnmt.modules.cache import StackCache
+from recurnmt.modules.cache import StackCache, select_memory
 
 BUCKET = 32  # positions attention reads grow by this many at a time
 
 
 class StepPosition:
-    """The position a decoding step writes, shared by every level of a stack.
+    """The positions a decoding step writes, shared by every level of a stack: one (beam
+    search), or several consecutive ones (speculative decoding's verification).
 
     Attributes:
         capacity: positions the buffers hold (the longest output, end of sentence included).
-        index: the position, a 1-element long tensor on the device.
-        bucket: positions attention reads at this step (the position + 1 rounded up to a
-            multiple of :data:`BUCKET`, at most ``capacity``; a host number).
-        mask: 1 x 1 x 1 x bucket, True at the positions a query may attend (0 .. index); a
-            view of one buffer of ``capacity`` positions.
-        length: positions written once the current step has run (host number).
+        index: the positions, a long tensor of ``count`` elements on the device (for one
+            position always the same tensor, rewritten in place).
+        start, count: the first position written and how many (host numbers).
+        bucket: positions attention reads at this step (the last position + 1 rounded up to a
+            multiple of :data:`BUCKET`, at most ``capacity``, never less than before; a host
+            number).
+        mask: 1 x 1 x count x bucket, True where a query may attend (query j: positions 0 ..
+            start + j); a view of one buffer of ``capacity`` positions per count.
+        length: positions filled once the current step has run (host number).
     """
 
     def __init__(self, capacity: int, device: torch.device | str) -> None:
         if capacity < 1:
             raise ValueError(f"a static-shape cache of {capacity} positions holds nothing")
         self.capacity = capacity
-        self.index = torch.zeros(1, dtype=torch.long, device=device)
-        self._mask = torch.zeros(1, 1, 1, capacity, dtype=torch.bool, device=device)
         self._positions = torch.arange(capacity, device=device)
-        self.length = 0
+        self._indices = {1: torch.zeros(1, dtype=torch.long, device=device)}
+        self._masks = {1: torch.zeros(1, 1, 1, capacity, dtype=torch.bool, device=device)}
+        self.index = self._indices[1]
+        self.start, self.count, self.length = 0, 1, 0
         self.bucket = min(BUCKET, capacity)
+        # a tensor attribute, not a lookup by count: a compiled step reads it without
+        # specialising on the count
+        self._mask = self._masks[1].narrow(3, 0, self.bucket)
 
     @property
     def mask(self) -> Tensor:
-        return self._mask.narrow(3, 0, self.bucket)
+        return self._mask
 
-    def set(self, position: int) -> None:
-        """The next step writes ``position`` and attends to 0 .. ``position`` (in place)."""
-        if not 0 <= position < self.capacity:
+    def set(self, position: int, count: int = 1) -> None:
+        """The next step writes positions ``position`` .. ``position + count - 1``, its query j
+        attending to 0 .. ``position + j`` (in place: the tensors of a count keep their
+        storage)."""
+        if count < 1 or not 0 <= position <= self.capacity - count:
             raise ValueError(
-                f"position {position}: the static-shape cache holds {self.capacity} positions"
+                f"positions {position} .. {position + count - 1}: the static-shape cache holds "
+                f"{self.capacity} positions"
             )
-        self.index.fill_(position)
-        torch.le(self._positions, position, out=self._mask.view(-1))
-        self.length = position + 1
-        self.bucket = min(-(-self.length // BUCKET) * BUCKET, self.capacity)
+        if count not in self._indices:
+            device = self._positions.device
+            self._indices[count] = torch.zeros(count, dtype=torch.long, device=device)
+            self._masks[count] = torch.zeros(
+                1, 1, count, self.capacity, dtype=torch.bool, device=device
+            )
+        index, mask = self._indices[count], self._masks[count]
+        if count == 1:
+            index.fill_(position)
+            torch.le(self._positions, position, out=mask.view(-1))
+        else:
+            torch.add(self._positions[:count], position, out=index)
+            torch.le(self._positions, index.view(count, 1), out=mask.view(count, -1))
+        self.index, self.start, self.count = index, position, count
+        self.length = position + count
+        # never smaller than before: after a truncation (speculative decoding) the buffers
+        # keep the bucket a verification reached
+        bucket = min(-(-self.length // BUCKET) * BUCKET, self.capacity)
+        self.bucket = max(bucket, self.bucket)
+        self._mask = mask.narrow(3, 0, self.bucket)
+
+    def truncate(self, length: int) -> None:
+        """Only the first ``length`` positions count as filled (speculative decoding keeps
+        what was accepted): the buffers stay as they are, the next step writes ``length`` on
+        and attends no further than it writes."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
+        self.length = length
 
 
 class StaticKVCache:
@@ -119,14 +154,17 @@ class StaticKVCache:
         return self.buffer.narrow(3, 0, self.length)
 
     def append_pair(self, kv: Tensor) -> tuple[Tensor, Tensor]:
-        """Writes the step's keys and values (2 x B x H x 1 x D) at the step's position.
+        """Writes the step's keys and values (2 x B x H x count x D) at the step's positions.
 
         Returns:
             The keys and values of the bucket's positions, each B x H x bucket x D (read
             with :attr:`key_mask`).
         """
-        if kv.size(3) != 1:
-            raise ValueError(f"a static-shape cache takes one position per step, not {kv.size(3)}")
+        if kv.size(3) != self.position.index.numel():
+            raise ValueError(
+                f"a static-shape cache takes the step's {self.position.index.numel()} "
+                f"position(s), not {kv.size(3)}"
+            )
         if self.buffer is not None and kv.shape[1:3] != self.buffer.shape[1:3]:
             raise ValueError(
                 f"a static-shape cache keeps its {self.buffer.size(1)} rows; a step gave "
@@ -139,6 +177,13 @@ class StaticKVCache:
         keys, values = self.buffer.unbind(0)
         return keys, values
 
+    def fit(self) -> None:
+        """A buffer of the step's bucket, made before the step where the position entered a
+        new bucket (so that a compiled step never takes :meth:`append_pair`'s branch that
+        makes it)."""
+        if self.buffer is not None and self.buffer.size(3) != self.position.bucket:
+            self._grow(self.buffer[:, :, :, :1], self.position.bucket)
+
     def _grow(self, kv: Tensor, bucket: int) -> None:
         """A zeroed buffer of ``bucket`` positions holding the positions filled so far (once
         per bucket: zeroing the longest output's buffer at once cost more than decoding a
@@ -146,7 +191,7 @@ class StaticKVCache:
         _, b, h, _, d = kv.shape
         grown = kv.new_zeros(2, b, h, bucket, d)
         if self.buffer is not None:
-            filled = self.position.length - 1  # this step's position is written next
+            filled = self.position.start  # this step's positions are written next
             grown.narrow(3, 0, filled).copy_(self.buffer.narrow(3, 0, filled))
         self.buffer = grown
 
@@ -163,10 +208,16 @@ class StaticKVCache:
         filled.copy_(filled.index_select(1, new_order))
         return self
 
+    def select_rows(self, rows: Tensor) -> None:
+        """Keeps the batch rows ``rows`` (sentences leaving speculative decoding's batch) in a
+        new buffer of fewer rows: the shapes change, which a compiled step follows and a
+        captured one could not."""
+        if self.buffer is not None:
+            self.buffer = self.buffer.index_select(1, rows)
+
     def truncate(self, length: int) -> None:
-        raise ValueError(
-            "a static-shape cache is not truncated (speculative decoding uses the default cache)"
-        )
+        """Nothing to do: the stack's :class:`StepPosition` is truncated once for every level
+        (:meth:`StaticStackCache.truncate`)."""
 
 
 class StaticStackCache(StackCache):
@@ -190,12 +241,31 @@ class StaticStackCache(StackCache):
             self.levels[index] = StaticKVCache(self.position)
         return self.levels[index]
 
-    def reorder(self, new_order: Tensor) -> StaticStackCache:
+    def set_positions(self, position: int, count: int) -> None:
+        """The next step writes ``count`` positions from ``position`` (speculative decoding:
+        a draft pass, one; a verification, several), every level's buffer fitted to its
+        bucket first (:meth:`StaticKVCache.fit`)."""
+        self.position.set(position, count)
         for kv in self.levels.values():
-            kv.reorder(new_order)
+            kv.fit()
+
+    def reorder(self, new_order: Tensor) -> StaticStackCache:
+        """Beam search's new order of the rows (as many as before): in place. Fewer rows
+        (speculative decoding's finished sentences leave the batch): the levels' buffers and
+        the projected memory selected into new, smaller ones (:meth:`StaticKVCache.select_rows`)."""
+        rows = next((kv.buffer.size(1) for kv in self.levels.values() if kv.buffer is not None),
+                    None)  # fmt: skip
+        if rows is None or new_order.numel() == rows:
+            for kv in self.levels.values():
+                kv.reorder(new_order)
+            return self
+        for kv in self.levels.values():
+            kv.select_rows(new_order)
+        self.memory = {b: select_memory(kv, new_order) for b, kv in self.memory.items()}
+        self.level_memory = {i: select_memory(kv, new_order) for i, kv in self.level_memory.items()}
         return self
 
     def truncate(self, length: int) -> None:
-        raise ValueError(
-            "a static-shape cache is not truncated (speculative decoding uses the default cache)"
-        )
+        """Every level keeps its first ``length`` positions (speculative decoding): the shared
+        position is moved back; the buffers keep their storage (:meth:`StepPosition.truncate`)."""
+        self.position.truncate(length)

@@ -58,14 +58,20 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
     Args:
         draft_levels: the levels the draft runs (1 .. N-1; 0: no draft), or ``"auto"``.
         draft_tokens: tokens drafted per verification (>= 1).
+        compiled: the passes compiled by ``torch.compile`` (``--compile-decoding``; eager,
+            with a warning, from a failure to compile on).
         models, tgt_dict, **kwargs: as fairseq's ``SequenceGenerator``.
 
     Raises:
         ValueError: a setting speculation cannot honour, naming its flag.
     """
 
-    def __init__(self, models, tgt_dict, draft_levels, draft_tokens: int = 4, **kwargs) -> None:
+    def __init__(
+        self, models, tgt_dict, draft_levels, draft_tokens: int = 4, compiled: bool = False,
+        **kwargs,
+    ) -> None:  # fmt: skip
         super().__init__(models, tgt_dict, **kwargs)
+        self.compiled = compiled
         what = "speculative decoding"
         others = "--diverse-beam-groups, --diversity-rate, --constraints, --prefix-allowed-tokens"
         searches = (search.BeamSearch, search.Sampling)
@@ -92,11 +98,17 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         )
         self.stats = Statistics()
         self.batches = 0
+        if compiled:
+            logger.info(
+                "--compile-decoding: the draft passes and verifications compiled by "
+                "torch.compile over a static-shape cache, from each batch's second verification"
+            )
 
     def log_summary(self) -> None:
         if self.stats.verifications:
             tokens = self.draft_tokens if self.draft_levels else 0
-            logger.info(f"draft levels {self.draft_levels}, tokens {tokens}: "
+            passes = "compiled" if self.compiled else "eager"
+            logger.info(f"draft levels {self.draft_levels}, tokens {tokens}, {passes} passes: "
                         + self.stats.summary())  # fmt: skip
 
     @torch.no_grad()
@@ -133,8 +145,16 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
 
     def _speculate(self, model, encoder_out, rule, prefix, max_len, levels):
         drafting = FairseqDraftingDecoder(model.decoder, encoder_out)
-        speculation = SelfSpeculation(drafting, levels, self.draft_tokens, rule)
+        failed = self._compile_failed if self.compiled else None
+        speculation = SelfSpeculation(drafting, levels, self.draft_tokens, rule, compiled=failed)
         return speculation.run(prefix, max_len, self.eos)
+
+    def _compile_failed(self, error: Exception) -> None:
+        first = str(error).strip().splitlines()[:1] or [type(error).__name__]
+        logger.warning(
+            f"--compile-decoding: compiling a pass failed ({first[0]}); eager from now on"
+        )
+        self.compiled = False
 
     def _calibrate(self, sample, model, encoder_out, rule, prefix, max_len) -> int:
         """``--draft-levels auto``: the draft depth that decodes the first batch fastest, or 0
@@ -209,15 +229,15 @@ class SpeculativeTranslationTask(TranslationTask):
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         levels, compiled = self.cfg.draft_levels, self.cfg.compile_decoding
-        static = self.cfg.static_decoding or compiled
+        static = self.cfg.static_decoding or (compiled and levels is None)
         if (levels is None and not static) or getattr(args, "score_reference", False):
             return super().build_generator(
                 models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs
             )
-        static_option = "--compile-decoding" if compiled else "--static-decoding"
-        option = static_option if static else "--draft-levels"
-        if static and levels is not None:
-            raise ValueError(f"{static_option}: not with --draft-levels (beam search or drafts)")
+        if self.cfg.static_decoding and levels is not None:
+            raise ValueError("--static-decoding: not with --draft-levels (beam search or drafts)")
+        option = "--draft-levels" if levels is not None else (
+            "--compile-decoding" if compiled else "--static-decoding")  # fmt: skip
         if getattr(args, "print_alignment", False):
             raise ValueError(f"--print-alignment: not with {option}")
         if static:
@@ -229,6 +249,7 @@ class SpeculativeTranslationTask(TranslationTask):
             **(extra_gen_cls_kwargs or {}),
             "draft_levels": levels,
             "draft_tokens": self.cfg.draft_tokens,
+            "compiled": compiled,
         }
         generator = super().build_generator(
             models, args, SpeculativeSequenceGenerator, extra, **kwargs
