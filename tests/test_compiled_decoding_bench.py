@@ -42,13 +42,16 @@ def test_measure_writes_the_page(data, tmp_path):
             assert ("transformer", search, "compiled", setting) not in rows  # fairseq's model
     # the draft depth is cut to the model's 3 levels; speculation and the eager static
     # search at batch 1 only
-    assert rows[("ringformer-random", "greedy", "speculative R=2 K=2", "batch 1")]["identical"] == 4
-    assert ("ringformer-random", "greedy", "speculative R=2 K=2", "batch 2") not in rows
+    for run in ("no draft", "speculative R=2 K=2"):
+        for suffix in ("", ", compiled"):
+            assert rows[("ringformer-random", "greedy", run + suffix, "batch 1")]["identical"] == 4
+            assert ("ringformer-random", "greedy", run + suffix, "batch 2") not in rows
+    assert rows[("ringformer-random", "greedy", "no draft, compiled", "batch 1")]["compile_seconds"]
     assert ("ringformer-random", "beam 4", "static, eager", "batch 2") not in rows
     assert "owf" not in results["models"]  # not trained: said, skipped
     page = doc.read_text()
     assert "## Batch 1" in page and "## Batch 2" in page
-    assert "- **batch 1, greedy**: compiled " in page
+    assert "- **batch 1, greedy**, compiled, against fairseq" in page
     assert (tmp_path / "c.png").exists() and "(c.png)" in page
     assert str(tmp_path) not in before  # portable paths only
 

@@ -62,44 +62,53 @@ def configurations(model, tgt_dict, draft: tuple[int, int]) -> list[tuple[str, s
         configs.append((search, STATIC, lambda size=size: static(model, tgt_dict, size, False)))
         configs.append((search, COMPILED, lambda size=size: static(model, tgt_dict, size, True)))
     if can_draft(model):
-        levels = min(draft[0], model.decoder.stack.num_levels - 1)
-        configs.append(("greedy", NO_DRAFT, lambda: speculative(model, tgt_dict, 0, 1)))
-        spec = f"speculative R={levels} K={draft[1]}"
-        configs.append(("greedy", spec, lambda: speculative(model, tgt_dict, levels, draft[1])))
+        levels, k = min(draft[0], model.decoder.stack.num_levels - 1), draft[1]
+        for suffix, c in (("", False), (", compiled", True)):
+            configs.append(
+                ("greedy", NO_DRAFT + suffix, lambda c=c: speculative(model, tgt_dict, 0, 1, c))
+            )
+            configs.append((
+                "greedy", f"speculative R={levels} K={k}{suffix}",
+                lambda c=c: speculative(model, tgt_dict, levels, k, c),
+            ))  # fmt: skip
     return configs
+
+
+def compiles(run: str) -> bool:
+    return run == COMPILED or run.endswith(", compiled")
+
+
+def timed(run: str, setting: str) -> bool:
+    """In batches: fairseq's searches and the compiled static-shape ones (speculation pays at
+    batch 1 if anywhere, docs/speculative.md; the eager static search keeps finished rows, a
+    cost docs/gpu.md measures)."""
+    return setting == "batch 1" or run in (FAIRSEQ, COMPILED)
 
 
 def measure_model(test: TestSet, model, name: str, args: argparse.Namespace,
                   log: Callable[[str], None]) -> list[dict[str, Any]]:  # fmt: skip
-    """The rows of one model: every configuration at batch 1 and in batches of ``args.batch``
-    (the eager static search only at batch 1: in batches it keeps finished rows, a cost
-    docs/gpu.md measures), fastest of ``args.rounds`` rounds."""
+    """The rows of one model: every configuration at batch 1 and, where :func:`timed`, in
+    batches of ``args.batch``, the fastest of ``args.rounds`` rounds."""
     ids = test.spread(args.sentences)
     settings = {
         "batch 1": test.batches(ids, 1),
         f"batch {args.batch}": test.batches(ids, args.batch),
     }
     configs = configurations(model, test.tgt_dict, tuple(args.draft))
-    compile_seconds: dict[tuple[str, str], float] = {}
+    compile_seconds: dict[tuple[str, str, str], float] = {}
     for search, run, make in configs:  # compilations, untimed: the first shapes of each
-        if run == COMPILED:
-            for setting, batches in settings.items():
+        for setting, batches in settings.items():
+            if compiles(run) and timed(run, setting):
                 start = time.perf_counter()
                 decode(make(), model, batches)
-                compile_seconds[(search, setting)] = time.perf_counter() - start
-    log(
-        f"{name}: compiled ({', '.join(f'{s} {b}: {t:.0f} s' for (s, b), t in compile_seconds.items())})"
-    )
+                compile_seconds[(search, run, setting)] = time.perf_counter() - start
+    log(f"{name}: compiled in {sum(compile_seconds.values()):.0f} s")
     best: dict[tuple[str, str, str], dict[str, Any]] = {}
     outputs: dict[tuple[str, str, str], dict[int, torch.Tensor]] = {}
     for round_ in range(args.rounds):
         for search, run, make in configs:
             for setting, batches in settings.items():
-                if (
-                    setting != "batch 1"
-                    and run in (STATIC, NO_DRAFT)
-                    or (setting != "batch 1" and run.startswith("speculative"))
-                ):
+                if not timed(run, setting):
                     continue
                 out, seconds, tokens = decode(make(), model, batches)
                 key = (search, run, setting)
@@ -112,12 +121,12 @@ def measure_model(test: TestSet, model, name: str, args: argparse.Namespace,
                         "sentences_per_s": round(len(ids) / seconds, 2),
                     }  # fmt: skip
         log(f"{name}: round {round_ + 1} of {args.rounds} done")
-    for (search, run, setting), row in best.items():
+    for key, row in best.items():
+        search, run, setting = key
         want = outputs[(search, FAIRSEQ, setting)]
-        got = outputs[(search, run, setting)]
-        row["identical"] = sum(torch.equal(got[i], want[i]) for i in want)
-        if run == COMPILED:
-            row["compile_seconds"] = round(compile_seconds[(search, setting)], 1)
+        row["identical"] = sum(torch.equal(outputs[key][i], want[i]) for i in want)
+        if key in compile_seconds:
+            row["compile_seconds"] = round(compile_seconds[key], 1)
     return list(best.values())
 
 
@@ -184,26 +193,30 @@ def table(results: dict, setting: str) -> list[str]:
 
 
 def headline(results: dict) -> list[str]:
-    """One sentence per setting and search: the compiled search against fairseq's."""
+    """One line per setting and search: every compiled run against fairseq's search of the same
+    model, over the models (the lowest and highest ratio)."""
     lines = []
     rows = results["rows"]
-    settings = list(dict.fromkeys(r["setting"] for r in rows))
-    for setting in settings:
+    for setting in dict.fromkeys(r["setting"] for r in rows):
         for search in dict.fromkeys(r["search"] for r in rows):
-            ratios = []
-            for row in rows:
-                if (row["setting"], row["search"], row["run"]) != (setting, search, COMPILED):
-                    continue
-                base = _find(rows, row["model"], search, FAIRSEQ, setting)
-                if base is not None:
-                    ratios.append((row["tokens_per_s"] / base["tokens_per_s"], row["model"]))
-            if ratios:
-                low, high = min(ratios), max(ratios)
-                span = f"{low[0]:.2f}x ({low[1]})"
-                if len(ratios) > 1:
-                    span += f" to {high[0]:.2f}x ({high[1]})"
-                lines.append(f"- **{setting}, {search}**: compiled {span} fairseq's search of the "
-                             "same model.")  # fmt: skip
+            parts = []
+            here = [r for r in rows if (r["setting"], r["search"]) == (setting, search)]
+            for run in dict.fromkeys(r["run"] for r in here if compiles(r["run"])):
+                ratios = []
+                for row in (r for r in here if r["run"] == run):
+                    base = _find(rows, row["model"], search, FAIRSEQ, setting)
+                    if base is not None:
+                        ratios.append((row["tokens_per_s"] / base["tokens_per_s"], row["model"]))
+                if ratios:
+                    low, high = min(ratios), max(ratios)
+                    span = f"{low[0]:.2f}x ({low[1]})"
+                    if len(ratios) > 1:
+                        span += f" to {high[0]:.2f}x ({high[1]})"
+                    name = "the static-shape search" if run == COMPILED else run.split(",")[0]
+                    parts.append(f"{name} {span}")
+            if parts:
+                lines.append(f"- **{setting}, {search}**, compiled, against fairseq's search of "
+                             f"the same model: {'; '.join(parts)}.")  # fmt: skip
     return lines
 
 
@@ -229,7 +242,7 @@ def plot(results: dict, path: Path) -> bool:
             base = _find(results["rows"], row["model"], row["search"], FAIRSEQ, setting)
             labels.append(f"{row['model']}\n{row['search']}, {row['run']}")
             values.append(row["tokens_per_s"] / base["tokens_per_s"])
-        colors = ["tab:green" if " compiled" in f" {lab}" else "tab:gray" for lab in labels]
+        colors = ["tab:green" if "compiled" in lab else "tab:gray" for lab in labels]
         ax.barh(range(len(values)), values, color=colors)
         ax.set_yticks(range(len(values)), labels, fontsize=6)
         ax.axvline(1.0, color="black", linewidth=0.8)

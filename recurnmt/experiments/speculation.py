@@ -106,12 +106,12 @@ def greedy(model, tgt_dict, **kwargs) -> SequenceGenerator:
     return SequenceGenerator([model], tgt_dict, beam_size=1, max_len_a=1.5, max_len_b=10, **kwargs)
 
 
-def speculative(model, tgt_dict, levels: int, tokens: int):
+def speculative(model, tgt_dict, levels: int, tokens: int, compiled: bool = False):
     from recurnmt.nmt.speculative import SpeculativeSequenceGenerator
 
     return SpeculativeSequenceGenerator(
         [model], tgt_dict, beam_size=1, max_len_a=1.5, max_len_b=10, draft_levels=levels,
-        draft_tokens=tokens,
+        draft_tokens=tokens, compiled=compiled,
     )  # fmt: skip
 
 
