@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from recurnmt.cli import entry_point
+from recurnmt.experiments.experiment import missing_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 PROG = "python scripts/compiled_decoding.py"
@@ -45,11 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--sentences, --batch, --rounds and --threads: at least 1")
     if args.draft[0] < 1 or args.draft[1] < 1:
         parser.error(f"--draft {args.draft[0]} {args.draft[1]}: at least 1 level and 1 token")
-    if not (args.data / "dict.en.txt").exists():
-        parser.error(
-            f"--data {args.data}: no binarized corpus there (python -m data_prep.embedded "
-            "prepare --vocab-size 4000 makes data-bin/lohelp_de_en_spm4000)"
-        )
+    if error := missing_corpus(args.data):
+        parser.error(error)
     return args
 
 

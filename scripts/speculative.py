@@ -41,7 +41,13 @@ from types import SimpleNamespace
 from recurnmt.cli import entry_point
 from recurnmt.experiments.artifacts import write_json
 from recurnmt.experiments.commands import run_logged, train_command
-from recurnmt.experiments.experiment import add_size_arguments, recipe_flags, run_flags, size_flags
+from recurnmt.experiments.experiment import (
+    add_size_arguments,
+    missing_corpus,
+    recipe_flags,
+    run_flags,
+    size_flags,
+)
 from recurnmt.experiments.launch import cpu_train_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,11 +151,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--dtype {args.dtype}: half precision is measured on CUDA (--device cuda)")
     if args.levels < 2:
         parser.error(f"--levels {args.levels}: a draft needs at least 2 levels")
-    if not (args.data / "dict.en.txt").exists():
-        parser.error(
-            f"--data {args.data}: no binarized corpus there (python -m data_prep.embedded "
-            "prepare --vocab-size 4000 makes data-bin/lohelp_de_en_spm4000)"
-        )
+    if error := missing_corpus(args.data):
+        parser.error(error)
     return args
 
 

@@ -341,9 +341,10 @@ def test_compiled_passes_decode_as_fairseqs_beam_one(family, levels, tokens):
             assert lengths[0] > 33  # a second length bucket
         elif family == "relaxed_transformer":
             assert lengths[0] < lengths[-1]  # rows left the batch at different steps
-    from recurnmt.modules import speculative
+    from recurnmt.modules.compile import _DECODING
 
-    assert (1, tuple(range(levels, 4))) in speculative._COMPILED  # the verification compiled
+    # the model's own compiled verification (one per model and setting)
+    assert ("speculation", 1, tuple(range(levels, 4))) in _DECODING[model.decoder.stack]
 
 
 def test_compiled_sampling_draws_as_the_eager_passes():
@@ -370,7 +371,7 @@ def test_compiled_passes_that_fail_to_compile_run_eagerly(monkeypatch, caplog):
     def broken(*args):
         raise RuntimeError("InductorError: no C++ compiler found\ndetail")
 
-    monkeypatch.setattr(speculative, "_compiled_pass", lambda which, levels: broken)
+    monkeypatch.setattr(speculative, "compiled_decoding", lambda owner, key, fn: broken)
     model = _model("ringformer_tiny")
     sample = _sample()
     options = dict(beam_size=1, max_len_b=12)

@@ -427,7 +427,7 @@ def test_a_compilation_that_fails_falls_back_to_the_eager_step(monkeypatch, capl
     def broken(step):
         raise RuntimeError("InductorError: no C++ compiler found\nmore detail")
 
-    monkeypatch.setattr(static_decoding.CompiledStep, "compiled", broken)
+    monkeypatch.setattr(static_decoding, "compiled_decoding", lambda owner, key, fn: broken)
     model = _model("ringformer_tiny")
     sample = _sample(bsz=3)
     want = _nbest(StaticSequenceGenerator([model], DICT, beam_size=2), model, sample)

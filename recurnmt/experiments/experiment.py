@@ -134,6 +134,16 @@ def processes(nproc: int) -> str:
     return "one process" if nproc == 1 else f"{nproc} data-parallel processes (gloo)"
 
 
+def missing_corpus(data: Path) -> str | None:
+    """What is wrong with ``--data`` where it holds no binarized corpus (None: it does)."""
+    if (data / "dict.en.txt").exists():
+        return None
+    return (
+        f"--data {data}: no binarized corpus there (python -m data_prep.embedded prepare "
+        "--vocab-size 4000 makes data-bin/lohelp_de_en_spm4000)"
+    )
+
+
 def add_size_arguments(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     levels_help: str = "levels per side",

@@ -15,6 +15,8 @@ of compiled and eager runs are interchangeable, and the compiled state is never 
 from __future__ import annotations
 
 import functools
+import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -91,3 +93,23 @@ def compiled(fn: Callable[..., Any], settings: CompileSettings) -> Callable[...,
             return inner(*args, **kwargs)
 
     return run
+
+
+_DECODING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled_decoding(owner: object, key: tuple, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` compiled by ``torch.compile`` (TorchInductor, dynamic shapes) for decoding with
+    ``owner`` (a model's decoder stack) in the setting ``key`` (what else specialises the
+    compiled code: a pass and its levels, a beam size), made once per pair, each with a code
+    object of its own. Dynamo keeps a code object's compilations up to a small limit and runs
+    new shapes eagerly past it; one code object per model and setting keeps each within it
+    (a few compilations: the first shapes, then symbolic sizes, a new length bucket), where one
+    for all would pass the limit in a process that decodes several models or settings."""
+    per_owner = _DECODING.setdefault(owner, {})
+    if key not in per_owner:
+        name = f"{fn.__name__}_{abs(hash(key)):x}"
+        code = fn.__code__.replace(co_name=name, co_qualname=name)
+        copy = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+        per_owner[key] = torch.compile(copy, dynamic=True)
+    return per_owner[key]

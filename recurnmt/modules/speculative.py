@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import math
 import time
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -53,6 +52,7 @@ import torch
 from torch import Tensor
 
 from recurnmt.modules.cache import StackCache
+from recurnmt.modules.compile import compiled_decoding
 from recurnmt.modules.hooks import LevelHook
 from recurnmt.modules.stack import RecurrentStack, StackOutput
 from recurnmt.modules.static_cache import BUCKET, StaticStackCache
@@ -245,8 +245,9 @@ class SelfSpeculation:
     def _compile(self) -> None:
         """From the second iteration on (the first one made every level's buffers, projected
         the memory and folded the levels' weights), the passes compiled."""
+        stack = self.decoder.stack
         self.passes = tuple(
-            _compiled_pass(which, levels)
+            compiled_decoding(stack, ("speculation", which, levels), EAGER[which])
             for which, levels in ((0, self.shallow), (1, self.deep), (2, self.shallow))
         )
 
@@ -418,25 +419,6 @@ def _eager_state(decoder: DraftingDecoder, x: Tensor, levels, cache: StackCache,
 
 
 EAGER = (_eager_pass, _eager_pass, _eager_state)
-
-
-_COMPILED: dict[tuple[int, tuple[int, ...]], Callable] = {}
-
-
-def _compiled_pass(which: int, levels: tuple[int, ...]) -> Callable:
-    """:data:`EAGER`'s pass ``which`` on ``levels`` compiled by ``torch.compile`` (dynamic
-    shapes), made once per process. Each (pass, levels) gets a code object of its own, so that
-    it keeps its own compilations: torch keeps them per code object and, past a small limit,
-    runs new shapes eagerly, which a draft depth calibration (every R) would otherwise reach."""
-    key = (which, levels)
-    if key not in _COMPILED:
-        base = EAGER[which]
-        name = f"{base.__name__}_{which}_{'_'.join(map(str, levels)) or 'none'}"
-        code = base.__code__.replace(co_name=name, co_qualname=name)
-        _COMPILED[key] = torch.compile(
-            types.FunctionType(code, base.__globals__, name), dynamic=True
-        )
-    return _COMPILED[key]
 
 
 def _first(hits: Tensor) -> Tensor:

@@ -48,8 +48,9 @@ from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
 from torch import Tensor
 
+from recurnmt.modules.compile import compiled_decoding
 from recurnmt.modules.speculative import TokenRule
-from recurnmt.modules.static_cache import StaticStackCache
+from recurnmt.modules.static_cache import BUCKET, StaticStackCache
 from recurnmt.nmt.generation import (
     FairseqDraftingDecoder,
     check_batch,
@@ -136,7 +137,10 @@ class StaticSequenceGenerator(SequenceGenerator):
         (encoder_out,) = self.model.forward_encoder(net_input)
         # the encoder's rows, one per sentence: the beam's hypotheses read them as a group
         decoder = FairseqDraftingDecoder(self.model.models[0].decoder, encoder_out, group=beam)
-        cache = StaticStackCache(max_len + 1, device)
+        capacity = max_len + 1
+        if self.compiled:  # a multiple of the length bucket: one batch's shapes as another's
+            capacity = -(-capacity // BUCKET) * BUCKET
+        cache = StaticStackCache(capacity, device)
         step_fn = StaticStep(decoder, cache, bsz * beam)
         run = self._runner(step_fn)
         rule = TokenRule(adjust=lprobs_adjustment(self, max_len), temperature=self.temperature)
@@ -202,19 +206,19 @@ class CompiledStep:
     ``failed`` with the error and runs the step eagerly from then on (running it again is
     safe: a step writes its position's keys and values, the same ones again)."""
 
-    compiled = None  # one compiled function for every step: its compilations are shared
-
     def __init__(self, step: StaticStep, failed: Callable[[Exception], None]) -> None:
         self.step, self.failed = step, failed
         self.eager = False
-        if CompiledStep.compiled is None:
-            CompiledStep.compiled = torch.compile(_run_step, dynamic=True)
+        # one compiled function per model and beam (recurnmt/modules/compile.py): a batch's
+        # steps, and the next batches', reuse its compilations
+        beam = step.decoder.memory.group
+        self.compiled = compiled_decoding(step.decoder.stack, ("beam", beam), _run_step)
 
     def __call__(self) -> Tensor:
         if self.eager:
             return self.step()
         try:
-            return CompiledStep.compiled(self.step)
+            return self.compiled(self.step)
         except Exception as error:  # noqa: BLE001 (any failure to compile: eager, warned)
             self.eager = True
             self.failed(error)
