@@ -220,6 +220,10 @@ BAD_INPUTS: dict[str, BadInput] = {
         "no_lock.txt",
     ),
     "python scripts/fairseq_speed.py": lambda tmp: (["--archs", "no_such_arch"], "no_such_arch"),
+    "python scripts/compiled_decoding.py": lambda tmp: (
+        ["--data", str(tmp / "no_corpus")],
+        "no_corpus: no binarized corpus there",
+    ),
     "python scripts/speculative.py": lambda tmp: (
         ["measure", "--data", str(tmp / "no_corpus")],
         "no_corpus: no binarized corpus there",

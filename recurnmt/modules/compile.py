@@ -82,7 +82,12 @@ def from_flags(backend: str | None, mode: str | None = None) -> CompileSettings 
 def compiled(fn: Callable[..., Any], settings: CompileSettings) -> Callable[..., Any]:
     """``fn`` compiled with ``settings``, made once per process (dynamo's cache then holds
     one graph per stack, mode and shape, distinguished by its guards)."""
-    inner = torch.compile(fn, backend=settings.backend, mode=settings.mode)
+    return _within_limit(fn, torch.compile(fn, backend=settings.backend, mode=settings.mode))
+
+
+def _within_limit(fn: Callable[..., Any], inner: Callable[..., Any]) -> Callable[..., Any]:
+    """``inner`` (``fn`` compiled) called with dynamo's recompile limit at
+    :data:`RECOMPILE_LIMIT` instead of torch's default."""
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -111,5 +116,7 @@ def compiled_decoding(owner: object, key: tuple, fn: Callable[..., Any]) -> Call
         name = f"{fn.__name__}_{abs(hash(key)):x}"
         code = fn.__code__.replace(co_name=name, co_qualname=name)
         copy = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-        per_owner[key] = torch.compile(copy, dynamic=True)
+        # batches of other sizes and sentences of other lengths (capacities, buckets) pass
+        # torch's default limit of 8 within one setting: the higher one of training's
+        per_owner[key] = _within_limit(copy, torch.compile(copy, dynamic=True))
     return per_owner[key]
