@@ -215,10 +215,6 @@ class StaticKVCache:
         if self.buffer is not None:
             self.buffer = self.buffer.index_select(1, rows)
 
-    def truncate(self, length: int) -> None:
-        """Nothing to do: the stack's :class:`StepPosition` is truncated once for every level
-        (:meth:`StaticStackCache.truncate`)."""
-
 
 class StaticStackCache(StackCache):
     """A :class:`~recurnmt.modules.cache.StackCache` whose levels are :class:`StaticKVCache`
