@@ -326,8 +326,10 @@ def test_compiled_passes_decode_as_fairseqs_beam_one(family, levels, tokens):
     different steps and across a length bucket (float64: fused kernels sum in another
     order)."""
     model = _model(f"{family}_tiny").double()
-    _eos_likelier(model, 4.0)  # the relaxed model's rows then end at steps 1 and 12
+    if family != "universal_transformer":  # whose rows would all end at the first step
+        _eos_likelier(model, 4.0)  # the relaxed model's rows then end at steps 1 and 12
     sample = _sample(bsz=6, seed=3)
+    fused = 0
     for options in (dict(max_len_b=12, unk_penalty=0.5), dict(max_len_b=40, min_len=34)):
         want = _hypos(SequenceGenerator([model], DICT, beam_size=1, **options), model, sample)
         spec = SpeculativeSequenceGenerator(
@@ -336,15 +338,23 @@ def test_compiled_passes_decode_as_fairseqs_beam_one(family, levels, tokens):
         )  # fmt: skip
         _assert_same(_hypos(spec, model, sample), want)
         assert spec.compiled  # no compilation failed
+        # greedy: rounds fused into one compiled call, the others (the first, before
+        # --min-len, near the maximum length) pass by pass
+        assert spec.stats.rounds < spec.stats.verifications, spec.stats.summary()
+        fused += spec.stats.rounds
         lengths = sorted(len(t) for t, _, _ in want)
         if "min_len" in options:
             assert lengths[0] > 33  # a second length bucket
         elif family == "relaxed_transformer":
             assert lengths[0] < lengths[-1]  # rows left the batch at different steps
+    assert fused > 0
     from recurnmt.modules.compile import _DECODING
 
-    # the model's own compiled verification (one per model and setting)
-    assert ("speculation", 1, tuple(range(levels, 4))) in _DECODING[model.decoder.stack]
+    # the model's own compiled verification and round (one per model and setting)
+    compiled = _DECODING[model.decoder.stack]
+    assert ("speculation", 1, tuple(range(levels, 4))) in compiled
+    round_key = ("speculation round", tuple(range(levels)), tuple(range(levels, 4)))
+    assert (*round_key, tokens if levels else 0) in compiled
 
 
 def test_compiled_sampling_draws_as_the_eager_passes():

@@ -29,8 +29,13 @@ batch.
 
 With ``compiled`` (``--compile-decoding``) the passes run compiled by ``torch.compile`` over a
 static-shape cache (:class:`~recurnmt.modules.static_cache.StaticStackCache`: a draft pass
-writes one position, a verification several, a truncation moves the position back), the
-token choices and the acceptance staying eager (docs/compiled_decoding.md).
+writes one position, a verification several, a truncation moves the position back). Greedy
+decoding then runs a whole round as one compiled function (:func:`_greedy_round`): the k
+draft passes with their embeddings and argmaxes, the verification, the full model's tokens
+and how many drafts they accept, so that a round costs the host one call and one read; at
+the steps where fairseq's adjustment of the scores depends on the step (before the minimum
+length, at the maximum), and for sampling, the passes are compiled one by one and the token
+choices and the acceptance stay eager (docs/compiled_decoding.md).
 
 The front end supplies a :class:`DraftingDecoder` (the token embedding, the stack, the memory,
 the output layer) and a :class:`TokenRule` (how log-probabilities become the distribution a
@@ -76,6 +81,13 @@ class DraftingDecoder(Protocol):
     def logits(self, features: Tensor) -> Tensor:
         """The output layer: B x T x C -> B x T x V."""
 
+    def position_rows(self, length: int) -> Tensor | None:
+        """The position embeddings of positions 0 .. ``length`` - 1 (length x C; None without
+        positions), as :meth:`embed` adds them (the fused round reads them on the device)."""
+
+    def embedded(self, tokens: Tensor, positions: Tensor | None) -> Tensor:
+        """The decoder's input for ``tokens`` (B x 1) at ``positions`` (B x 1 x C, or None)."""
+
     def select(self, rows: Tensor) -> None:
         """Keeps the batch rows ``rows`` (finished sentences leave)."""
 
@@ -92,6 +104,9 @@ class TokenRule:
         temperature: divides the logits (sampling and greedy alike, as fairseq does).
         topk: sample among the k most likely (0: all).
         topp: sample among the smallest set whose probability exceeds p (0: all).
+        steady: the steps at which ``adjust`` does the same at every step (fairseq: from the
+            minimum length to before the maximum one), where it is an added :meth:`bias`;
+            None: none known (every step adjusted by ``adjust``).
     """
 
     adjust: Callable[[Tensor, int], None] | None = None
@@ -99,6 +114,24 @@ class TokenRule:
     temperature: float = 1.0
     topk: int = 0
     topp: float = 0.0
+    steady: range | None = None
+
+    def steady_over(self, step: int, count: int) -> bool:
+        """Whether steps ``step`` .. ``step + count - 1`` are all adjusted alike."""
+        if self.adjust is None:
+            return True
+        return self.steady is not None and self.steady.start <= step <= self.steady.stop - count
+
+    def bias(self, vocab: int, device: torch.device | str) -> Tensor:
+        """What ``adjust`` does at a steady step, as a term added to the scores (V, float32):
+        0, -inf where a token is forbidden (pad), minus the unk penalty at unk. Adding it
+        gives exactly what ``adjust`` writes there (x + -inf = -inf; x + -p = x - p)."""
+        bias = torch.zeros(1, 1, vocab, device=device)
+        if self.adjust is not None:
+            if self.steady is None or not len(self.steady):
+                raise ValueError("the token rule has no steady step to take its bias from")
+            self.adjust(bias, self.steady.start)
+        return bias.view(vocab)
 
     def lprobs(self, logits: Tensor, step: int) -> Tensor:
         """Adjusted log-probabilities (float32), B x T x V, for steps ``step`` onwards (a NaN
@@ -149,6 +182,8 @@ class Statistics:
     rows_verified: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    rounds: int = 0  # verifications made by fused compiled rounds (drafts and verification)
+    round_seconds: float = 0.0
 
     @property
     def mean_accepted(self) -> float:
@@ -168,16 +203,20 @@ class Statistics:
     def add(self, other: Statistics) -> None:
         for name in (
             "verifications", "drafted", "accepted", "emitted", "rows_accepted", "rows_verified",
-            "draft_seconds", "verify_seconds",
+            "draft_seconds", "verify_seconds", "rounds", "round_seconds",
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def summary(self) -> str:
+        fused = (
+            f", {self.rounds} of them in fused rounds ({self.round_seconds:.2f} s)"
+            if self.rounds else ""
+        )  # fmt: skip
         return (
             f"speculation: {self.verifications} verifications, {self.mean_accepted:.2f} drafts "
             f"accepted and {self.tokens_per_verification:.2f} tokens per verification (a row "
             f"accepted {self.row_accepted:.2f}), "
-            f"draft {self.draft_seconds:.2f} s, verify {self.verify_seconds:.2f} s"
+            f"draft {self.draft_seconds:.2f} s, verify {self.verify_seconds:.2f} s{fused}"
         )
 
 
@@ -241,15 +280,22 @@ class SelfSpeculation:
         self.decoder, self.k, self.rule = decoder, draft_tokens if draft_levels else 0, rule
         self.failed = compiled  # compiled passes: called with the error if compiling fails
         self.passes = EAGER  # a draft pass, a verification, a draft pass without the logits
+        self.round = None  # greedy, compiled: a whole round (_greedy_round) compiled
+        self.vocab = 0  # the output layer's, once a verification has run
+        self.broken = False  # compiling failed: eager from then on
 
     def _compile(self) -> None:
         """From the second iteration on (the first one made every level's buffers, projected
-        the memory and folded the levels' weights), the passes compiled."""
+        the memory and folded the levels' weights), the passes compiled, and greedy rounds
+        fused into one compiled function."""
         stack = self.decoder.stack
         self.passes = tuple(
             compiled_decoding(stack, ("speculation", which, levels), EAGER[which])
             for which, levels in ((0, self.shallow), (1, self.deep), (2, self.shallow))
         )
+        if not self.rule.sampling:
+            key = ("speculation round", self.shallow, self.deep, self.k)
+            self.round = compiled_decoding(stack, key, _greedy_round)
 
     def _pass(self, which: int, x: Tensor, levels, cache: StackCache, hooks):
         """A draft pass (0), a verification (1) or the last draft pass (2, its state alone):
@@ -260,9 +306,13 @@ class SelfSpeculation:
         except Exception as error:  # noqa: BLE001 (any failure to compile: eager, reported)
             if self.passes is EAGER:
                 raise
-            self.passes = EAGER
-            self.failed(error)
+            self._eager(error)
             return EAGER[which](self.decoder, x, levels, cache, hooks)
+
+    def _eager(self, error: Exception) -> None:
+        """Compiling failed: eager passes and no fused round from now on, reported once."""
+        self.passes, self.round, self.broken = EAGER, None, True
+        self.failed(error)
 
     @torch.no_grad()
     def run(
@@ -275,77 +325,42 @@ class SelfSpeculation:
         """Decodes from ``prefix`` (B x 1: the first target token, fairseq's eos) for at most
         ``max_len`` tokens besides it (the rule forces eos at step ``max_len``), with a cache of
         its own."""
-        decoder, rule = self.decoder, self.rule
+        decoder = self.decoder
         stats = Statistics()
         # compiled: fixed shapes (a multiple of the length bucket, so that one sentence's buffers
         # are shaped as another's and the compilations serve both)
         capacity = -(-(max_len + 1) // BUCKET) * BUCKET
         static = self.failed is not None
         cache = StaticStackCache(capacity, prefix.device) if static else StackCache()
+        fused = None  # what fused rounds read besides the cache: positions, the rule's bias
         rows = list(range(prefix.size(0)))  # the original row of each row still running
         tokens, scores = prefix, torch.zeros(prefix.shape, device=prefix.device)
         done: dict[int, tuple[Tensor, Tensor]] = {}
         step = 0  # tokens generated so far; the caches hold as many positions
         while True:
             k = min(self.k, max_len - step)
-            start = time.perf_counter()
-            drafts, draft_probs, states, positions = [], [], [], []
-            last = tokens[:, -1:]
-            for j in range(k + 1):  # k drafts, and the last one through the draft's levels
-                x, pos = decoder.embed(last, step + j)
-                positions.append(pos)
-                if not self.shallow:  # no draft: the full model reads the token itself
-                    states.append(x)
-                    break
-                if static:
-                    cache.set_positions(step + j, 1)
-                last_pass = j == k  # the state alone: no output layer
-                hidden, logits = self._pass(2 if last_pass else 0, x, self.shallow, cache,
-                                            decoder.hooks(pos))  # fmt: skip
-                states.append(hidden)
-                if last_pass:
-                    break
-                if rule.sampling:
-                    q = rule.probs(rule.lprobs(logits, step + j)[:, 0])
-                    last = torch.multinomial(q, 1, generator=generator)
-                    draft_probs.append(q)
-                else:
-                    last = rule.argmax(logits, step + j)  # B x 1
-                drafts.append(last)
-            stats.draft_seconds += time.perf_counter() - start
-            start = time.perf_counter()
-            pos = None if positions[0] is None else torch.cat(positions, 1)
-            if static:
-                cache.set_positions(step, len(states))
-            _, logits = self._pass(1, torch.cat(states, 1), self.deep, cache, decoder.hooks(pos))
-            lprobs = rule.lprobs(logits, step)  # B x (k + 1) x V
-            drafted = torch.cat(drafts, 1) if drafts else tokens[:, :0]
-            if rule.sampling:
-                agree = self._agreement(lprobs, drafted, draft_probs, generator)  # per row
-                accepted, agreed = torch.stack([agree.min(), agree.sum()]).tolist()  # a read
-                emitted = self._emit(lprobs, drafted, draft_probs, agree, accepted, generator)
-                first = _first(emitted.eq(eos))
-                ends = first.tolist()  # and a second
-            else:  # the full model's tokens: one read says what is accepted and what ends
-                target = lprobs.argmax(-1)  # B x (k + 1)
-                agree = (drafted == target[:, :k]).long().cumprod(1).sum(1)
-                first = _first(target.eq(eos))
-                read = torch.cat([agree.min().view(1), agree.sum().view(1), first])
-                accepted, agreed, *ends = read.tolist()
-                emitted = target[:, : accepted + 1]
+            verdict = None
+            # the first verification makes the buffers, projects the memory, folds the levels
+            first_round = stats.verifications == 0
+            if self.round is not None and not first_round and self.rule.steady_over(step, k + 1):
+                if fused is None:
+                    bias = self.rule.bias(self.vocab, prefix.device)
+                    fused = decoder.position_rows(capacity), bias
+                verdict = self._fused_round(tokens[:, -1:], cache, step, k, eos, fused, stats)
+            if verdict is None:
+                verdict = self._round(tokens[:, -1:], cache, step, k, eos, generator, stats)
+            emitted, chosen, accepted, agreed, ends, first = verdict
             n = emitted.size(1)
             cache.truncate(step + n)
-            if static and stats.verifications == 0:
+            if static and first_round and self.passes is EAGER and not self.broken:
                 self._compile()
-            stats.verify_seconds += time.perf_counter() - start
             stats.verifications += 1
             stats.drafted += k
             stats.accepted += accepted
             stats.emitted += n
             stats.rows_accepted += agreed
-            stats.rows_verified += agree.numel()
+            stats.rows_verified += emitted.size(0)
             tokens = torch.cat([tokens, emitted], 1)
-            chosen = lprobs[:, :n].gather(-1, emitted.unsqueeze(-1))[..., 0]
             scores = torch.cat([scores, chosen], 1)
             step += n
             # a row ends at its first eos among what it emitted (the rule forces one at the
@@ -366,6 +381,84 @@ class SelfSpeculation:
             tokens, scores = tokens[keep], scores[keep]
         order = sorted(done)
         return Decoded([done[r][0] for r in order], [done[r][1] for r in order], stats)
+
+    def _fused_round(self, last, cache, step, k, eos, fused, stats):
+        """One greedy round as one compiled call (:func:`_greedy_round`), or None where
+        compiling it failed (the passes then run eagerly)."""
+        rows, bias = fused
+        start = time.perf_counter()
+        cache.set_positions(step, k + 1)
+        try:
+            target, chosen, read = self.round(
+                self.decoder, last, rows, cache, self.shallow, self.deep, k, eos, bias,
+                self.rule.temperature,
+            )  # fmt: skip
+        except Exception as error:  # noqa: BLE001 (any failure to compile: eager, reported)
+            cache.position.window(None)
+            self._eager(error)
+            return None
+        accepted, agreed, *ends = read.tolist()  # the round's one read
+        first = read[2:]
+        n = accepted + 1
+        stats.rounds += 1
+        stats.round_seconds += time.perf_counter() - start
+        return target[:, :n], chosen[:, :n], accepted, agreed, ends, first
+
+    def _round(self, last, cache, step, k, eos, generator, stats):
+        """One round pass by pass: k drafts, the verification, the acceptance. Returns the
+        emitted tokens (B x n), their log-probabilities, the batch's acceptance, the rows'
+        summed acceptance, and each row's first eos among the full model's tokens (host
+        numbers, and on the device)."""
+        decoder, rule = self.decoder, self.rule
+        static = isinstance(cache, StaticStackCache)
+        start = time.perf_counter()
+        drafts, draft_probs, states, positions = [], [], [], []
+        for j in range(k + 1):  # k drafts, and the last one through the draft's levels
+            x, pos = decoder.embed(last, step + j)
+            positions.append(pos)
+            if not self.shallow:  # no draft: the full model reads the token itself
+                states.append(x)
+                break
+            if static:
+                cache.set_positions(step + j, 1)
+            last_pass = j == k  # the state alone: no output layer
+            hidden, logits = self._pass(2 if last_pass else 0, x, self.shallow, cache,
+                                        decoder.hooks(pos))  # fmt: skip
+            states.append(hidden)
+            if last_pass:
+                break
+            if rule.sampling:
+                q = rule.probs(rule.lprobs(logits, step + j)[:, 0])
+                last = torch.multinomial(q, 1, generator=generator)
+                draft_probs.append(q)
+            else:
+                last = rule.argmax(logits, step + j)  # B x 1
+            drafts.append(last)
+        stats.draft_seconds += time.perf_counter() - start
+        start = time.perf_counter()
+        pos = None if positions[0] is None else torch.cat(positions, 1)
+        if static:
+            cache.set_positions(step, len(states))
+        _, logits = self._pass(1, torch.cat(states, 1), self.deep, cache, decoder.hooks(pos))
+        lprobs = rule.lprobs(logits, step)  # B x (k + 1) x V
+        self.vocab = lprobs.size(-1)
+        drafted = torch.cat(drafts, 1) if drafts else last[:, :0]
+        if rule.sampling:
+            agree = self._agreement(lprobs, drafted, draft_probs, generator)  # per row
+            accepted, agreed = torch.stack([agree.min(), agree.sum()]).tolist()  # a read
+            emitted = self._emit(lprobs, drafted, draft_probs, agree, accepted, generator)
+            first = _first(emitted.eq(eos))
+            ends = first.tolist()  # and a second
+        else:  # the full model's tokens: one read says what is accepted and what ends
+            target = lprobs.argmax(-1)  # B x (k + 1)
+            agree = (drafted == target[:, :k]).long().cumprod(1).sum(1)
+            first = _first(target.eq(eos))
+            read = torch.cat([agree.min().view(1), agree.sum().view(1), first])
+            accepted, agreed, *ends = read.tolist()
+            emitted = target[:, : accepted + 1]
+        chosen = lprobs[:, : emitted.size(1)].gather(-1, emitted.unsqueeze(-1))[..., 0]
+        stats.verify_seconds += time.perf_counter() - start
+        return emitted, chosen, accepted, agreed, ends, first
 
     def _agreement(self, lprobs, drafted, draft_probs, generator) -> Tensor:
         """How many drafts each row's verification accepts (B): greedy, while the draft is
@@ -419,6 +512,75 @@ def _eager_state(decoder: DraftingDecoder, x: Tensor, levels, cache: StackCache,
 
 
 EAGER = (_eager_pass, _eager_pass, _eager_state)
+
+
+def _greedy_round(
+    decoder: DraftingDecoder,
+    last: Tensor,
+    rows: Tensor | None,
+    cache: StaticStackCache,
+    shallow: tuple[int, ...],
+    deep: tuple[int, ...],
+    k: int,
+    eos: int,
+    bias: Tensor,
+    temperature: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A greedy round as one function, what is compiled: ``k`` drafts from the ``shallow``
+    levels (each embedded at its position and chosen as :meth:`TokenRule.argmax` chooses at a
+    steady step: the scores plus the rule's ``bias``), the last draft through them too, then
+    the ``deep`` levels over all k + 1 positions, the full model's tokens and how many drafts
+    each row's tokens accept. The cache's positions are set to the round's k + 1 before
+    (each draft pass writes one of them, :meth:`StepPosition.window`); ``rows``: the position
+    embedding of every position of the cache (or None), read at the round's positions.
+
+    Returns:
+        The full model's tokens (B x (k + 1)), their log-probabilities (as
+        :meth:`TokenRule.lprobs` gives them), and what the host reads: the batch's
+        acceptance, the rows' summed acceptance, then each row's first eos among the tokens
+        (k + 1 where there is none).
+    """
+    position = cache.position
+    b = last.size(0)
+    here = None if rows is None else rows.index_select(0, position.index)  # (k + 1) x C
+    states, drafts = [], []
+    for j in range(k + 1 if shallow else 1):
+        pos = None if here is None else here.narrow(0, j, 1).unsqueeze(0).expand(b, 1, -1)
+        x = decoder.embedded(last, pos)
+        if not shallow:  # no draft: the full model reads the token itself
+            states.append(x)
+            break
+        position.window(j)
+        out = decoder.run(x, shallow, cache, decoder.hooks(pos))
+        states.append(out.hidden)
+        if j == k:
+            break
+        last = _steady_scores(decoder.logits(out.output), bias, temperature).argmax(-1)
+        drafts.append(last)
+    position.window(None)
+    pos = None if here is None else here.unsqueeze(0).expand(b, -1, -1)
+    out = decoder.run(torch.cat(states, 1), deep, cache, decoder.hooks(pos))
+    scores = decoder.logits(out.output).float()
+    if temperature != 1.0:
+        scores = scores / temperature
+    lprobs = _steady_scores(torch.log_softmax(scores, dim=-1), bias, 1.0)
+    target = lprobs.argmax(-1)  # B x (k + 1)
+    chosen = lprobs.gather(-1, target.unsqueeze(-1))[..., 0]
+    if drafts:
+        agree = (torch.cat(drafts, 1) == target[:, :k]).long().cumprod(1).sum(1)
+    else:
+        agree = target.new_zeros(b)
+    read = torch.cat([agree.min().view(1), agree.sum().view(1), _first(target.eq(eos))])
+    return target, chosen, read
+
+
+def _steady_scores(scores: Tensor, bias: Tensor, temperature: float) -> Tensor:
+    """Scores (float32) as :class:`TokenRule` adjusts them at a steady step: divided by the
+    temperature, a NaN as -inf, plus the rule's bias."""
+    scores = scores.float()
+    if temperature != 1.0:
+        scores = scores / temperature
+    return scores.masked_fill(scores.isnan(), -math.inf) + bias
 
 
 def _first(hits: Tensor) -> Tensor:

@@ -72,6 +72,7 @@ class StepPosition:
         # a tensor attribute, not a lookup by count: a compiled step reads it without
         # specialising on the count
         self._mask = self._masks[1].narrow(3, 0, self.bucket)
+        self._step = self.index, self._mask
 
     @property
     def mask(self) -> Tensor:
@@ -106,6 +107,18 @@ class StepPosition:
         bucket = min(-(-self.length // BUCKET) * BUCKET, self.capacity)
         self.bucket = max(bucket, self.bucket)
         self._mask = mask.narrow(3, 0, self.bucket)
+        self._step = self.index, self._mask
+
+    def window(self, j: int | None) -> None:
+        """Within a step of several positions, the next pass writes its ``j``-th alone (query
+        ``start + j``: a draft pass of speculative decoding's fused round, which sets the
+        round's positions once); None: every position of the step again. Views of the step's
+        tensors, so a compiled round reads them without a host number of the step."""
+        index, mask = self._step
+        if j is None:
+            self.index, self._mask = index, mask
+        else:
+            self.index, self._mask = index.narrow(0, j, 1), mask.narrow(2, j, 1)
 
     def truncate(self, length: int) -> None:
         """Only the first ``length`` positions count as filled (speculative decoding keeps

@@ -126,7 +126,11 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         max_len = max_length(self, src_len)
         (encoder_out,) = self.model.forward_encoder(net_input)
         prefix = src_tokens.new_full((bsz, 1), self.eos if bos_token is None else bos_token)
-        rule = TokenRule(adjust=lprobs_adjustment(self, max_len), **self.rule_settings)
+        # fairseq's adjustment is the same at every step from --min-len to the maximum length
+        steady = range(self.min_len, max_len)
+        rule = TokenRule(
+            adjust=lprobs_adjustment(self, max_len), steady=steady, **self.rule_settings
+        )
         model = self.model.models[0]
         if self.auto:
             self.draft_levels = self._calibrate(sample, model, encoder_out, rule, prefix, max_len)
