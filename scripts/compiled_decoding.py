@@ -37,18 +37,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="timing rounds (best kept)")
-    parser.add_argument("--draft", type=int, nargs=2, default=[4, 3], metavar=("R", "K"),
-                        help="the speculative greedy setting shown beside (draft levels, "
-                        "tokens; docs/speculative.md's fastest for ringformer-random)")  # fmt: skip
+    parser.add_argument("--drafts", nargs="+", default=["1:2", "2:3", "4:3"], metavar="R:K",
+                        help="the speculative greedy settings measured (draft levels:tokens; "
+                        "R is cut to a model's levels - 1)")  # fmt: skip
     args = parser.parse_args(argv)
     args.device = "cpu"
     if args.sentences < 1 or args.batch < 1 or args.rounds < 1 or args.threads < 1:
         parser.error("--sentences, --batch, --rounds and --threads: at least 1")
-    if args.draft[0] < 1 or args.draft[1] < 1:
-        parser.error(f"--draft {args.draft[0]} {args.draft[1]}: at least 1 level and 1 token")
+    args.drafts = [_draft(parser, value) for value in args.drafts]
     if error := missing_corpus(args.data):
         parser.error(error)
     return args
+
+
+def _draft(parser: argparse.ArgumentParser, value: str) -> tuple[int, int]:
+    """``R:K``, at least 1 level and 1 token, or the parser's error naming the flag."""
+    try:
+        levels, tokens = (int(part) for part in value.split(":"))
+    except ValueError:
+        parser.error(f"--drafts {value}: draft levels:tokens, for example 1:2")
+    if levels < 1 or tokens < 1:
+        parser.error(f"--drafts {value}: at least 1 level and 1 token")
+    return levels, tokens
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ def test_measure_writes_the_page(data, tmp_path):
     doc = tmp_path / "c.md"
     flags = ["--data", str(data), "--out", str(runs), "--doc", str(doc), "--models",
              "ringformer-random", "transformer", "owf", "--sentences", "4", "--batch", "2",
-             "--rounds", "1", "--draft", "4", "2"]  # fmt: skip
+             "--rounds", "1", "--drafts", "4:2", "1:2"]  # fmt: skip
     assert script.main(flags) == 0
     before = doc.with_suffix(".json").read_text()
     assert script.main(flags) == 0  # resumed: nothing measured again
@@ -42,7 +42,7 @@ def test_measure_writes_the_page(data, tmp_path):
             assert ("transformer", search, "compiled", setting) not in rows  # fairseq's model
     # the draft depth is cut to the model's 3 levels; speculation and the eager static
     # search at batch 1 only
-    for run in ("no draft", "speculative R=2 K=2"):
+    for run in ("no draft", "speculative R=2 K=2", "speculative R=1 K=2"):
         for suffix in ("", ", compiled"):
             assert rows[("ringformer-random", "greedy", run + suffix, "batch 1")]["identical"] == 4
             assert ("ringformer-random", "greedy", run + suffix, "batch 2") not in rows
@@ -52,6 +52,7 @@ def test_measure_writes_the_page(data, tmp_path):
     page = doc.read_text()
     assert "## Batch 1" in page and "## Batch 2" in page
     assert "- **batch 1, greedy**, compiled, against fairseq" in page
+    assert "- **drafts on top of the compiled loop** (batch 1, greedy" in page
     assert (tmp_path / "c.png").exists() and "(c.png)" in page
     assert str(tmp_path) not in before  # portable paths only
 
@@ -59,8 +60,11 @@ def test_measure_writes_the_page(data, tmp_path):
 def test_bad_settings_are_refused_naming_the_flag(data, capsys):
     script = load_script("compiled_decoding")
     with pytest.raises(SystemExit):
-        script.main(["--data", str(data), "--draft", "0", "3"])
-    assert "--draft 0 3: at least 1 level and 1 token" in capsys.readouterr().err
+        script.main(["--data", str(data), "--drafts", "0:3"])
+    assert "--drafts 0:3: at least 1 level and 1 token" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["--data", str(data), "--drafts", "2"])
+    assert "--drafts 2: draft levels:tokens, for example 1:2" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         script.main(["--data", str(data / "missing")])
     assert "no binarized corpus there" in capsys.readouterr().err
