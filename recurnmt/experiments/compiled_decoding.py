@@ -255,17 +255,19 @@ def plot(results: dict, path: Path) -> bool:
     if not rows:
         return False
     settings = list(dict.fromkeys(r["setting"] for r in rows))
-    fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4), squeeze=False)
+    most = max(sum(r["setting"] == s for r in rows) for s in settings)
+    size = (6.5 * len(settings), max(4.0, 0.2 * most + 1.2))  # a readable row per bar
+    fig, axes = plt.subplots(1, len(settings), figsize=size, squeeze=False)
     for ax, setting in zip(axes[0], settings, strict=True):
         here = [r for r in rows if r["setting"] == setting]
         labels, values = [], []
         for row in here:
             base = _find(results["rows"], row["model"], row["search"], FAIRSEQ, setting)
-            labels.append(f"{row['model']}\n{row['search']}, {row['run']}")
+            labels.append(f"{row['model']}: {row['search']}, {row['run']}")
             values.append(row["tokens_per_s"] / base["tokens_per_s"])
         colors = ["tab:green" if "compiled" in lab else "tab:gray" for lab in labels]
         ax.barh(range(len(values)), values, color=colors)
-        ax.set_yticks(range(len(values)), labels, fontsize=6)
+        ax.set_yticks(range(len(values)), labels, fontsize=7)
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.invert_yaxis()
         ax.set_xlabel("tokens/s, x fairseq's search of the same model")

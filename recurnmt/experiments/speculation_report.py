@@ -37,9 +37,12 @@ acceptance, so speculation pays most sentence by sentence, if at all: on this CP
 width, a verification over K + 1 positions costs about a step or more and a draft pass more
 than its share of one (where the time goes, below), and the drafts' gain over the same loop
 without them is small; the loop itself, `--draft-levels 0`, is the saving a user of
-`fairseq-generate --beam 1` gets at every batch size. `--compile-decoding` compiles the loop's
-passes with `torch.compile`, with or without drafts: [Compiled decoding](compiled_decoding.md)
-measures what that buys sentence by sentence.
+`fairseq-generate --beam 1` gets at every batch size. `--compile-decoding` compiles the loop
+with `torch.compile`, and greedy, a whole round as one function (the K draft passes with their
+embeddings and argmaxes, the verification, the acceptance): a round then costs the host one
+call and one read, a draft pass little more than its levels' arithmetic, and the drafts pay
+on top of the compiled loop sentence by sentence ([Compiled decoding](compiled_decoding.md)
+measures it).
 
 The tables set speculation against recurnmt's loop without drafts (`x no draft`: what the
 drafts themselves buy) and against fairseq's greedy search (`x fairseq's search`: what a user
