@@ -270,12 +270,15 @@ def test_a_wrong_acceptance_rule_would_fail_the_sampling_test(monkeypatch):
 # ---- the host's work --------------------------------------------------------------------------
 
 
-def _speculate_once(model, sim: SimulatedDevice):
+def _speculate_once(model, sim: SimulatedDevice, compiled: bool = False):
     """One batch decoded with speculation on the simulated device, every row to the maximum
-    length; returns the dispatch log and the number of verifications."""
+    length; returns the dispatch log and the number of verifications. ``compiled``: through the
+    compiled path's code (fused rounds from --min-len 1 on), run as Python: what
+    torch.compile compiles."""
+    lengths = dict(max_len_b=16, min_len=1) if compiled else dict(max_len_b=9, min_len=9)
     spec = SpeculativeSequenceGenerator(
-        [model], DICT, beam_size=1, max_len_a=0, max_len_b=9, min_len=9, draft_levels=1,
-        draft_tokens=3,
+        [model], DICT, beam_size=1, max_len_a=0, draft_levels=1, draft_tokens=3,
+        compiled=compiled, **lengths,
     )  # fmt: skip
     sample = _sample(bsz=3)
     with torch.no_grad(), sim:
@@ -283,15 +286,20 @@ def _speculate_once(model, sim: SimulatedDevice):
         sample = {"net_input": {k: sim.tensor(v) for k, v in sample["net_input"].items()}}
         with count_dispatch() as log:
             spec.generate([model], sample)
+    assert not compiled or spec.stats.rounds > 0
     return log, spec.stats.verifications
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["passes", "fused rounds"])
 @pytest.mark.parametrize("family", ["ringformer", "relaxed_transformer", "universal_transformer"])
-def test_a_verification_waits_on_the_device_once_and_copies_nothing_to_it(family, monkeypatch):
+def test_a_verification_waits_on_the_device_once_and_copies_nothing_to_it(
+    family, compiled, monkeypatch
+):
     """On a (simulated) CUDA device the host waits on the device once a greedy verification
     (what is accepted and which rows end, read together), none per level or drafted token (at
     4 and at 8 levels), plus a few times a batch (the encoder, the rows that leave); no tensor
-    made on the CPU is copied to the device.
+    made on the CPU is copied to the device. The same for a fused greedy round of
+    --compile-decoding (one read a round), its code run as Python.
     torch's lower-right causal bias (a tensor subclass) cannot be made under a dispatch mode:
     the same band as a boolean mask takes its place here."""
     from recurnmt.modules import attention
@@ -304,9 +312,14 @@ def test_a_verification_waits_on_the_device_once_and_copies_nothing_to_it(family
         return torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
 
     monkeypatch.setattr(attention, "causal_lower_right", band)
+    if compiled:  # the compiled path's functions, uncompiled (a dispatch mode traces nothing)
+        from recurnmt.modules import speculative
+
+        monkeypatch.setattr(speculative, "compiled_decoding", lambda owner, key, fn: fn)
     extra = {}
     for levels in (4, 8):
-        log, verifications = _speculate_once(_model(f"{family}_tiny", levels=levels), sim)
+        model = _model(f"{family}_tiny", levels=levels)
+        log, verifications = _speculate_once(model, sim, compiled)
         assert not log.to_device, [(e.op, e.where) for e in log.to_device]
         extra[levels] = len(log.syncs) - verifications
     assert 0 <= extra[4] <= 6 and 0 <= extra[8] <= 6, extra
