@@ -40,9 +40,8 @@ without them is small; the loop itself, `--draft-levels 0`, is the saving a user
 `fairseq-generate --beam 1` gets at every batch size. `--compile-decoding` compiles the loop
 with `torch.compile`, and greedy, a whole round as one function (the K draft passes with their
 embeddings and argmaxes, the verification, the acceptance): a round then costs the host one
-call and one read, a draft pass little more than its levels' arithmetic, and the drafts pay
-on top of the compiled loop sentence by sentence ([Compiled decoding](compiled_decoding.md)
-measures it).
+call and one read, and the drafts pay on top of the compiled loop sentence by sentence
+([Compiled decoding](compiled_decoding.md) measures it).
 
 The tables set speculation against recurnmt's loop without drafts (`x no draft`: what the
 drafts themselves buy) and against fairseq's greedy search (`x fairseq's search`: what a user
