@@ -136,9 +136,7 @@ class TokenRule:
     def lprobs(self, logits: Tensor, step: int) -> Tensor:
         """Adjusted log-probabilities (float32), B x T x V, for steps ``step`` onwards (a NaN
         as -inf, as fairseq reads it)."""
-        scores = logits.float()
-        if self.temperature != 1.0:
-            scores = scores / self.temperature
+        scores = _scaled(logits, self.temperature)
         lprobs = torch.log_softmax(scores, dim=-1)
         if self.adjust is not None:
             self.adjust(lprobs, step)  # which reads a NaN as -inf too
@@ -149,9 +147,7 @@ class TokenRule:
     def argmax(self, logits: Tensor, step: int) -> Tensor:
         """The greedy choice, B x T: the argmax of :meth:`lprobs`, taken on the adjusted
         logits (a log-softmax moves every logit of a position by one constant)."""
-        scores = logits.float()
-        if self.temperature != 1.0:
-            scores = scores / self.temperature
+        scores = _scaled(logits, self.temperature)
         if self.adjust is not None:
             self.adjust(scores, step)
         return scores.argmax(-1)
@@ -560,9 +556,7 @@ def _greedy_round(
     position.window(None)
     pos = None if here is None else here.unsqueeze(0).expand(b, -1, -1)
     out = decoder.run(torch.cat(states, 1), deep, cache, decoder.hooks(pos))
-    scores = decoder.logits(out.output).float()
-    if temperature != 1.0:
-        scores = scores / temperature
+    scores = _scaled(decoder.logits(out.output), temperature)
     lprobs = _steady_scores(torch.log_softmax(scores, dim=-1), bias, 1.0)
     target = lprobs.argmax(-1)  # B x (k + 1)
     chosen = lprobs.gather(-1, target.unsqueeze(-1))[..., 0]
@@ -577,10 +571,14 @@ def _greedy_round(
 def _steady_scores(scores: Tensor, bias: Tensor, temperature: float) -> Tensor:
     """Scores (float32) as :class:`TokenRule` adjusts them at a steady step: divided by the
     temperature, a NaN as -inf, plus the rule's bias."""
-    scores = scores.float()
-    if temperature != 1.0:
-        scores = scores / temperature
+    scores = _scaled(scores, temperature)
     return scores.masked_fill(scores.isnan(), -math.inf) + bias
+
+
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    """Logits as float32, divided by the temperature (fairseq's, greedy and sampling alike)."""
+    scores = logits.float()
+    return scores / temperature if temperature != 1.0 else scores
 
 
 def _first(hits: Tensor) -> Tensor:
