@@ -363,3 +363,17 @@ def test_recover_hypotheses_makes_the_untested_runs_again_and_keeps_only_what_re
     shutil.rmtree(args.out)
     found, pending = late.run(deadline=0.0)  # no time: the recorded results, nothing pending
     assert late.ran == [] and pending == [] and len(found) == len(results)
+
+
+def test_the_other_conversions_at_the_middle_k_run_before_the_main_cells_later_seeds(
+    tmp_path, fake
+):
+    study = FakeStudy(_args(tmp_path, inits=["stepwise", "average"]))
+    assert study.run()[1] == []
+    ran = study.ran
+    other = [n for n in ran if n.startswith("tune/m1-average-r4/")]
+    assert [n.split("/")[2] for n in other] == ["k4", "k2", "k6"]  # the middle K first
+    middle = ran.index("tune/m1-average-r4/k4/lr0.001/s1")
+    assert ran.index("total/m1-r4/s1") < middle  # after the main cells' first seed
+    assert middle < min(ran.index(n) for n in ran if n.endswith("/s2"))  # before their second
+    assert ran.index("tune/m1-average-r4/k2/lr0.001/s1") > ran.index("total/m1-r4/s2")

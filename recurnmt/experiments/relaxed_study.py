@@ -33,6 +33,8 @@ a complete comparison for its main cells):
    own training resumed from its best checkpoint, optimizer and schedule included, for K
    more updates) and ``rewarmed/kK/lrLR/sS`` (the teacher fine-tuned with the fine-tuning
    recipe: what restarting costs, without converting).
+5. ``tune/CELL/...`` and ``scratch/...`` for every other cell (seed 1): at the middle K before
+   the main cells' second and third seeds, at the other budgets after them.
 
 Every model is evaluated alike (:func:`evaluate`): ``fairseq-generate`` on the test set
 (beam 4, length penalty 1.5, sentencepiece removed; detokenized sacreBLEU and chrF against
@@ -482,29 +484,38 @@ class Study(Runner):
             lr, w = self.chosen_lr(), a.teacher_distill
             return [self.tune_run(c, ks[0], lr, 1, w) for c in self.main] if w and lr else []
 
-        def grid() -> list[Run]:
-            lr = self.chosen_lr()
-            if lr is None:  # the selection has not run
-                return []
-            main_archs = {(m.unique, m.rank) for m in self.main}
-            archs = list(dict.fromkeys((c.unique, c.rank) for c in self.cells))
-            archs = [a for a in archs if a not in main_archs]
-            runs = []
-            for k in ks:
-                runs += [
-                    self.tune_run(c, k, lr, first[0]) for c in self.cells if c not in self.main
-                ]
-                runs += [self.scratch_run(m, r, k, first[0]) for m, r in archs]
-            return runs
+        def grid(budgets: list[int]) -> Callable[[], list[Run]]:
+            """Every other conversion fine-tuned at ``budgets`` (seed 1), beside its
+            architecture from scratch."""
 
+            def plan() -> list[Run]:
+                lr = self.chosen_lr()
+                if lr is None:  # the selection has not run
+                    return []
+                main_archs = {(m.unique, m.rank) for m in self.main}
+                archs = list(dict.fromkeys((c.unique, c.rank) for c in self.cells))
+                archs = [a for a in archs if a not in main_archs]
+                runs = []
+                for k in budgets:
+                    runs += [self.tune_run(c, k, lr, first[0]) for c in self.cells
+                             if c not in self.main]  # fmt: skip
+                    runs += [self.scratch_run(m, r, k, first[0]) for m, r in archs]
+                return runs
+
+            return plan
+
+        # the other inits and ranks at the middle K come before the main cells' later seeds:
+        # which init and rank uptrain best is a question the first seed leaves open, a second
+        # seed of a control it has already answered narrows it
         return [
             lambda: [self.teacher_run()],
             lambda: [self.convert_run(c) for c in self.cells],
             selection,
             distillation,
             main(first),
+            grid(ks[:1]),
             main(seeds[1:]),
-            grid,
+            grid(ks[1:]),
         ]
 
     def needs_teacher(self, run: Run) -> bool:
