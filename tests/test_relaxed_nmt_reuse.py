@@ -377,3 +377,16 @@ def test_the_other_conversions_at_the_middle_k_run_before_the_main_cells_later_s
     assert ran.index("total/m1-r4/s1") < middle  # after the main cells' first seed
     assert middle < min(ran.index(n) for n in ran if n.endswith("/s2"))  # before their second
     assert ran.index("tune/m1-average-r4/k2/lr0.001/s1") > ran.index("total/m1-r4/s2")
+
+
+def test_the_page_says_where_the_teacher_plateaued_from_its_continued_training(tmp_path, fake):
+    study = FakeStudy(_args(tmp_path))
+    results, _ = study.run()
+    page = relaxed_report.markdown(results, [], study, "cmd", tmp_path / "p.png")
+    assert ("it moves by +0.10 sacreBLEU and -1.00 validation perplexity "
+            "(K=2: 20.10, 10.00; K=4: 20.10, 10.00; K=6: 20.10, 10.00): by the test the teacher "
+            "is at its plateau at T") in page  # fmt: skip
+    teacher = {"bleu": 20.0, "valid_ppl": 10.0}
+    moving = [{"kind": "teacher continued", "k": 2, "bleu": 20.7, "valid_ppl": 9.5}]
+    assert "still moving at T" in relaxed_report.continued_note(teacher, moving)
+    assert relaxed_report.continued_note(teacher, []) == ""  # before the runs
