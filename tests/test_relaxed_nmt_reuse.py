@@ -299,8 +299,8 @@ def test_a_verdict_counts_a_difference_reliable_only_where_every_seed_separates_
     results, _ = study.run()
     rows = [r for r in relaxed_report.comparisons(results, study) if r["control"] == "scratch K"]
     assert relaxed_report.reliability(rows, study, []) == (
-        "Paired bootstrap: 1 of 3 differences reliable (p < 0.05 in every seed), "
-        "1 not (M=1, K=4), 1 untested (hypotheses not kept)."
+        "Paired bootstrap: 1 of 3 differences reliable (p < 0.05 in every seed: conversion "
+        "ahead at M=1, K=2), 1 not (M=1, K=4), 1 untested (hypotheses not kept)."
     )
 
 
@@ -390,3 +390,22 @@ def test_the_page_says_where_the_teacher_plateaued_from_its_continued_training(t
     moving = [{"kind": "teacher continued", "k": 2, "bleu": 20.7, "valid_ppl": 9.5}]
     assert "still moving at T" in relaxed_report.continued_note(teacher, moving)
     assert relaxed_report.continued_note(teacher, []) == ""  # before the runs
+
+
+def test_a_verdict_says_where_conversion_wins_and_on_which_side_the_bootstrap_separates(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(relaxed_report, "paired_bootstrap", lambda *a: 0.001)
+    study = FakeStudy(_args(tmp_path))
+    results, _ = study.run()
+    for r in results:  # from scratch for T + K loses at K=6 only
+        if r["kind"] == "scratch T+K":
+            r["points"] = {k: {**v, "bleu": 20.0 if k == "6" else v["bleu"]}
+                           for k, v in r["points"].items()}  # fmt: skip
+    found = relaxed_report.points(results)
+    total = [v for v in relaxed_report.verdicts(relaxed_report.comparisons(found, study), found,
+                                                study) if "equal total" in v][0]  # fmt: skip
+    assert ("beat only in places the same architecture trained from scratch: higher mean "
+            "sacreBLEU in 1 of 3 comparisons, at M=1, K=6 only (") in total  # fmt: skip
+    assert ("3 of 3 differences reliable (p < 0.05 in every seed: conversion ahead at M=1, K=6, "
+            "conversion behind at M=1, K=2; M=1, K=4).") in total  # fmt: skip

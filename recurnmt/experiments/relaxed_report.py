@@ -144,16 +144,21 @@ def untested(results: list[Result], study) -> set[str]:
 def reliability(pairs: list[dict[str, Any]], study, refs: list[str]) -> str:
     """What the paired bootstrap says of a verdict's comparisons: how many differences it
     separates in every seed (p < 0.05), which it does not, how many it could not test."""
-    reliable, not_separated, untested = 0, [], 0
+    ahead, behind, not_separated, untested = [], [], [], 0
     for row in pairs:
         ps = [p for *_, p in seed_pairs(row, study, refs)]
+        where = f"M={row['unique']}, K={row['k']}"
         if any(p is None for p in ps):
             untested += 1
         elif all(p < 0.05 for p in ps):
-            reliable += 1
+            better = _mean(row["tuned"], "bleu") > _mean(row["other"], "bleu")
+            (ahead if better else behind).append(where)
         else:
-            not_separated.append(f"M={row['unique']}, K={row['k']}")
-    parts = [f"{reliable} of {len(pairs)} differences reliable (p < 0.05 in every seed)"]
+            not_separated.append(where)
+    sides = [f"conversion {side} at {'; '.join(at)}"
+             for side, at in (("ahead", ahead), ("behind", behind)) if at]  # fmt: skip
+    parts = [f"{len(ahead) + len(behind)} of {len(pairs)} differences reliable (p < 0.05 in "
+             f"every seed{': ' + ', '.join(sides) if sides else ''})"]  # fmt: skip
     if not_separated:
         parts.append(f"{len(not_separated)} not ({'; '.join(not_separated)})")
     if untested:
@@ -208,10 +213,13 @@ def verdicts(rows: list[dict[str, Any]], results: list[Result], study) -> list[s
             f"M={p['unique']}, r={p['rank']}, K={p['k']}: {_mean(p['tuned'], 'bleu'):.2f} "
             f"against {_mean(p['other'], 'bleu'):.2f}" for p in pairs
         )  # fmt: skip
-        how = {len(pairs): "beat", 0: "did not beat"}.get(wins, "beat in part")
+        how = {len(pairs): "beat", 0: "did not beat"}.get(wins, "beat only in places")
+        won = [f"M={p['unique']}, K={p['k']}" for p in pairs
+               if _mean(p["tuned"], "bleu") > _mean(p["other"], "bleu")]  # fmt: skip
+        only = f", at {'; '.join(won)} only" if 0 < wins < len(pairs) else ""
         out.append(
             f"At {axis}, converted and fine-tuned models {how} the same architecture trained "
-            f"from scratch: higher mean sacreBLEU in {wins} of {len(pairs)} comparisons "
+            f"from scratch: higher mean sacreBLEU in {wins} of {len(pairs)} comparisons{only} "
             f"({detail}). {reliability(pairs, study, refs)}"
         )
     restart = []
