@@ -409,3 +409,21 @@ def test_a_verdict_says_where_conversion_wins_and_on_which_side_the_bootstrap_se
             "sacreBLEU in 1 of 3 comparisons, at M=1, K=6 only (") in total  # fmt: skip
     assert ("3 of 3 differences reliable (p < 0.05 in every seed: conversion ahead at M=1, K=6, "
             "conversion behind at M=1, K=2; M=1, K=4).") in total  # fmt: skip
+
+
+def test_a_teacher_recorded_on_another_machine_is_refused_before_it_is_trained(tmp_path, fake):
+    from recurnmt.cli import UserError
+    from recurnmt.experiments.study_plan import machine
+
+    first, results = _recorded_study(tmp_path)
+    assert all(r["machine"] == machine() for r in results)  # every result says where it ran
+    record = json.loads(first.args.record.read_text(encoding="utf-8"))
+    record["results"][0]["machine"] = {**machine(), "cpu": "Another CPU", "kernels": "AVX512"}
+    first.args.record.write_text(json.dumps(record), encoding="utf-8")
+    again = FakeStudy(first.args)
+    found, pending = again.run()  # what is recorded is still reused, wherever it was made
+    assert pending == [] and again.ran == []
+    shown = "trained on another machine .*cpu Another CPU there.*--teacher-free runs the others"
+    with pytest.raises(UserError, match=shown):
+        again.teacher_checkpoint()
+    assert again.ran == []  # refused before training

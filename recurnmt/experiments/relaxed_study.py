@@ -68,6 +68,7 @@ from recurnmt.experiments.study_plan import (
     Run,
     Runner,
     hypotheses,
+    machine,
     train_logs,
     write_result,
 )
@@ -273,11 +274,21 @@ class Study(Runner):
         """The teacher's best checkpoint; trained again when only its result is here (taken
         from the record in a new checkout), and refused unless the new teacher is the recorded
         one (the same validation curve and test BLEU): the runs that start from it would
-        otherwise mix two teachers."""
+        otherwise mix two teachers. A teacher recorded with another :func:`machine` is refused
+        before training (the same lock on another CPU gave another teacher)."""
         path = self.teacher_best
         if path.exists() or not (self.teacher_dir / "result.json").exists():
             return path
         recorded = self.teacher_result()
+        made_on, here = recorded.get("machine"), machine()
+        if made_on is not None and made_on != here:  # refused in seconds, not after an hour
+            shown = "; ".join(f"{k} {made_on.get(k)} there, {here.get(k)} here"
+                              for k in here if made_on.get(k) != here[k])  # fmt: skip
+            raise UserError(
+                f"the recorded teacher was trained on another machine ({shown}): trained again "
+                "here it would not be the recorded one, so the runs that start from it cannot "
+                "go on here; --teacher-free runs the others, --fresh redoes the study"
+            )
         print("[teacher] its checkpoint is not here: training it again", flush=True)
         again = self.execute(self.teacher_run())
         same = ("curve", "updates", "bleu", "chrf")

@@ -20,6 +20,29 @@ LATER = "(later stages)"  # pending: stages with runs that wait for the runs bef
 AGAIN = ("reproduced", "seconds_again")  # what a run made again adds to its recorded result
 
 
+def machine() -> dict[str, Any]:
+    """What a run's numbers repeat on bit for bit besides its settings: the torch build, the
+    CPU and the kernels torch picks for it, the cores (a CPU run's threads per process come
+    from them). The same lock file on another CPU trained a teacher that differed from its
+    first validation on, so a result says where it was made (``RUN/result.json``
+    ``machine``, outside its settings: a run is reused anywhere, and made again only where
+    this is equal)."""
+    import os
+    import platform
+
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            names = [line.split(":", 1)[1] for line in info if line.startswith("model name")]
+        model = names[0].strip() if names else model
+    except OSError:  # not Linux
+        pass
+    return {"torch": torch.__version__, "cpu": model,
+            "kernels": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count()}  # fmt: skip
+
+
 @dataclass
 class Run:
     """One run of the study: its directory name, what its result depends on, and the work."""
@@ -90,6 +113,7 @@ class Runner:
         start = time.time()
         result = {"run": run.name, **run.body(run_dir), "settings": run.settings}
         result["seconds"] = round(time.time() - start, 1)
+        result["machine"] = machine()
         if run.name in self.again:
             result = self.reproduced(self.again.pop(run.name), result)
         write_result(run_dir, result)
@@ -101,7 +125,7 @@ class Runner:
         kept only where the new run reproduced every recorded number (the time excepted);
         ``reproduced`` says which (a run that did not is not made again)."""
         name, same = recorded["run"], json.loads(json.dumps(result))
-        differs = [k for k in recorded if k not in ("seconds", "settings", *AGAIN) and
+        differs = [k for k in recorded if k not in ("seconds", "settings", "machine", *AGAIN) and
                    same.get(k) != json.loads(json.dumps(recorded[k]))]  # fmt: skip
         if differs:
             for hyps in hypotheses(result):
