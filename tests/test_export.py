@@ -117,7 +117,7 @@ def test_the_token_front_end_is_one_config_in_both_front_ends(flags):
     model.eval()
     hf = convert(model, args, "recurrent_transformer_tiny")
     assert hf.config.tokens == token_config(args, "encoder") == model.encoder.embed.tokens
-    assert hf.encoder.embed.scale == model.encoder.embed.embed_scale
+    assert hf.encoder.embed.embed_scale == model.encoder.embed.embed_scale
     src, lengths, prev = batch()
     with torch.no_grad():
         theirs, _ = model(src, lengths, prev)

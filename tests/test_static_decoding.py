@@ -24,7 +24,7 @@ from recurnmt.modules.static_cache import (
     StepPosition,
 )
 from recurnmt.nmt.architectures import FAMILIES
-from recurnmt.nmt.generation import FairseqDraftingDecoder
+from recurnmt.nmt.generation import decoding_side
 from recurnmt.nmt.static_decoding import CapturedStep, StaticSequenceGenerator, StaticStep
 from tests.nmt_helpers import DICT, build
 from tests.test_speculative import _eos_likelier, _model, _sample
@@ -270,7 +270,7 @@ def test_a_step_dispatches_the_same_operations_at_every_position(family):
     beam, rows = 3, 6
     with torch.no_grad():
         encoder_out = model.encoder(src, lengths)
-        decoder = FairseqDraftingDecoder(model.decoder, encoder_out, group=beam)
+        decoder = decoding_side(model.decoder, encoder_out, group=beam)
         cache = StaticStackCache(8, "cpu")
         step = StaticStep(decoder, cache, rows)
         logs = {}
@@ -354,7 +354,7 @@ def _captured_decoding(monkeypatch, fail: bool):
     with torch.no_grad():
         encoder_out = model.encoder(src, lengths)
         for mode in ("eager", "captured"):
-            decoder = FairseqDraftingDecoder(model.decoder, encoder_out, group=beam)
+            decoder = decoding_side(model.decoder, encoder_out, group=beam)
             cache = StaticStackCache(steps, "cpu")
             step = StaticStep(decoder, cache, rows)
             run = step

@@ -17,6 +17,7 @@ from torch import Tensor
 from transformers import LogitsProcessor
 
 from recurnmt.modules import Memory
+from recurnmt.modules.side import DecodingSide
 from recurnmt.modules.speculative import SelfSpeculation, TokenRule, check_draft
 
 # generation settings speculation honours; any other set away from its default is refused
@@ -47,33 +48,6 @@ class EndAtMaxLength(LogitsProcessor):
         scores = torch.full_like(scores, -float("inf"))
         scores[:, self.eos] = keep
         return scores
-
-
-class HFDraftingDecoder:
-    """The ``transformers`` model's decoder and one batch's encoder output, as the speculative
-    loop asks them (:class:`~recurnmt.modules.speculative.DraftingDecoder`)."""
-
-    def __init__(self, model, memory: Tensor, padding_mask: Tensor | None) -> None:
-        self.side, self.stack, self.head = model.decoder, model.decoder.stack, model.lm_head
-        self.memory = Memory(memory, padding_mask, 1)
-
-    def embed(self, tokens: Tensor, position: int) -> tuple[Tensor, Tensor | None]:
-        return self.side.embed(tokens, position)
-
-    def hooks(self, positions: Tensor | None):
-        return self.side.level_hooks(positions)
-
-    def run(self, x, levels, cache, hooks):
-        return self.stack(x, memory=self.memory, cache=cache, levels=levels, hooks=hooks)
-
-    def logits(self, features: Tensor) -> Tensor:
-        return self.head(features)
-
-    def select(self, rows: Tensor) -> None:
-        m = self.memory
-        self.memory = Memory(
-            m.states[rows], None if m.padding_mask is None else m.padding_mask[rows]
-        )
 
 
 def speculate(model, inputs, config, max_new: int, eos: int, levels, tokens, kwargs) -> Tensor:
@@ -124,7 +98,8 @@ def speculate(model, inputs, config, max_new: int, eos: int, levels, tokens, kwa
         if sampling and settings.get("top_p", 1.0) < 1
         else 0.0,
     )
-    drafting = HFDraftingDecoder(model, memory, pad_mask if bool(pad_mask.any()) else None)
+    memory = Memory(memory, pad_mask if bool(pad_mask.any()) else None)
+    drafting = DecodingSide(model.decoder, memory, model.lm_head)
     start = settings.get("decoder_start_token_id")
     start = model.config.decoder_start_token_id if start is None else start
     prefix = ids.new_full((ids.size(0), 1), start)

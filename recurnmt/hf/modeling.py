@@ -1,13 +1,13 @@
 """recurnmt translation models as ``transformers`` models (``AutoModelForSeq2SeqLM``).
 
-The blocks are recurnmt's own: each side is the :class:`~recurnmt.modules.RecurrentStack` that
-:func:`~recurnmt.modules.build_stack` builds from the side's ``StackConfig``, exactly as the
-fairseq front end builds it (``recurnmt.nmt.encoder`` / ``decoder``), so the parameter names
-below ``encoder.stack`` and ``decoder.stack`` are fairseq's and the weights load unchanged.
-Only fairseq's thin front end is written again here, without fairseq: token embeddings
-(scaled by sqrt(H) unless fairseq was told not to), fairseq's positions (:mod:`.positions`),
-the optional embedding layer norm, the Universal Transformer's positions at every level (an
-``AddAtEveryLevel`` hook, as in fairseq) and the output projection.
+The blocks are recurnmt's own: each side is the block library's
+:class:`~recurnmt.modules.side.Side`, built exactly as the fairseq front end builds its encoder
+and decoder (``recurnmt.nmt.encoder`` / ``decoder``): the token front end (scaled token
+embeddings, fairseq's positions, here computed without fairseq, the optional embedding layer
+norm), the :class:`~recurnmt.modules.RecurrentStack` of the side's ``StackConfig`` and the
+Universal Transformer's positions at every level. The parameter names below ``encoder.embed``,
+``encoder.stack``, ``decoder.embed`` and ``decoder.stack`` are fairseq's, and the weights load
+unchanged; only the output projection is this model's own.
 
 Parameters that one module holds for several places (shared embeddings, a tied output
 projection, One Wide FFN's FFN in every encoder block) are found by identity when the model is
@@ -27,72 +27,15 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from recurnmt.hf.cache import RecurnmtCache
 from recurnmt.hf.configuration import RecurnmtConfig
 from recurnmt.hf.generation import EndAtMaxLength, speculate
-from recurnmt.hf.positions import make_positions, sinusoidal_positions
-from recurnmt.modules import (
-    LevelHook,
-    LevelParts,
-    Memory,
-    StackConfig,
-    build_stack,
-    positions_hooks,
-)
+from recurnmt.modules import LevelParts, Memory
 from recurnmt.modules.builders import build_level_embedding
-from recurnmt.modules.tokens import TokenConfig
+from recurnmt.modules.side import Side
 
 
-class TokenFrontEnd(nn.Module):
-    """``LN?(scale * E[tokens] + P[positions])`` of one side, as fairseq's transformer
-    (:class:`~recurnmt.modules.tokens.TokenConfig`, the translation model's own).
-
-    Args:
-        tokens: the front end's settings (the configuration's :attr:`RecurnmtConfig.tokens`).
-        embed_tokens: this side's (possibly shared) token embedding.
-        max_positions: longest sequence of this side.
-        add_positions: False when the stack adds them at every level (Universal Transformer).
-    """
-
-    def __init__(
-        self,
-        tokens: TokenConfig,
-        embed_tokens: nn.Embedding,
-        max_positions: int,
-        add_positions: bool,
-    ) -> None:
-        super().__init__()
-        dim, pad = embed_tokens.embedding_dim, embed_tokens.padding_idx
-        self.embed_tokens = embed_tokens
-        self.padding_idx = pad
-        self.add_positions = add_positions
-        self.scale = tokens.scale(dim)
-        self.embed_positions = None
-        if tokens.positions == "learned":  # fairseq's LearnedPositionalEmbedding layout
-            self.embed_positions = nn.Embedding(max_positions + pad + 1, dim, padding_idx=pad)
-        self.use_positions = tokens.positions != "none"
-        self.layernorm_embedding = nn.LayerNorm(dim) if tokens.layernorm_embedding else None
-
-    def positions(self, tokens: Tensor, offset: int = 0) -> Tensor | None:
-        """B x T x C position embeddings (None when the model has none)."""
-        if not self.use_positions:
-            return None
-        numbers = make_positions(tokens, self.padding_idx, offset)
-        if self.embed_positions is not None:
-            return self.embed_positions(numbers)
-        return sinusoidal_positions(numbers, self.embed_tokens.embedding_dim, self.padding_idx)
-
-    def forward(self, tokens: Tensor, offset: int = 0) -> tuple[Tensor, Tensor | None]:
-        """Embeds B x T tokens; returns the stack input and the positions (B x T x C each)."""
-        positions = self.positions(tokens, offset)
-        x = self.scale * self.embed_tokens(tokens)
-        if positions is not None and self.add_positions:
-            x = x + positions
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        return x, positions
-
-
-class StackSide(nn.Module):
-    """One side: its token front end and the :class:`RecurrentStack` built from its
-    ``StackConfig`` (at the elastic depth the checkpoint was run at).
+class StackSide(Side):
+    """One side: the block library's :class:`~recurnmt.modules.side.Side` (its token front end,
+    with fairseq's positions computed without fairseq, and the :class:`RecurrentStack` built
+    from its ``StackConfig``), at the elastic depth the checkpoint was run at.
 
     Args:
         config: the model configuration.
@@ -102,22 +45,16 @@ class StackSide(nn.Module):
 
     def __init__(self, config: RecurnmtConfig, embed_tokens: nn.Embedding, side: str) -> None:
         super().__init__()
-        self.stack_cfg: StackConfig = config.stack_config(side)
         max_positions = (
             config.max_source_positions if side == "encoder" else config.max_target_positions
         )
-        self.embed = TokenFrontEnd(
+        self.build_side(
+            config.stack_config(side),
             config.tokens,
             embed_tokens,
             max_positions,
-            add_positions=not self.stack_cfg.coordinates.positions_every_level,
+            depth=getattr(config, f"{side}_levels"),
         )
-        self.stack = build_stack(self.stack_cfg)
-        self.stack.set_depth(getattr(config, f"{side}_levels"))
-
-    def level_hooks(self, positions: Tensor | None) -> list[LevelHook]:
-        """The Universal Transformer's positions at every level, as fairseq adds them."""
-        return positions_hooks(self.stack_cfg.coordinates, positions)
 
 
 class RecurnmtEncoder(StackSide):
@@ -136,7 +73,7 @@ class RecurnmtEncoder(StackSide):
         if attention_mask is not None:
             padding_mask = padding_mask | ~attention_mask.bool()
         has_pads = bool(padding_mask.any())
-        x, positions = self.embed(input_ids)
+        x, _, positions = self.embed(input_ids)
         if has_pads:  # as fairseq's encoder: padding enters the stack as zeros
             x = x * (~padding_mask).unsqueeze(-1).type_as(x)
         hooks = self.level_hooks(positions)
@@ -159,7 +96,7 @@ class RecurnmtDecoder(StackSide):
     ) -> Tensor:
         """B x T decoder features for B x T target-prefix ids (only the new ones with a cache)."""
         offset = 0 if cache is None else cache.steps
-        x, positions = self.embed(input_ids, offset)
+        x, _, positions = self.embed(input_ids, offset)
         hooks = self.level_hooks(positions)
         padding_mask = None
         if cache is None:  # teacher forcing: padding inside a prefix is masked (fairseq does too)

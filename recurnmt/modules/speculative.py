@@ -37,10 +37,10 @@ the steps where fairseq's adjustment of the scores depends on the step (before t
 length, at the maximum), and for sampling, the passes are compiled one by one and the token
 choices and the acceptance stay eager (docs/compiled_decoding.md).
 
-The front end supplies a :class:`DraftingDecoder` (the token embedding, the stack, the memory,
-the output layer) and a :class:`TokenRule` (how log-probabilities become the distribution a
-token is chosen from at a step: fairseq's forbidden pad, unk penalty, minimum and maximum
-length; temperature, top-k and top-p). Stacks whose levels are not a computation from the first
+The front end supplies a :class:`~recurnmt.modules.side.DecodingSide` (the decoder side, the
+memory, the output layer) and a :class:`TokenRule` (how log-probabilities become the
+distribution a token is chosen from at a step: fairseq's forbidden pad, unk penalty, minimum
+and maximum length; temperature, top-k and top-p). Stacks whose levels are not a computation from the first
 level on refuse: ACT's halting mixes every level's output, so the state after r levels is not the
 input of level r + 1.
 """
@@ -49,47 +49,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from recurnmt.modules.cache import StackCache
 from recurnmt.modules.compile import compiled_decoding
-from recurnmt.modules.hooks import LevelHook
-from recurnmt.modules.stack import RecurrentStack, StackOutput
+from recurnmt.modules.side import DecodingSide
+from recurnmt.modules.stack import RecurrentStack
 from recurnmt.modules.static_cache import BUCKET, StaticStackCache
-
-
-class DraftingDecoder(Protocol):
-    """What a front end's decoder gives the speculative loop."""
-
-    stack: RecurrentStack
-
-    def embed(self, tokens: Tensor, position: int) -> tuple[Tensor, Tensor | None]:
-        """``tokens`` (B x 1) embedded at target position ``position`` (0: the start token),
-        B x 1 x C, and their position embedding (or None)."""
-
-    def hooks(self, positions: Tensor | None) -> list[LevelHook]:
-        """The level hooks of positions (the Universal Transformer's at every level)."""
-
-    def run(self, x: Tensor, levels: Sequence[int], cache: StackCache, hooks) -> StackOutput:
-        """The stack's ``levels`` on ``x`` (new positions) with the decoding ``cache``."""
-
-    def logits(self, features: Tensor) -> Tensor:
-        """The output layer: B x T x C -> B x T x V."""
-
-    def position_rows(self, length: int) -> Tensor | None:
-        """The position embeddings of positions 0 .. ``length`` - 1 (length x C; None without
-        positions), as :meth:`embed` adds them (the fused round reads them on the device)."""
-
-    def embedded(self, tokens: Tensor, positions: Tensor | None) -> Tensor:
-        """The decoder's input for ``tokens`` (B x 1) at ``positions`` (B x 1 x C, or None)."""
-
-    def select(self, rows: Tensor) -> None:
-        """Keeps the batch rows ``rows`` (finished sentences leave)."""
 
 
 @dataclass
@@ -263,7 +233,7 @@ class SelfSpeculation:
 
     def __init__(
         self,
-        decoder: DraftingDecoder,
+        decoder: DecodingSide,
         draft_levels: int,
         draft_tokens: int,
         rule: TokenRule,
@@ -496,13 +466,13 @@ class SelfSpeculation:
         return torch.cat([drafted[:, :accepted], last], 1)
 
 
-def _eager_pass(decoder: DraftingDecoder, x: Tensor, levels, cache: StackCache, hooks):
+def _eager_pass(decoder: DecodingSide, x: Tensor, levels, cache: StackCache, hooks):
     """The levels on ``x``, then the output layer: the state after them and the logits."""
     out = decoder.run(x, levels, cache, hooks)
     return out.hidden, decoder.logits(out.output)
 
 
-def _eager_state(decoder: DraftingDecoder, x: Tensor, levels, cache: StackCache, hooks):
+def _eager_state(decoder: DecodingSide, x: Tensor, levels, cache: StackCache, hooks):
     """The levels on ``x``: the state after them (no logits)."""
     return decoder.run(x, levels, cache, hooks).hidden, None
 
@@ -511,7 +481,7 @@ EAGER = (_eager_pass, _eager_pass, _eager_state)
 
 
 def _greedy_round(
-    decoder: DraftingDecoder,
+    decoder: DecodingSide,
     last: Tensor,
     rows: Tensor | None,
     cache: StaticStackCache,

@@ -23,15 +23,8 @@ import torch.nn.functional as F
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
-from recurnmt.modules import (
-    CrossAttentionWeights,
-    LevelOutputs,
-    Memory,
-    StackCache,
-    StackConfig,
-    build_stack,
-    positions_hooks,
-)
+from recurnmt.modules import CrossAttentionWeights, LevelOutputs, Memory, StackCache, StackConfig
+from recurnmt.modules.side import Side
 from recurnmt.nmt.embedding import TokenEmbedding, token_config
 from recurnmt.nmt.encoder import SENTENCE
 
@@ -39,26 +32,20 @@ IncrementalState = dict[str, StackCache]
 _CACHE = "levels"
 
 
-class RecurrentDecoder(FairseqIncrementalDecoder):
-    """Token embeddings, a causal :class:`RecurrentStack` with cross-attention, output layer."""
+class RecurrentDecoder(Side, FairseqIncrementalDecoder):
+    """Token embeddings, a causal :class:`RecurrentStack` with cross-attention, output layer
+    (a :class:`~recurnmt.modules.side.Side` on fairseq's position modules)."""
+
+    front_end = TokenEmbedding
 
     def __init__(
         self, args: Any, dictionary, embed_tokens: nn.Embedding, stack_cfg: StackConfig
     ) -> None:
         super().__init__(dictionary)
         self.max_target_positions = args.max_target_positions
-        self.embed = TokenEmbedding(
-            token_config(args, "decoder"),
-            embed_tokens,
-            args.max_target_positions,
-            args.dropout,
-            add_positions=not stack_cfg.coordinates.positions_every_level,
-        )
-        self.padding_idx = self.embed.padding_idx
+        tokens = token_config(args, "decoder")
+        self.build_side(stack_cfg, tokens, embed_tokens, args.max_target_positions, args.dropout)
         self._stateful: list[nn.Module] | None = None  # submodules with their own state
-        self.stack_cfg = stack_cfg  # what the stack was built from (analysis, tests)
-        self.positions_every_level = stack_cfg.coordinates.positions_every_level
-        self.stack = build_stack(stack_cfg)
         self.share_input_output_embed = args.share_decoder_input_output_embed
         if self.share_input_output_embed:
             self.output_projection = None
@@ -72,10 +59,6 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
             )
             if bias:
                 nn.init.zeros_(self.output_projection.bias)
-
-    @property
-    def embed_tokens(self) -> nn.Embedding:
-        return self.embed.embed_tokens
 
     def forward(
         self,
@@ -131,8 +114,12 @@ class RecurrentDecoder(FairseqIncrementalDecoder):
                 if memory_padding_mask is not None:
                     memory_padding_mask = memory_padding_mask[::group]
 
-        x, _, positions = self.embed(prev_output_tokens, incremental_state)  # B x T x C
-        hooks = positions_hooks(self.stack_cfg.coordinates, positions)  # UT: at every level
+        offset = 0
+        if incremental_state is not None:  # only the last position is embedded
+            offset = prev_output_tokens.size(1) - 1
+            prev_output_tokens = prev_output_tokens[:, -1:]
+        x, _, positions = self.embed(prev_output_tokens, offset)  # B x T x C
+        hooks = self.level_hooks(positions)  # UT: the positions at every level
         # like fairseq's transformer: alignment weights of the last level in evaluation
         alignment = None
         if not self.training:

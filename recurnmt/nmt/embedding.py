@@ -1,14 +1,16 @@
-"""Token + position embedding front end shared by the encoder and the decoder."""
+"""The token front end of fairseq's encoder and decoder: the block library's
+:class:`~recurnmt.modules.tokens.TokenFrontEnd` on fairseq's position modules (whose weights,
+or the sinusoidal module's buffer, every translation checkpoint holds), set by fairseq's flags."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fairseq.modules import LayerNorm, PositionalEmbedding
+import torch
+from fairseq.modules import PositionalEmbedding
 from torch import Tensor, nn
 
-from recurnmt.modules.dropout import Dropout
-from recurnmt.modules.tokens import TokenConfig
+from recurnmt.modules.tokens import TokenConfig, TokenFrontEnd
 from recurnmt.nmt.embedding_layout import scales_embedding
 
 
@@ -26,66 +28,43 @@ def token_config(args: Any, side: str) -> TokenConfig:
     )
 
 
-class TokenEmbedding(nn.Module):
-    """``dropout(LN?(scale * E[tokens] + P[positions]))``, as fairseq's transformer does
-    (:class:`~recurnmt.modules.tokens.TokenConfig`), on fairseq's position modules.
+class TokenEmbedding(TokenFrontEnd):
+    """:class:`~recurnmt.modules.tokens.TokenFrontEnd` with fairseq's position modules
+    (``PositionalEmbedding``: sinusoidal or learned), read as fairseq's transformer reads them
+    in a full pass, and by table row at a decoding step (what fairseq's incremental path
+    computes, without its several small operations a step)."""
 
-    Args:
-        tokens: the front end's settings (:func:`token_config`).
-        embed_tokens: the (possibly shared) token embedding.
-        max_positions: longest sequence.
-        dropout: dropout on the output.
-        add_positions: add the positions to the input; when False they are returned for the
-            stack to add at every level (Universal Transformer).
-    """
-
-    def __init__(
-        self,
-        tokens: TokenConfig,
-        embed_tokens: nn.Embedding,
-        max_positions: int,
-        dropout: float,
-        add_positions: bool = True,
-    ):
-        super().__init__()
-        self.tokens, self.add_positions = tokens, add_positions
-        dim = embed_tokens.embedding_dim
-        self.embed_tokens = embed_tokens
-        self.padding_idx = embed_tokens.padding_idx
-        self.embed_scale = tokens.scale(dim)
-        self.embed_positions = (
-            PositionalEmbedding(
-                max_positions, dim, self.padding_idx, learned=tokens.positions == "learned"
-            )
-            if tokens.positions != "none"
-            else None
-        )
-        self.layernorm_embedding = LayerNorm(dim) if tokens.layernorm_embedding else None
-        self.dropout = Dropout(dropout)
+    def build_positions(self, tokens: TokenConfig, max_positions: int) -> nn.Module:
+        dim = self.embed_tokens.embedding_dim
+        learned = tokens.positions == "learned"
+        return PositionalEmbedding(max_positions, dim, self.padding_idx, learned=learned)
 
     def max_positions(self, limit: int) -> int:
         if self.embed_positions is None:
             return limit
         return min(limit, self.embed_positions.max_positions)
 
-    def forward(
-        self, tokens: Tensor, incremental_state: dict | None = None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Embeds B x T tokens.
+    def positions(self, tokens: Tensor, offset: int = 0) -> Tensor | None:
+        if self.embed_positions is None:
+            return None
+        if offset == 0:  # a full pass (padding numbered as fairseq numbers it)
+            return self.embed_positions(tokens)
+        rows = self._table_rows(offset, tokens.size(1))  # generated prefixes hold no padding
+        return rows.unsqueeze(0).expand(tokens.size(0), -1, -1)
 
-        Returns:
-            ``dropout(x)``, the scaled token embeddings and the position embeddings (None
-            when there are none), all B x T x C. With ``incremental_state`` only the last
-            position is embedded.
-        """
-        positions = None
-        if self.embed_positions is not None:
-            positions = self.embed_positions(tokens, incremental_state=incremental_state)
-        if incremental_state is not None:
-            tokens = tokens[:, -1:]
-            positions = positions[:, -1:] if positions is not None else None
-        embedded = self.embed_scale * self.embed_tokens(tokens)
-        x = embedded if positions is None or not self.add_positions else embedded + positions
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        return self.dropout(x), embedded, positions
+    def position_rows(self, length: int) -> Tensor | None:
+        if self.embed_positions is None:
+            return None
+        return self._table_rows(0, length)
+
+    def _table_rows(self, start: int, count: int) -> Tensor:
+        """Positions ``start`` .. ``start + count - 1``, count x C: fairseq's table rows
+        ``padding_idx + 1 + position`` (sinusoidal: its ``weights``; learned: its
+        ``weight``)."""
+        module, weight = self.embed_positions, self.embed_tokens.weight
+        table = module.weights if hasattr(module, "weights") else module.weight
+        first = self.padding_idx + 1 + start
+        if first + count > table.size(0):  # beyond the built table: the module extends it
+            prefix = torch.full((1, start + count), self.padding_idx + 1, device=weight.device)
+            return module(prefix)[0, start:]
+        return table[first : first + count].to(weight)

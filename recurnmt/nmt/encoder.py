@@ -8,40 +8,31 @@ import torch
 from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
-from recurnmt.modules import LevelOutputs, StackConfig, build_stack, positions_hooks
+from recurnmt.modules import LevelOutputs, StackConfig
+from recurnmt.modules.side import Side
 from recurnmt.nmt.embedding import TokenEmbedding, token_config
 
 EncoderOut = dict[str, list[Tensor]]
 SENTENCE = "sentence_index"  # encoder_out key: the source sentence of every row (B)
 
 
-class RecurrentEncoder(FairseqEncoder):
-    """Token embeddings followed by a :class:`RecurrentStack` of levels.
+class RecurrentEncoder(Side, FairseqEncoder):
+    """Token embeddings followed by a :class:`RecurrentStack` of levels (a
+    :class:`~recurnmt.modules.side.Side` on fairseq's position modules).
 
     The output follows fairseq's transformer encoder contract (``encoder_out`` is T x B x C),
     so fairseq's generators, scorers and tools work unchanged.
     """
+
+    front_end = TokenEmbedding
 
     def __init__(
         self, args: Any, dictionary, embed_tokens: nn.Embedding, stack_cfg: StackConfig
     ) -> None:
         super().__init__(dictionary)
         self.max_source_positions = args.max_source_positions
-        self.embed = TokenEmbedding(
-            token_config(args, "encoder"),
-            embed_tokens,
-            args.max_source_positions,
-            args.dropout,
-            add_positions=not stack_cfg.coordinates.positions_every_level,
-        )
-        self.padding_idx = self.embed.padding_idx
-        self.stack_cfg = stack_cfg  # what the stack was built from (analysis, tests)
-        self.positions_every_level = stack_cfg.coordinates.positions_every_level
-        self.stack = build_stack(stack_cfg)
-
-    @property
-    def embed_tokens(self) -> nn.Embedding:
-        return self.embed.embed_tokens
+        tokens = token_config(args, "encoder")
+        self.build_side(stack_cfg, tokens, embed_tokens, args.max_source_positions, args.dropout)
 
     def forward(
         self,
@@ -59,7 +50,7 @@ class RecurrentEncoder(FairseqEncoder):
         x, embedded, positions = self.embed(src_tokens)  # B x T x C
         if has_pads:
             x = x * (~padding_mask).unsqueeze(-1).type_as(x)
-        hooks = positions_hooks(self.stack_cfg.coordinates, positions)  # UT: at every level
+        hooks = self.level_hooks(positions)  # UT: the positions at every level
         states = LevelOutputs()
         if return_all_hiddens:
             hooks.append(states)

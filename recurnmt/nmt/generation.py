@@ -5,7 +5,7 @@ self-speculative one (:mod:`recurnmt.nmt.speculative`) and the static-shape beam
 (:mod:`recurnmt.nmt.static_decoding`). Both subclass ``SequenceGenerator`` (its constructor,
 its options, its hypotheses' format) and must give its output; this module holds what they
 share: its changes to a step's log-probabilities, the settings neither honours, the
-hypothesis it returns, and the decoder as both step it (:class:`FairseqDraftingDecoder`).
+hypothesis it returns, and the decoder as both step it (:func:`decoding_side`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 from torch import Tensor
 
-from recurnmt.modules import Memory, positions_hooks
-from recurnmt.modules.cache import StackCache
-from recurnmt.modules.hooks import LevelHook
-from recurnmt.modules.stack import StackOutput
+from recurnmt.modules import Memory
+from recurnmt.modules.side import DecodingSide
 from recurnmt.nmt.decoder import RecurrentDecoder
 
 
@@ -112,69 +110,16 @@ def hypothesis(tokens: Tensor, score: Tensor, positional_scores: Tensor) -> dict
     }
 
 
-class FairseqDraftingDecoder:
-    """A :class:`RecurrentDecoder` and one batch's encoder output, as the speculative loop
-    asks them (:class:`~recurnmt.modules.speculative.DraftingDecoder`); ``group``: decoder
-    rows per row of the encoder output (beam search's hypotheses of one sentence,
+def decoding_side(
+    decoder: RecurrentDecoder, encoder_out: dict[str, list[Tensor]], group: int = 1
+) -> DecodingSide:
+    """A :class:`RecurrentDecoder` and one batch's encoder output as the decoding loops ask
+    them (:class:`~recurnmt.modules.side.DecodingSide`); ``group``: decoder rows per row of
+    the encoder output (beam search's hypotheses of one sentence,
     :class:`~recurnmt.modules.memory.Memory`)."""
-
-    def __init__(
-        self, decoder: RecurrentDecoder, encoder_out: dict[str, list[Tensor]], group: int = 1
-    ) -> None:
-        self.decoder, self.stack = decoder, decoder.stack
-        pad = None
-        if encoder_out.get("encoder_padding_mask"):
-            pad = encoder_out["encoder_padding_mask"][0]
-            pad = pad if bool(pad.any()) else None
-        self.memory = Memory(encoder_out["encoder_out"][0].transpose(0, 1), pad, group)
-
-    def embed(self, tokens: Tensor, position: int) -> tuple[Tensor, Tensor | None]:
-        # TokenEmbedding's incremental step with the position given: fairseq's positional
-        # modules take it from a prefix's length (sinusoidal: its weights' row padding_idx +
-        # position + 1; learned: the same row of its table), through several small operations
-        embed = self.decoder.embed
-        positions = None
-        if embed.embed_positions is not None:
-            module = embed.embed_positions
-            table = module.weights if hasattr(module, "weights") else module.weight
-            row = embed.padding_idx + position + 1
-            if row >= table.size(0):  # beyond the built table: the module extends it
-                prefix = tokens.new_full((tokens.size(0), position + 1), embed.padding_idx + 1)
-                _, _, positions = embed(prefix, incremental_state={})
-            else:
-                positions = table[row].to(embed.embed_tokens.weight).expand(tokens.size(0), 1, -1)
-        return self.embedded(tokens, positions), positions
-
-    def position_rows(self, length: int) -> Tensor | None:
-        """The position embeddings of positions 0 .. ``length`` - 1 (length x C; None without
-        positions), as the decoder adds them."""
-        embed = self.decoder.embed
-        if embed.embed_positions is None:
-            return None
-        prefix = torch.full((1, length), embed.padding_idx + 1, device=self.memory.states.device)
-        _, _, positions = embed(prefix)
-        return positions[0].to(embed.embed_tokens.weight.dtype)
-
-    def embedded(self, tokens: Tensor, positions: Tensor | None) -> Tensor:
-        """The decoder's input for ``tokens`` (B x 1) at ``positions`` (B x 1 x C, or None)."""
-        embed = self.decoder.embed
-        x = embed.embed_scale * embed.embed_tokens(tokens)
-        if positions is not None and embed.add_positions:
-            x = x + positions
-        if embed.layernorm_embedding is not None:
-            x = embed.layernorm_embedding(x)
-        return x
-
-    def hooks(self, positions: Tensor | None) -> list[LevelHook]:
-        return positions_hooks(self.decoder.stack_cfg.coordinates, positions)
-
-    def run(self, x: Tensor, levels, cache: StackCache, hooks) -> StackOutput:
-        return self.stack(x, memory=self.memory, cache=cache, levels=levels, hooks=hooks)
-
-    def logits(self, features: Tensor) -> Tensor:
-        return self.decoder.output_layer(features)
-
-    def select(self, rows: Tensor) -> None:
-        m = self.memory
-        pad = None if m.padding_mask is None else m.padding_mask[rows]
-        self.memory = Memory(m.states[rows], pad, m.group)
+    pad = None
+    if encoder_out.get("encoder_padding_mask"):
+        pad = encoder_out["encoder_padding_mask"][0]
+        pad = pad if bool(pad.any()) else None
+    memory = Memory(encoder_out["encoder_out"][0].transpose(0, 1), pad, group)  # B x S x C
+    return DecodingSide(decoder, memory, decoder.output_layer)

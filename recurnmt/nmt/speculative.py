@@ -39,9 +39,9 @@ from recurnmt.modules.speculative import (
     check_draft,
 )
 from recurnmt.nmt.generation import (
-    FairseqDraftingDecoder,
     check_batch,
     check_generator,
+    decoding_side,
     hypothesis,
     lprobs_adjustment,
     max_length,
@@ -148,7 +148,7 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         return hypos
 
     def _speculate(self, model, encoder_out, rule, prefix, max_len, levels):
-        drafting = FairseqDraftingDecoder(model.decoder, encoder_out)
+        drafting = decoding_side(model.decoder, encoder_out)
         failed = self._compile_failed if self.compiled else None
         speculation = SelfSpeculation(drafting, levels, self.draft_tokens, rule, compiled=failed)
         return speculation.run(prefix, max_len, self.eos)

@@ -49,12 +49,13 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch import Tensor
 
 from recurnmt.modules.compile import compiled_decoding
+from recurnmt.modules.side import DecodingSide
 from recurnmt.modules.speculative import TokenRule
 from recurnmt.modules.static_cache import BUCKET, StaticStackCache
 from recurnmt.nmt.generation import (
-    FairseqDraftingDecoder,
     check_batch,
     check_generator,
+    decoding_side,
     hypothesis,
     lprobs_adjustment,
     max_length,
@@ -136,7 +137,7 @@ class StaticSequenceGenerator(SequenceGenerator):
         max_len = max_length(self, src_len)
         (encoder_out,) = self.model.forward_encoder(net_input)
         # the encoder's rows, one per sentence: the beam's hypotheses read them as a group
-        decoder = FairseqDraftingDecoder(self.model.models[0].decoder, encoder_out, group=beam)
+        decoder = decoding_side(self.model.models[0].decoder, encoder_out, group=beam)
         capacity = max_len + 1
         if self.compiled:  # a multiple of the length bucket: one batch's shapes as another's
             capacity = -(-capacity // BUCKET) * BUCKET
@@ -175,7 +176,7 @@ class StaticStep:
     it changes from step to step within a length bucket of the cache
     (tests/test_static_decoding.py records its operations)."""
 
-    def __init__(self, decoder: FairseqDraftingDecoder, cache: StaticStackCache, rows: int):
+    def __init__(self, decoder: DecodingSide, cache: StaticStackCache, rows: int):
         self.decoder, self.cache, self.rows = decoder, cache, rows
         position = cache.position
         self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=position.index.device)
