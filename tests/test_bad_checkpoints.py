@@ -323,3 +323,41 @@ def test_a_real_fairseq_train_exits_2_and_shows_the_traceback_on_request(tmp_pat
     traced = _real_fairseq_train(tmp_path, {"RECURNMT_TRACEBACK": "1"})
     assert traced.returncode == 1 and "Traceback" in traced.stderr
     assert "ConfigError: --decoder-levels=0" in traced.stderr
+
+
+def _refused_object(path: Path) -> None:
+    import argparse
+
+    import torch
+
+    torch.save({"parser": argparse.ArgumentParser}, path)  # a class weights-only refuses
+
+
+def _bare_dict(path: Path) -> None:
+    import torch
+
+    torch.save({"weights": torch.zeros(2)}, path)
+
+
+@pytest.mark.parametrize(
+    ("make", "kind", "message"),
+    [
+        (lambda p: p.mkdir(), FAIRSEQ, "is a directory, not a checkpoint file"),
+        (lambda p: p.write_bytes(b""), IMAGE, "is not an image model's checkpoint: an empty file"),
+        (lambda p: p.write_bytes(b"\x00\x01garbage"), None,
+         "is not a checkpoint: not a file torch.save wrote"),
+        (_refused_object, FAIRSEQ, "holds an object of argparse.ArgumentParser, which recurnmt "
+         "does not unpickle"),
+        (_bare_dict, FAIRSEQ, "is not a fairseq checkpoint: it holds a dict of weights"),
+    ],
+    ids=["directory", "empty", "binary", "refused object", "no configuration"],
+)  # fmt: skip
+def test_the_reader_says_what_a_file_is(make, kind, message, tmp_path):
+    from recurnmt.checkpoint_files import CheckpointError, read_checkpoint_file
+
+    path = tmp_path / "file.pt"
+    make(path)
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint_file(path, kind, mmap=True)
+    assert str(err.value).startswith(f"{path} {message}")
+    assert read_checkpoint_file(REAL[FAIRSEQ], FAIRSEQ, mmap=True)["args"].arch == "ringformer_tiny"
