@@ -77,7 +77,8 @@ def read_checkpoint(path: Path) -> tuple[Any, str]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not a fairseq checkpoint, or not a recurnmt translation model (named).
+        CheckpointError: not a fairseq checkpoint (truncated, a text file, an image model's).
+        ValueError: not a recurnmt translation model (named).
     """
     from fairseq import checkpoint_utils
 
@@ -85,12 +86,8 @@ def read_checkpoint(path: Path) -> tuple[Any, str]:
     from recurnmt.modules import FAMILIES
     from recurnmt.nmt.defaults import ARCHS
 
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
-    except Exception as err:  # torch raises many kinds on a file that is no checkpoint
-        raise ValueError(f"{path} is not a fairseq checkpoint ({type(err).__name__})") from None
+    # (which checks the file first: recurnmt.nmt.checkpoint_safety)
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
     cfg = state.get("cfg") if isinstance(state, dict) else None
     if cfg is None or "model" not in state:
         raise ValueError(f"{path} is not a fairseq checkpoint (no saved configuration)")

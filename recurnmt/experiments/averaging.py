@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
+from recurnmt.checkpoint_files import FAIRSEQ, read_checkpoint_file
 from recurnmt.cli import entry_point
-from recurnmt.nmt.checkpoint_safety import allow_fairseq_globals  # weights-only loading
 
 PROG = "python -m recurnmt.experiments.averaging"
 
@@ -80,8 +80,8 @@ def last_checkpoints(
 
 
 def _load(path: Path) -> dict[str, Any]:
-    allow_fairseq_globals()  # again: a safe_globals context may have taken it back
-    return torch.load(path, map_location="cpu")
+    """A fairseq checkpoint, weights-only; one line naming a missing or foreign file."""
+    return read_checkpoint_file(path, FAIRSEQ)
 
 
 def _tensor_key(t: torch.Tensor) -> tuple:

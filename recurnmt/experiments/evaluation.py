@@ -187,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     """Runs (or prints) the evaluation; returns the exit status of the step that failed.
 
     Raises:
-        FileNotFoundError: the save or data directory does not exist (without ``--dry-run``).
+        FileNotFoundError: the save or data directory does not exist, or the checkpoint
+            without averaging (without ``--dry-run``).
+        CheckpointError: that checkpoint is not a fairseq checkpoint (truncated, a text file,
+            an image model's).
     """
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -229,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         for flag, path in (("--save-dir", save_dir), ("--data", data)):
             if not path.is_dir():
                 raise FileNotFoundError(f"{flag} {path} does not exist")
+        if settings.average_last <= 1:  # the checkpoint itself, before the steps run
+            from recurnmt.checkpoint_files import FAIRSEQ, read_checkpoint_file
+
+            read_checkpoint_file(checkpoint_to_evaluate(save_dir, settings), FAIRSEQ, mmap=True)
     steps = evaluation_steps(preset, data, save_dir, run_dir, settings, generate, meta)
     return run_steps(steps, dry_run=args.dry_run)
 

@@ -107,23 +107,17 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], Namespace, str]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not a fairseq checkpoint, or not a model this command converts (named).
+        CheckpointError: not a fairseq checkpoint (truncated, a text file, an image model's).
+        ValueError: not a model this command converts (named).
     """
-    import torch
     from fairseq.models import ARCH_MODEL_REGISTRY
     from fairseq.models.transformer import TransformerModel
 
     import recurnmt.nmt  # noqa: F401  (architectures)
-    from recurnmt.nmt.checkpoint_safety import allow_fairseq_globals
+    from recurnmt.checkpoint_files import FAIRSEQ, read_checkpoint_file
     from recurnmt.nmt.defaults import ARCHS
 
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    allow_fairseq_globals()  # checkpoints load weights-only
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many kinds on a file that is no checkpoint
-        raise ValueError(f"{path} is not a fairseq checkpoint ({type(err).__name__})") from None
+    state = read_checkpoint_file(path, FAIRSEQ)  # weights-only; one line on a bad file
     if (
         isinstance(state, dict)
         and state.get("cfg") is None

@@ -32,6 +32,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.dataclass import ChoiceEnum
 from torch import Tensor
 
+from recurnmt.checkpoint_files import FAIRSEQ, CheckpointError, read_checkpoint_file
 from recurnmt.nmt.model import RECURRENT_CRITERION
 from recurnmt.nmt.registry import register_criterion_once
 
@@ -107,6 +108,35 @@ def lrc_coefficients(model, which: str = "first-block") -> "dict[str, float]":
     return out
 
 
+def check_settings(
+    log_lrc: str, shallow_distill: float, teacher_checkpoint: str, teacher_distill: float
+) -> None:
+    """Refuses, naming the flag, the criterion's settings that cannot work (fairseq-train
+    checks them before it reads data, :mod:`recurnmt.nmt.fairseq_commands`, and again as it
+    builds the criterion); a ``--teacher-checkpoint`` must be a fairseq checkpoint.
+
+    Raises:
+        ValueError: naming the flag.
+    """
+    if log_lrc not in ("none", "first-block", "all"):
+        raise ValueError(f"--log-lrc={log_lrc!r}: choose none, first-block or all")
+    for flag, weight in (("shallow", shallow_distill), ("teacher", teacher_distill)):
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"--{flag}-distill={weight}: a weight in 0 .. 1")
+    if bool(teacher_checkpoint) != bool(teacher_distill):
+        raise ValueError(
+            "--teacher-checkpoint and --teacher-distill go together: the teacher and the "
+            "weight of its distribution in the loss"
+        )
+    if teacher_checkpoint:
+        if not os.path.isfile(teacher_checkpoint):
+            raise ValueError(f"--teacher-checkpoint {teacher_checkpoint}: no such file")
+        try:
+            read_checkpoint_file(teacher_checkpoint, FAIRSEQ, mmap=True)
+        except CheckpointError as err:
+            raise CheckpointError(f"--teacher-checkpoint: {err}") from None
+
+
 def load_teacher(path: str, task) -> torch.nn.Module:
     """The teacher of ``--teacher-checkpoint``, loaded by fairseq's own loader (the state
     upgraded as fairseq upgrades it) on the task's dictionaries, in evaluation mode, frozen.
@@ -149,16 +179,7 @@ class RecurrentLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
         teacher_distill=0.0,
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        if log_lrc not in ("none", "first-block", "all"):
-            raise ValueError(f"--log-lrc={log_lrc!r}: choose none, first-block or all")
-        for flag, weight in (("shallow", shallow_distill), ("teacher", teacher_distill)):
-            if not 0.0 <= weight <= 1.0:
-                raise ValueError(f"--{flag}-distill={weight}: a weight in 0 .. 1")
-        if bool(teacher_checkpoint) != bool(teacher_distill):
-            raise ValueError(
-                "--teacher-checkpoint and --teacher-distill go together: the teacher and the "
-                "weight of its distribution in the loss"
-            )
+        check_settings(log_lrc, shallow_distill, teacher_checkpoint, teacher_distill)
         self.shallow_distill = shallow_distill
         self.teacher_distill = teacher_distill
         # not a submodule: its parameters stay out of the optimizer, the checkpoints and the

@@ -17,8 +17,8 @@ from fairseq import utils
 from fairseq.models.transformer import TransformerModel
 from torch import nn
 
-from recurnmt.flags import checkpoint_segment
-from recurnmt.modules import ConfigError, shallow_branch
+from recurnmt.flags import checkpoint_segment, levels_flag
+from recurnmt.modules import ConfigError, RecurrentStack, build_stack, shallow_branch
 from recurnmt.modules.compile import from_flags
 from recurnmt.modules.mixed_depth import first_levels
 from recurnmt.nmt.decoder import RecurrentDecoder
@@ -26,10 +26,16 @@ from recurnmt.nmt.defaults import fill_arch_defaults
 from recurnmt.nmt.distributed_checks import check_distributed
 from recurnmt.nmt.embedding_layout import authors_initialisation, check_embedding_layout
 from recurnmt.nmt.encoder import RecurrentEncoder
-from recurnmt.nmt.flags import add_recurrent_args, flags_in_errors, stack_configs
+from recurnmt.nmt.flags import SIDES, add_recurrent_args, flags_in_errors, stack_configs
 from recurnmt.nmt.registry import MODEL_NAME, RECURRENT_CRITERION, register_model_once
 
-__all__ = ["MODEL_NAME", "RECURRENT_CRITERION", "RecurrentTransformerModel"]
+__all__ = [
+    "MODEL_NAME",
+    "RECURRENT_CRITERION",
+    "RecurrentTransformerModel",
+    "check_model_args",
+    "check_run_flags",
+]
 
 
 @register_model_once(MODEL_NAME)
@@ -58,6 +64,7 @@ class RecurrentTransformerModel(TransformerModel):
         # fairseq ran the architecture function already (also on a checkpoint's saved
         # arguments), so this fills nothing then; it serves callers that did not
         fill_arch_defaults(args)
+        check_run_flags(args)
         encoder_cfg, decoder_cfg = stack_configs(args)  # fails fast, naming the setting
         compiled = from_flags(getattr(args, "compile", None), getattr(args, "compile_mode", None))
         for name in ("max_source_positions", "max_target_positions"):
@@ -97,30 +104,11 @@ class RecurrentTransformerModel(TransformerModel):
             # implies --checkpoint-activations)
             for side in (encoder, decoder):
                 side.stack.set_grad_checkpointing(True, offload=offload, segment=segment)
-        elif segment:
-            raise ConfigError("--checkpoint-segment", segment, "needs --checkpoint-activations")
         for side in (encoder, decoder):
             side.stack.set_compile(compiled)
-        for side, name in ((encoder, "encoder_levels"), (decoder, "decoder_levels")):
-            depth = getattr(args, name, None)
-            try:
-                side.stack.set_depth(depth)
-            except ConfigError as err:
-                raise err.renamed({"levels": "--" + name.replace("_", "-")}) from None
+        for side, name in zip((encoder, decoder), SIDES, strict=True):
+            set_depth(side.stack, name, getattr(args, levels_flag(name).dest, None))
         mixed_depth_levels(args, decoder.stack.num_levels)  # checked now, named in the error
-        criterion = getattr(args, "criterion", None)
-        on = [
-            f"--{f.replace('_', '-')} on"
-            for f in ("act", "mixed_depth")
-            if getattr(args, f) == "on"
-        ]
-        if on and criterion not in (None, RECURRENT_CRITERION):
-            raise ConfigError(
-                "--criterion",
-                criterion,
-                f"with {' and '.join(on)}, train with --criterion {RECURRENT_CRITERION} "
-                "(it adds the ponder cost and the shallow-branch loss)",
-            )
         return model
 
     @property
@@ -171,6 +159,75 @@ class RecurrentTransformerModel(TransformerModel):
         if encoder_out["ponder"]:
             extra["encoder_ponder"] = encoder_out["ponder"]  # for the ACT criterion
         return x, extra
+
+
+def set_depth(stack: RecurrentStack, side: str, depth: int | None) -> None:
+    """``--{side}-levels``: the ``side`` stack runs ``depth`` levels (None: as built).
+
+    Raises:
+        ConfigError: a depth the stack cannot run, naming the flag.
+    """
+    try:
+        stack.set_depth(depth)
+    except ConfigError as err:
+        raise err.renamed({"levels": levels_flag(side).flag}) from None
+
+
+def check_run_flags(args: Any) -> None:
+    """Refuses, naming the flag, a way of training the model that cannot work: a
+    ``--checkpoint-segment`` without ``--checkpoint-activations``, or ACT or mixed depth
+    under a criterion that does not add their losses.
+
+    Raises:
+        ConfigError: naming the flag.
+    """
+    segment = checkpoint_segment(getattr(args, "checkpoint_segment", "0"))
+    activations = getattr(args, "checkpoint_activations", False)
+    if segment and not (activations or getattr(args, "offload_activations", False)):
+        raise ConfigError("--checkpoint-segment", segment, "needs --checkpoint-activations")
+    criterion = getattr(args, "criterion", None)
+    on = [
+        f"--{f.replace('_', '-')} on"
+        for f in ("act", "mixed_depth")
+        if getattr(args, f, "off") == "on"
+    ]
+    if on and criterion not in (None, RECURRENT_CRITERION):
+        raise ConfigError(
+            "--criterion",
+            criterion,
+            f"with {' and '.join(on)}, train with --criterion {RECURRENT_CRITERION} "
+            "(it adds the ponder cost and the shallow-branch loss)",
+        )
+
+
+def check_model_args(args: Any) -> tuple[RecurrentStack, RecurrentStack]:
+    """Refuses, naming the flag, what :meth:`RecurrentTransformerModel.build_model` would
+    refuse of the model's settings, from the arguments alone: no dictionary, no weights, so
+    before a command reads any data (fairseq-train's architecture function runs it as the
+    command line is parsed; fairseq-generate's checks run it on a checkpoint's arguments).
+
+    The stacks are built as the model builds them but on the meta device (no memory, no
+    initialisation), at the depth ``--encoder-levels`` / ``--decoder-levels`` ask for.
+
+    Args:
+        args: fairseq's arguments, the architecture's defaults filled.
+
+    Returns:
+        The (encoder, decoder) stacks, on the meta device.
+
+    Raises:
+        ConfigError: an impossible setting, named by its command-line flag.
+    """
+    configs = stack_configs(args)
+    from_flags(getattr(args, "compile", None), getattr(args, "compile_mode", None))
+    stacks = []
+    for side, cfg in zip(SIDES, configs, strict=True):
+        with flags_in_errors(side), torch.device("meta"):
+            stack = build_stack(cfg)
+        set_depth(stack, side, getattr(args, levels_flag(side).dest, None))
+        stacks.append(stack)
+    mixed_depth_levels(args, stacks[1].num_levels)
+    return stacks[0], stacks[1]
 
 
 def mixed_depth_levels(args: Any, levels: int) -> int | str:

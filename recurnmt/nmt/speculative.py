@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -76,18 +77,11 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         others = "--diverse-beam-groups, --diversity-rate, --constraints, --prefix-allowed-tokens"
         searches = (search.BeamSearch, search.Sampling)
         decoder = check_generator(self, models, what, "--draft-levels", searches, others)
-        if self.beam_size != 1:
-            raise ValueError(
-                f"--beam {self.beam_size}: speculative decoding decodes greedily or samples "
-                "(--beam 1); see docs/speculative.md for beam search"
-            )
+        _check_beam(self.beam_size)
         self.stack = decoder.stack
-        n = self.stack.num_levels
         self.auto = draft_levels == "auto"
         self.draft_levels = 0 if self.auto else _levels(draft_levels)
-        check_draft(self.stack, self.draft_levels, draft_tokens)
-        if self.auto and n < 2:
-            raise ValueError(f"--draft-levels auto: the decoder has {n} level, nothing to draft")
+        _check_draft(self.stack, draft_levels, draft_tokens)
         self.draft_tokens = draft_tokens
         sampling = isinstance(self.search, search.Sampling)
         self.rule_settings = dict(
@@ -183,6 +177,51 @@ def _levels(value: Any) -> int:
         raise ValueError(f"--draft-levels {value!r}: a number of levels, or auto") from None
 
 
+def _check_beam(beam: int) -> None:
+    if beam != 1:
+        raise ValueError(
+            f"--beam {beam}: speculative decoding decodes greedily or samples "
+            "(--beam 1); see docs/speculative.md for beam search"
+        )
+
+
+def _check_draft(stack, draft_levels: Any, draft_tokens: int) -> None:
+    """The draft ``--draft-levels`` (a number or ``auto``) asks of the decoder ``stack``."""
+    auto = draft_levels == "auto"
+    check_draft(stack, 0 if auto else _levels(draft_levels), draft_tokens)
+    n = stack.num_levels
+    if auto and n < 2:
+        raise ValueError(f"--draft-levels auto: the decoder has {n} level, nothing to draft")
+
+
+def check_decoding_options(
+    cfg: Any, beam: int, print_alignment: Any = None, decoder_stacks: Sequence = ()
+) -> None:
+    """Refuses, naming the flag, what the task's decoding options (``cfg``: the task's
+    configuration) cannot do with the generation settings and the models' decoder stacks
+    (the stacks that fairseq's commands check before they read data; none: not known yet).
+
+    Raises:
+        ValueError: naming the flag.
+    """
+    levels, compiled = cfg.draft_levels, cfg.compile_decoding
+    if cfg.static_decoding and levels is not None:
+        raise ValueError("--static-decoding: not with --draft-levels (beam search or drafts)")
+    if levels is None and not (cfg.static_decoding or compiled):
+        return
+    option = "--draft-levels" if levels is not None else (
+        "--compile-decoding" if compiled else "--static-decoding")  # fmt: skip
+    if print_alignment:
+        raise ValueError(f"--print-alignment: not with {option}")
+    if levels is None:
+        return
+    if levels != "auto":
+        _levels(levels)
+    _check_beam(beam)
+    for stack in decoder_stacks:
+        _check_draft(stack, levels, cfg.draft_tokens)
+
+
 @dataclass
 class SpeculativeTranslationConfig(TranslationConfig):
     # typing.Optional, not "str | None": fairseq reads these types to build its parser, and the
@@ -238,12 +277,9 @@ class SpeculativeTranslationTask(TranslationTask):
             return super().build_generator(
                 models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs
             )
-        if self.cfg.static_decoding and levels is not None:
-            raise ValueError("--static-decoding: not with --draft-levels (beam search or drafts)")
-        option = "--draft-levels" if levels is not None else (
-            "--compile-decoding" if compiled else "--static-decoding")  # fmt: skip
-        if getattr(args, "print_alignment", False):
-            raise ValueError(f"--print-alignment: not with {option}")
+        check_decoding_options(
+            self.cfg, getattr(args, "beam", 1), getattr(args, "print_alignment", False)
+        )
         if static:
             from recurnmt.nmt.static_decoding import StaticSequenceGenerator
 
@@ -262,4 +298,9 @@ class SpeculativeTranslationTask(TranslationTask):
         return generator
 
 
-__all__ = ["SpeculativeSequenceGenerator", "SpeculativeTranslationTask", "TASK"]
+__all__ = [
+    "TASK",
+    "SpeculativeSequenceGenerator",
+    "SpeculativeTranslationTask",
+    "check_decoding_options",
+]

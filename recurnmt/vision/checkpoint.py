@@ -8,7 +8,9 @@ epoch, arguments and every process's random streams: :mod:`recurnmt.vision.train
 the converter holds the model alone.
 
 Everything stored is a tensor or a plain Python value, so checkpoints load with
-``torch.load(weights_only=True)``: a checkpoint from elsewhere cannot run code.
+``torch.load(weights_only=True)``: a checkpoint from elsewhere cannot run code. A missing,
+truncated or foreign file (a text file, a translation model's checkpoint) fails in one line
+naming it (:func:`recurnmt.checkpoint_files.read_checkpoint_file`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from recurnmt.checkpoint_files import IMAGE, read_checkpoint_file
 from recurnmt.vision.registry import create_model
 
 
@@ -32,9 +35,19 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Reads a checkpoint on the CPU with the weights-only (code-free) unpickler."""
-    return torch.load(Path(path), map_location="cpu", weights_only=True)
+def load_checkpoint(path: str | Path, kind: str | None = IMAGE) -> dict[str, Any]:
+    """Reads a checkpoint on the CPU with the weights-only (code-free) unpickler.
+
+    Args:
+        path: the file.
+        kind: what it must hold: an image model (the default), or None for any weights
+            (the converter's timm checkpoints).
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointError: not a checkpoint (truncated, a text file) or not an image model's.
+    """
+    return read_checkpoint_file(path, kind)
 
 
 def model_from_checkpoint(ckpt: dict[str, Any]) -> nn.Module:

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from recurnmt.checkpoint_files import FAIRSEQ, CheckpointError, describe, kind_of
 from recurnmt.cli import entry_point
 from recurnmt.flags import CONVERSION_FLAGS, add_flags
 from recurnmt.modules import ConfigError
@@ -75,18 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            return load_file(str(path))
-        # timm's train.py (CheckpointSaver) keeps its argparse arguments beside the weights
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return load_checkpoint(path)
-    except Exception as err:  # torch and safetensors raise many kinds on a bad file
-        raise ValueError(f"{path} is not a checkpoint ({type(err).__name__})") from None
+    """The source's state: any checkpoint (timm's training checkpoints keep their argparse
+    arguments beside the weights) or ``.safetensors`` weights."""
+    return load_checkpoint(path, kind=None)
 
 
 def timm_vit(weights: dict[str, Tensor], num_heads: int | None = None) -> VisionTransformer:
@@ -170,6 +162,10 @@ def _source(
 ) -> tuple[VisionTransformer, dict[str, Any]]:
     """The source model and the checkpoint's data settings (if any)."""
     ckpt = _read(path)
+    if kind_of(ckpt) == FAIRSEQ:  # a translation model
+        raise CheckpointError(
+            f"{path} is {describe(ckpt)}, not an image model's checkpoint or timm ViT weights"
+        )
     if "model_name" in ckpt:
         model = model_from_checkpoint(ckpt)
         if not isinstance(model, VisionTransformer):
@@ -177,7 +173,11 @@ def _source(
         if model.layer_attn is not None or model.positions_every_level:
             raise ValueError(f"{path} holds a {ckpt['model_name']} with MRLA or UT positions")
         return model, ckpt.get("data", {})
-    return timm_vit(timm_weights(ckpt, use_ema), num_heads), {}
+    weights = timm_weights(ckpt, use_ema)
+    try:
+        return timm_vit(weights, num_heads), {}
+    except ValueError as err:  # weights of something else than a timm ViT
+        raise ValueError(f"{path}: {err}") from None
 
 
 def convert(

@@ -24,6 +24,7 @@ from timm.utils import ModelEmaV3
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
+from recurnmt.checkpoint_files import read_checkpoint_file
 from recurnmt.flags import checkpoint_segment
 from recurnmt.modules import ConfigError
 from recurnmt.modules.compile import from_flags
@@ -81,6 +82,7 @@ def _build_teacher(args: Namespace, spec: DataSpec, log) -> nn.Module:
         return model_from_checkpoint(load_checkpoint(args.teacher))
     if not timm.is_model(args.teacher_model):
         raise ConfigError("--teacher-model", args.teacher_model, "is not a timm model")
+    read_checkpoint_file(args.teacher, mmap=True)  # one line on a missing or foreign file
     log(f"teacher: timm {args.teacher_model} with the weights of {args.teacher}")
     return timm.create_model(
         args.teacher_model,
