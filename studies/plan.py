@@ -1,4 +1,4 @@
-"""A study as a resumable plan of runs (:mod:`recurnmt.experiments.relaxed_study` is one): stages of
+"""A study as a resumable plan of runs (:mod:`studies.relaxed.study` is one): stages of
 runs in order, each run in its own directory with its settings; a finished run
 (``RUN/result.json``) is reused while its settings hold, an interrupted one goes on in its
 directory, and where the directories are gone (a new checkout) a finished run is taken from

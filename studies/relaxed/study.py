@@ -63,7 +63,7 @@ from recurnmt.experiments.commands import (
 from recurnmt.experiments.experiment import decoding_flags, recipe_flags, run_flags, size_flags
 from recurnmt.experiments.fairseq_log import log_records
 from recurnmt.experiments.launch import cpu_train_command
-from recurnmt.experiments.study_plan import (
+from studies.plan import (
     Record,
     Run,
     Runner,
@@ -553,7 +553,7 @@ class Study(Runner):
         if not getattr(self.args, "recover_hypotheses", False):
             return False
         if self._untested is None:
-            from recurnmt.experiments.relaxed_report import untested
+            from studies.relaxed.report import untested
 
             self._untested = untested(list(self.record.results.values()), self)
         gone = [h for h in hypotheses(result) if not (self.out / h).exists()
