@@ -48,7 +48,8 @@ from recurnmt.experiments.commands import run_logged
 from recurnmt.experiments.experiment import add_size_arguments
 from studies.plan import LATER
 from studies.relaxed.report import markdown, plot, runs
-from studies.relaxed.study import INITS, Study
+from studies.relaxed.setup import INITS
+from studies.relaxed.study import Study
 
 PROG = "python scripts/relaxed_nmt.py"
 

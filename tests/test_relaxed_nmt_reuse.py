@@ -175,7 +175,7 @@ def test_impossible_settings_are_refused_naming_the_option(tmp_path):
 
 def test_an_interrupted_run_goes_on_in_its_folder_and_keeps_its_logs(tmp_path, fake, monkeypatch):
     from studies.plan import Run, train_logs
-    from studies.relaxed import study as relaxed_study
+    from studies.relaxed import setup
 
     study = FakeStudy(_args(tmp_path))
     run = study.teacher_run()
@@ -191,7 +191,7 @@ def test_an_interrupted_run_goes_on_in_its_folder_and_keeps_its_logs(tmp_path, f
         return fake_body(study, run)
 
     monkeypatch.setattr(FakeStudy, "train", Study.train)
-    monkeypatch.setattr(relaxed_study, "run_logged", lambda cmd, log: log.write_text("attempt"))
+    monkeypatch.setattr(setup, "run_logged", lambda cmd, log: log.write_text("attempt"))
     attempt = Run(run.name, run.settings, body, run.updates)
     with pytest.raises(KeyboardInterrupt):
         Study.execute(study, attempt)
