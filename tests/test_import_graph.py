@@ -165,13 +165,9 @@ def test_running_experiments_sits_above_the_models():
     assert any(t.startswith("recurnmt.nmt") for t in runs)  # the check sees its imports
 
 
-# the image commands' former names: thin aliases that run recurnmt.vision.training's commands
-VISION_ALIASES = {f"recurnmt.vision.{name}" for name in ("train", "evaluate", "budget")}
-
-
 def test_the_image_trainer_sits_above_the_image_models():
     """recurnmt.vision.training trains and measures the image models: no model part, registry,
-    converter or other package imports it (the commands' former names excepted)."""
+    converter or other package imports it."""
     graph = import_graph("recurnmt")
     upward = [
         f"{name} -> {target}"
@@ -179,10 +175,7 @@ def test_the_image_trainer_sits_above_the_image_models():
         for target in targets
         if target.startswith("recurnmt.vision.training")
         and not name.startswith("recurnmt.vision.training")
-        and name not in VISION_ALIASES
     ]
     assert not upward, upward
     runs = [t for n, ts in graph.items() if n.startswith("recurnmt.vision.training") for t in ts]
     assert any(t.startswith("recurnmt.vision.models") for t in runs)  # the check sees its imports
-    alias = {"recurnmt.vision.training.train", "recurnmt.cli"}  # the new name, the helper
-    assert graph["recurnmt.vision.train"] == alias  # and the aliases'
