@@ -29,13 +29,11 @@ This module imports nothing beyond the standard library: ``data_prep`` uses it t
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import NoReturn
 
 EXIT_USER_ERROR = 2  # argparse exits with 2 on a bad command line too
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -125,13 +123,6 @@ def entry_point(main: Callable[[list[str]], object], prog: str) -> Callable[...,
 
     cli.__doc__ = f"``{prog}``: runs :func:`main` under :func:`recurnmt.cli.run_cli`."
     return cli
-
-
-def run_former_name(old: str, new: str) -> NoReturn:
-    """``python -m OLD`` (a command's former module name) runs ``python -m NEW``'s ``cli``,
-    saying so once on stderr."""
-    print(f"python -m {old} is now python -m {new} (the same options)", file=sys.stderr)
-    sys.exit(importlib.import_module(new).cli())
 
 
 def split_extra_args(argv: list[str]) -> tuple[list[str], list[str]]:

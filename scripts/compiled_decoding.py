@@ -1,7 +1,7 @@
 """Decoding with each step compiled (``fairseq-generate --task speculative_translation
 --compile-decoding``) against fairseq's own greedy and beam search, on the CPU, for the models
 ``python scripts/speculative.py train`` trained (docs/compiled_decoding.md; the measurement:
-:mod:`recurnmt.experiments.compiled_decoding`).
+:mod:`studies.speculative.compiled`).
 
     python scripts/speculative.py train --models ringformer-random transformer
     python scripts/compiled_decoding.py      # the models trained of --models; resumable
@@ -12,6 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+# studies/ is the checkout's own, not installed: python scripts/NAME.py puts scripts/ first on
+# the import path, and the checkout's root goes before it
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recurnmt.cli import entry_point
 from recurnmt.experiments.experiment import missing_corpus
@@ -63,7 +67,7 @@ def _draft(parser: argparse.ArgumentParser, value: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    from recurnmt.experiments.compiled_decoding import measure  # torch, fairseq: after parsing
+    from studies.speculative.compiled import measure  # torch, fairseq: after parsing
 
     measure(args, MODELS)
     print(f"wrote {args.doc.relative_to(ROOT) if args.doc.is_relative_to(ROOT) else args.doc}")

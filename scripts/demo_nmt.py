@@ -81,6 +81,29 @@ def minutes(seconds: float) -> str:
     return f"{int(seconds) // 60} min {int(seconds) % 60:02d} s"
 
 
+def translate(directory: Path, spm_model: Path, sentences: list[str], *, beam_size: int = BEAM,
+              threads: int = 1) -> tuple[list[str], float, int]:  # fmt: skip
+    """``sentences`` (raw text) translated by the CTranslate2 model in ``directory``: encoded
+    by the corpus's sentencepiece model, decoded in batches of 64 (CTranslate2 sorts them by
+    length), the pieces joined back. Returns the translations, the seconds decoding took and
+    the tokens generated (the end of sentence included)."""
+    import ctranslate2
+    import sentencepiece
+
+    spm = sentencepiece.SentencePieceProcessor(model_file=str(spm_model))
+    translator = ctranslate2.Translator(str(directory), intra_threads=threads)
+    pieces = spm.encode(sentences, out_type=str)
+    start = time.perf_counter()
+    results = translator.translate_batch(
+        pieces, beam_size=beam_size, length_penalty=LENPEN, max_batch_size=64,
+        max_decoding_length=max(int(1.5 * (len(p) + 1) + 10) for p in pieces),
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    best = [r.hypotheses[0] for r in results]
+    text = ["".join(p).replace("\u2581", " ").strip() for p in best]  # sentencepiece removed
+    return text, seconds, sum(len(p) + 1 for p in best)
+
+
 def serve(checkpoint: Path, data: Path, work: Path, sources: list[str], refs: list[str],
           args: argparse.Namespace, pytorch_speed: str | None) -> None:  # fmt: skip
     """The trained model exported to CTranslate2 (int8, ``recurnmt-export-ct2``), the five
@@ -91,7 +114,6 @@ def serve(checkpoint: Path, data: Path, work: Path, sources: list[str], refs: li
         print("\n(CTranslate2 is not installed: pip install 'recurnmt[deploy]' to serve the "
               "model with it)")  # fmt: skip
         return
-    from recurnmt.experiments.deployment import translate
     from recurnmt.experiments.scoring import corpus_bleu
 
     out = work / "ct2-int8"

@@ -18,6 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+# studies/ is the checkout's own, not installed: python scripts/NAME.py puts scripts/ first on
+# the import path, and the checkout's root goes before it
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from recurnmt.cli import UserError, entry_point
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         train = [sys.executable, str(ROOT / "scripts" / "speculative.py"), "train", "--data",
                  str(args.data), "--out", str(args.runs), "--models", *missing]  # fmt: skip
         subprocess.run(train, cwd=ROOT, check=True)
-    from recurnmt.experiments.deploy_report import write_report
-    from recurnmt.experiments.deployment import measure
+    from studies.deploy.measure import measure
+    from studies.deploy.report import write_report
 
     write_report(args.doc, measure(args, MODELS))
     return 0

@@ -2,8 +2,8 @@
 plateau (a sunk cost) converted into relaxed recursive models and uptrained for K updates,
 against the same models trained from scratch for K and for the teacher's T + K updates, the
 teacher continued and the teacher re-warmed (Relaxed Recursive Transformers, Bae et al., ICLR
-2025). The runs and their order: :mod:`recurnmt.experiments.relaxed_study`; the page:
-:mod:`recurnmt.experiments.relaxed_report`.
+2025). The runs and their order: :mod:`studies.relaxed.study`; the page:
+:mod:`studies.relaxed.report`.
 
 On the embedded German-English corpus (prepared with a learned 4,000-piece vocabulary when
 missing). The study is long (the teacher, 36 conversions, then the fine-tuning grid: many
@@ -37,14 +37,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+# studies/ is the checkout's own, not installed: python scripts/NAME.py puts scripts/ first on
+# the import path, and the checkout's root goes before it
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from data_prep.embedded import data_dir
 from recurnmt.cli import UserError, entry_point
 from recurnmt.experiments.artifacts import write_json
 from recurnmt.experiments.commands import run_logged
 from recurnmt.experiments.experiment import add_size_arguments
-from recurnmt.experiments.relaxed_report import markdown, plot, runs
-from recurnmt.experiments.relaxed_study import INITS, Study
-from recurnmt.experiments.study_plan import LATER
+from studies.plan import LATER
+from studies.relaxed.report import markdown, plot, runs
+from studies.relaxed.setup import INITS
+from studies.relaxed.study import Study
 
 PROG = "python scripts/relaxed_nmt.py"
 

@@ -38,6 +38,10 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+# studies/ is the checkout's own, not installed: python scripts/NAME.py puts scripts/ first on
+# the import path, and the checkout's root goes before it
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from recurnmt.cli import entry_point
 from recurnmt.experiments.artifacts import write_json
 from recurnmt.experiments.commands import run_logged, train_command
@@ -196,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.step == "train":
         train(args)
         return 0
-    from recurnmt.experiments.speculation import measure  # torch and fairseq: not for training
+    from studies.speculative.measure import measure  # torch and fairseq: not for training
 
     measure(args, MODELS)
     return 0

@@ -155,11 +155,7 @@ BAD_INPUTS: dict[str, BadInput] = {
     "python -m recurnmt.vision.training.train": _vision_train,
     "python -m recurnmt.vision.training.evaluate": _missing("best.pt"),
     "python -m recurnmt.vision.training.budget": _missing("dvt.pt"),
-    "python -m recurnmt.vision.train": _vision_train,  # the former names
-    "python -m recurnmt.vision.evaluate": _missing("best.pt"),
-    "python -m recurnmt.vision.budget": _missing("dvt.pt"),
     "python -m recurnmt.experiments.scoring": _nmt_evaluate,
-    "python -m recurnmt.experiments.evaluate": _nmt_evaluate,  # its former name
     "python -m recurnmt.experiments.averaging": lambda tmp: (
         ["--inputs", str(tmp / "c1.pt"), "--output", str(tmp / "avg.pt")],
         "c1.pt",

@@ -254,20 +254,3 @@ def test_model_report_of_a_saved_model(tmp_path):
     report = scoring.model_report(tmp_path / "c.pt", tmp_path)
     assert report["arch"] == "ringformer_tiny"
     assert report["params"]["p_star"] == parameter_report(model).p_star > 0
-
-
-def test_the_former_command_name_still_scores(tmp_path):
-    """``python -m recurnmt.experiments.evaluate`` (the scoring command's name before) runs
-    ``recurnmt.experiments.scoring`` and says so."""
-    import subprocess
-    import sys
-
-    gen = tmp_path / "gen.out"
-    gen.write_text("D-0\t-0.1\tthe cat\n", encoding="utf-8")
-    ref = tmp_path / "ref.txt"
-    ref.write_text("the cat\n", encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, "-m", "recurnmt.experiments.evaluate", str(gen), "--reference", str(ref)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert "recurnmt.experiments.scoring" in done.stderr and "BLEU" in done.stdout

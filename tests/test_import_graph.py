@@ -1,4 +1,5 @@
-"""No import cycles: shared pieces live below the commands that use them.
+"""No import cycles: shared pieces live below the commands that use them; the project's own
+studies (``studies/``) sit above the installed package, which neither imports nor ships them.
 
 The graph is read from the source with ``ast``, so it covers every file, whatever is
 installed: an edge ``a -> b`` for each ``import b`` / ``from b import x`` in ``a`` (also inside
@@ -12,12 +13,14 @@ always be a cycle.
 from __future__ import annotations
 
 import ast
+import configparser
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("recurnmt", "data_prep")
+PACKAGES = ("recurnmt", "data_prep", "studies")
 
 
 def module_names(package: str) -> dict[str, Path]:
@@ -165,13 +168,9 @@ def test_running_experiments_sits_above_the_models():
     assert any(t.startswith("recurnmt.nmt") for t in runs)  # the check sees its imports
 
 
-# the image commands' former names: thin aliases that run recurnmt.vision.training's commands
-VISION_ALIASES = {f"recurnmt.vision.{name}" for name in ("train", "evaluate", "budget")}
-
-
 def test_the_image_trainer_sits_above_the_image_models():
     """recurnmt.vision.training trains and measures the image models: no model part, registry,
-    converter or other package imports it (the commands' former names excepted)."""
+    converter or other package imports it."""
     graph = import_graph("recurnmt")
     upward = [
         f"{name} -> {target}"
@@ -179,10 +178,83 @@ def test_the_image_trainer_sits_above_the_image_models():
         for target in targets
         if target.startswith("recurnmt.vision.training")
         and not name.startswith("recurnmt.vision.training")
-        and name not in VISION_ALIASES
     ]
     assert not upward, upward
     runs = [t for n, ts in graph.items() if n.startswith("recurnmt.vision.training") for t in ts]
     assert any(t.startswith("recurnmt.vision.models") for t in runs)  # the check sees its imports
-    alias = {"recurnmt.vision.training.train", "recurnmt.cli"}  # the new name, the helper
-    assert graph["recurnmt.vision.train"] == alias  # and the aliases'
+
+
+def imported_names(package: str) -> dict[str, set[str]]:
+    """``{module: every absolute module name it imports}`` (lazy imports too, ``TYPE_CHECKING``
+    ones left out), for the imports :func:`imports_of` cannot see: those outside ``package``."""
+    found = {}
+    for name, path in module_names(package).items():
+        names = set()
+        for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif not node.level and node.module:
+                names.add(node.module)
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+        found[name] = names
+    return found
+
+
+def _top(name: str) -> str:
+    return name.partition(".")[0]
+
+
+def test_the_installed_package_holds_no_study():
+    """``studies/`` is the project's own: no module of the package imports it, and setup.cfg's
+    packages (``find:`` with its includes) leave it out."""
+    importing = {
+        f"{module} -> {name}"
+        for package in ("recurnmt", "data_prep")
+        for module, names in imported_names(package).items()
+        for name in names
+        if _top(name) == "studies"
+    }
+    assert not importing, importing
+    from setuptools import find_packages
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    assert cfg["options"]["packages"].strip() == "find:"
+    include = cfg["options.packages.find"]["include"].replace(",", " ").split()
+    shipped = find_packages(where=str(REPO), include=include)
+    assert "recurnmt.experiments" in shipped and "data_prep" in shipped  # the check sees them
+    assert not [p for p in shipped if _top(p) in ("studies", "scripts", "tests")], shipped
+
+
+def test_the_studies_import_recurnmt_as_a_user_does():
+    """``studies/`` imports the standard library, third-party packages, ``recurnmt`` by its
+    public names and itself: no script, test or other folder of the checkout, no private name
+    of recurnmt (``_x``)."""
+    checkout = {p.name for p in REPO.iterdir() if p.is_dir() or p.suffix == ".py"} - {
+        "recurnmt",
+        "studies",
+    }
+    imports = imported_names("studies")
+    found = [
+        f"{module} -> {name}"
+        for module, names in imports.items()
+        for name in names
+        if _top(name) in checkout
+        or (_top(name) == "recurnmt" and any(p.startswith("_") for p in name.split(".")))
+    ]
+    assert not found, found
+    used = {_top(n) for names in imports.values() for n in names}
+    assert {"recurnmt", "studies", "torch"} <= used  # the check sees its imports
+    checked = {"scripts", "tests", "data_prep", "user_dir"}
+    assert checked <= checkout  # the folders it keeps the studies out of
+
+
+def test_the_check_of_the_studies_sees_a_private_name(tmp_path, monkeypatch):
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "__init__.py").write_text("")
+    (tmp_path / "studies" / "a.py").write_text(
+        "def f():\n    from recurnmt.nmt.build import _hidden\n    import scripts.demo_nmt\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    names = imported_names("studies")["studies.a"]
+    assert "recurnmt.nmt.build._hidden" in names and "scripts.demo_nmt" in names

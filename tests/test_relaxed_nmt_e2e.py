@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from recurnmt.experiments.study_plan import hypotheses
+from studies.plan import hypotheses
 from tests import nmt_fixtures
 from tests.test_cli_e2e import ENV, ROOT
 

@@ -1,7 +1,7 @@
-"""``scripts/relaxed_nmt.py``'s plan (:mod:`recurnmt.experiments.relaxed_study`) without training:
+"""``scripts/relaxed_nmt.py``'s plan (:mod:`studies.relaxed.study`) without training:
 the order of the runs, the lr chosen on validation, reuse of finished runs while their
 settings hold, a deadline that leaves the rest pending, and verdicts computed from the
-numbers (:mod:`recurnmt.experiments.relaxed_report`)."""
+numbers (:mod:`studies.relaxed.report`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from recurnmt.experiments import relaxed_report
-from recurnmt.experiments.relaxed_study import Study
-from recurnmt.experiments.study_plan import AGAIN, hypotheses
+from studies.plan import AGAIN, hypotheses
+from studies.relaxed import report as relaxed_report
+from studies.relaxed.study import Study
 from tests.script_modules import load_script
 
 # the BLEU each kind of run gets in the fake study: conversion wins at equal uptraining
@@ -174,8 +174,8 @@ def test_impossible_settings_are_refused_naming_the_option(tmp_path):
 
 
 def test_an_interrupted_run_goes_on_in_its_folder_and_keeps_its_logs(tmp_path, fake, monkeypatch):
-    from recurnmt.experiments import relaxed_study
-    from recurnmt.experiments.study_plan import Run, train_logs
+    from studies.plan import Run, train_logs
+    from studies.relaxed import setup
 
     study = FakeStudy(_args(tmp_path))
     run = study.teacher_run()
@@ -191,7 +191,7 @@ def test_an_interrupted_run_goes_on_in_its_folder_and_keeps_its_logs(tmp_path, f
         return fake_body(study, run)
 
     monkeypatch.setattr(FakeStudy, "train", Study.train)
-    monkeypatch.setattr(relaxed_study, "run_logged", lambda cmd, log: log.write_text("attempt"))
+    monkeypatch.setattr(setup, "run_logged", lambda cmd, log: log.write_text("attempt"))
     attempt = Run(run.name, run.settings, body, run.updates)
     with pytest.raises(KeyboardInterrupt):
         Study.execute(study, attempt)
@@ -413,7 +413,7 @@ def test_a_verdict_says_where_conversion_wins_and_on_which_side_the_bootstrap_se
 
 def test_a_teacher_recorded_on_another_machine_is_refused_before_it_is_trained(tmp_path, fake):
     from recurnmt.cli import UserError
-    from recurnmt.experiments.study_plan import machine
+    from studies.plan import machine
 
     first, results = _recorded_study(tmp_path)
     assert all(r["machine"] == machine() for r in results)  # every result says where it ran

@@ -15,7 +15,9 @@ DECLARATION = re.compile(r"""add_argument\(\s*["']--(embed-dim|ffn-dim|heads|lev
 
 
 def test_no_file_but_the_declaration_declares_a_size_flag():
-    files = [*(REPO / "recurnmt").rglob("*.py"), *(REPO / "scripts").rglob("*.py")]
+    files = [
+        f for folder in ("recurnmt", "scripts", "studies") for f in (REPO / folder).rglob("*.py")
+    ]
     found = {
         str(f.relative_to(REPO)): DECLARATION.findall(f.read_text(encoding="utf-8"))
         for f in files

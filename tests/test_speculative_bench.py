@@ -54,7 +54,7 @@ def test_train_then_measure_writes_the_page(data, tmp_path):
     assert plain["verifications"] == plain["emitted"]  # without drafts: one token a step
     assert spec["verifications"] < spec["draft_passes"] <= spec["verifications"] * (c["K"] + 1)
     assert 0 < spec["draft_seconds"] + spec["verify_seconds"] < spec["seconds"]
-    from recurnmt.experiments import speculation
+    from studies.speculative import measure as speculation
 
     test = speculation.TestSet(data)
     model = speculation.load(tmp_path / "runs" / "ringformer-random" / "checkpoints" /
@@ -83,7 +83,7 @@ def test_the_measurement_is_measured_where_asked_and_the_page_says_where(capsys)
     with pytest.raises(SystemExit):
         script.main(["measure", "--dtype", "fp16"])
     assert "--dtype fp16: half precision is measured on CUDA" in capsys.readouterr().err
-    from recurnmt.experiments.speculation_report import measured_on
+    from studies.speculative.report import measured_on
 
     on_gpu = {"device": "cuda", "dtype": "fp16", "threads": "1"}
     assert measured_on(on_gpu) == "cuda, float16, timings synchronised with the device"
@@ -93,7 +93,7 @@ def test_the_measurement_is_measured_where_asked_and_the_page_says_where(capsys)
 def test_where_the_time_goes_is_computed_from_the_loops_clocks():
     """The costs table's arithmetic on figures worked by hand: a step of 9 ms without drafts,
     draft passes of 2 ms (4 a verification), verifications of 10 ms keeping 2.5 tokens."""
-    from recurnmt.experiments.speculation_report import costs_table
+    from studies.speculative.report import costs_table
 
     plain = {"seconds": 1.0, "tokens": 100, "verifications": 100, "emitted": 100,
              "draft_passes": 100, "draft_seconds": 0.05, "verify_seconds": 0.85}  # fmt: skip

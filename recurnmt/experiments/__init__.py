@@ -14,7 +14,7 @@ and its commands are the image front end's own such package, :mod:`recurnmt.visi
 * :mod:`.launch`: ``recurnmt-train-nmt``, multi-process ``fairseq-train`` on CPUs or GPUs;
 * :mod:`.recipe`, :mod:`.presets`: ``recurnmt-run-nmt-recipe``, the papers' recipes
   (``configs/nmt/``) and the datasets' standard settings;
-* :mod:`.evaluation`, :mod:`.averaging`, :mod:`.evaluate`, :mod:`.scoring`:
+* :mod:`.evaluation`, :mod:`.averaging`, :mod:`.scoring`:
   ``recurnmt-evaluate-nmt`` (checkpoint averaging, ``fairseq-generate``, BLEU into
   ``result.json``);
 * :mod:`.results`: ``recurnmt-results-nmt``, the table of every ``result.json``;

@@ -20,6 +20,5 @@ only: no model, no registry and no converter imports it.
 * :mod:`.budget`: ``python -m recurnmt.vision.training.budget``, a DVT cascade's exit thresholds for a
   compute budget; :mod:`.exits`: every exit's logits and top-1.
 
-The commands' former names (``python -m recurnmt.vision.train``, ``.evaluate``, ``.budget``)
-still run them, saying so once. Nothing is imported here.
+Nothing is imported here.
 """

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from recurnmt.experiments.artifacts import portable, write_json
-from recurnmt.experiments.speculation import BEAM, LENPEN, TestSet, beam, bleu, decode, greedy, load
+from studies.speculative.measure import BEAM, LENPEN, TestSet, beam, bleu, decode, greedy, load
 
 ENGINES = ("pytorch", "ct2 float32", "ct2 int8")
 SETTINGS = (("batch 1", 1, 1), ("batch 1", 1, BEAM), ("batch 16", 16, 1), ("batch 16", 16, BEAM))
@@ -49,7 +49,7 @@ class CT2:
 
     def decode(self, batches, beam_size: int) -> tuple[dict[int, list[str]], float, int]:
         """Every sentence's best hypothesis (pieces), the wall time and the tokens generated
-        (the end of sentence included, as :func:`~recurnmt.experiments.speculation.decode` counts)."""
+        (the end of sentence included, as :func:`~studies.speculative.measure.decode` counts)."""
         out, tokens = {}, 0
         start = time.perf_counter()
         for ids, sample in batches:
@@ -195,25 +195,3 @@ def measure(args: argparse.Namespace, titles: dict[str, str]) -> dict:
         )
         write_json(raw, results)
     return results
-
-
-def translate(directory: Path, spm_model: Path, sentences: list[str], *, beam_size: int = BEAM,
-              threads: int = 1) -> tuple[list[str], float, int]:  # fmt: skip
-    """``sentences`` (raw text) translated by the CTranslate2 model in ``directory``: encoded
-    by the corpus's sentencepiece model, decoded in batches of 64 (CTranslate2 sorts them by
-    length), the pieces joined back. Returns the translations, the seconds decoding took and
-    the tokens generated (the end of sentence included)."""
-    import ctranslate2
-    import sentencepiece
-
-    spm = sentencepiece.SentencePieceProcessor(model_file=str(spm_model))
-    translator = ctranslate2.Translator(str(directory), intra_threads=threads)
-    pieces = spm.encode(sentences, out_type=str)
-    start = time.perf_counter()
-    results = translator.translate_batch(
-        pieces, beam_size=beam_size, length_penalty=LENPEN, max_batch_size=64,
-        max_decoding_length=max(int(1.5 * (len(p) + 1) + 10) for p in pieces),
-    )  # fmt: skip
-    seconds = time.perf_counter() - start
-    best = [r.hypotheses[0] for r in results]
-    return [_text(p) for p in best], seconds, sum(len(p) + 1 for p in best)

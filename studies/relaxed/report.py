@@ -1,4 +1,4 @@
-"""The relaxed-recursion study's page (:mod:`recurnmt.experiments.relaxed_study`): its tables, the
+"""The relaxed-recursion study's page (:mod:`studies.relaxed.study`): its tables, the
 verdicts computed from them, paired bootstrap tests and the plot, from the finished runs.
 
 A study stopped part-way still gets a page: every table holds what has run, the verdicts
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from recurnmt.experiments.study_plan import LATER
+from studies.plan import LATER
 
 Result = dict[str, Any]
 

@@ -229,7 +229,7 @@ def costs(test: TestSet, model, args: argparse.Namespace, results: dict,
     positions, the output layer, the acceptance and the caches' truncation), and the rest (the
     encoder, the generator's own work). From them: a draft pass and a verification against one
     step without drafts, and the speed speculation would reach if drafting cost nothing."""
-    from recurnmt.experiments.speculation_report import fastest_setting
+    from studies.speculative.report import fastest_setting
 
     if (setting := fastest_setting(results, name)) is None:
         return None
@@ -382,6 +382,6 @@ def measure(args: argparse.Namespace, specs: dict[str, tuple[str, tuple[str, ...
             elif value is not None:
                 results.setdefault(part, {})[name] = value
             write_json(raw, results)
-    from recurnmt.experiments.speculation_report import write_report
+    from studies.speculative.report import write_report
 
     write_report(doc, json.loads(raw.read_text()))  # the keys as the JSON has them

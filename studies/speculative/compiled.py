@@ -2,7 +2,7 @@
 ``python scripts/compiled_decoding.py`` (docs/compiled_decoding.md).
 
 The same trained models as docs/speculative.md (``python scripts/speculative.py train``), the
-same test sentences and clocks (:mod:`recurnmt.experiments.speculation`): per model and batch
+same test sentences and clocks (:mod:`studies.speculative.measure`): per model and batch
 setting, fairseq's greedy and beam-4 search, the static-shape search of ``--static-decoding``
 run eagerly and compiled (``--compile-decoding``), and, for a model that drafts, recurnmt's
 greedy loop without drafts and speculative greedy at a few draft settings. Every configuration
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from recurnmt.experiments.artifacts import portable, write_json
-from recurnmt.experiments.speculation import (
+from studies.speculative.measure import (
     BEAM,
     LENPEN,
     NO_DRAFT,
@@ -35,7 +35,7 @@ from recurnmt.experiments.speculation import (
     load,
     speculative,
 )
-from recurnmt.experiments.speculation_report import measured_on
+from studies.speculative.report import measured_on
 
 FAIRSEQ, STATIC, COMPILED = "fairseq's search", "static, eager", "compiled"
 SPECULATIVE = "speculative"

@@ -1,11 +1,11 @@
-"""docs/deploy.md and its plot, from the figures of :mod:`recurnmt.experiments.deployment`."""
+"""docs/deploy.md and its plot, from the figures of :mod:`studies.deploy.measure`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from recurnmt.experiments.deployment import ENGINES, SETTINGS
+from studies.deploy.measure import ENGINES, SETTINGS
 
 USAGE = """\
 A trained model leaves PyTorch for CTranslate2, the engine OpenNMT, Argos Translate and

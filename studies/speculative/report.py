@@ -1,4 +1,4 @@
-"""docs/speculative.md and its plot, from the figures of :mod:`recurnmt.experiments.speculation`."""
+"""docs/speculative.md and its plot, from the figures of :mod:`studies.speculative.measure`."""
 
 from __future__ import annotations
 

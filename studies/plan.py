@@ -1,4 +1,4 @@
-"""A study as a resumable plan of runs (:mod:`recurnmt.experiments.relaxed_study` is one): stages of
+"""A study as a resumable plan of runs (:mod:`studies.relaxed.study` is one): stages of
 runs in order, each run in its own directory with its settings; a finished run
 (``RUN/result.json``) is reused while its settings hold, an interrupted one goes on in its
 directory, and where the directories are gone (a new checkout) a finished run is taken from
@@ -67,6 +67,11 @@ class Runner:
 
     def stages(self) -> list[Callable[[], list[Run]]]:
         raise NotImplementedError
+
+    def planned(self) -> bool:
+        """Whether every stage plans its runs now: a stage may plan nothing until an earlier one
+        has run (every stage does, unless a subclass says so)."""
+        return True
 
     def waits(self, run: Run) -> bool:
         """Whether ``run`` is left for later (none is, unless a subclass says so)."""
@@ -156,8 +161,7 @@ class Runner:
                          for run in runs]  # fmt: skip
                 results += [r for run, r in found if r is not None and run.name not in seen]
                 seen.update(run.name for run, r in found if r is not None)
-                unplanned = self.chosen_lr() is None  # its stages plan nothing yet
-                later = later or unplanned or any(r is None for _, r in found)
+                later = later or not self.planned() or any(r is None for _, r in found)
                 continue
             todo = [r for r in runs if self.finished(r) is None]
             left = [r for r in todo if self.waits(r)]

@@ -1,0 +1,2 @@
+"""The relaxed-recursion study (``scripts/relaxed_nmt.py``): its runs and their order
+(:mod:`.study`) and its page (:mod:`.report`)."""
