@@ -341,6 +341,20 @@ def test_timm_factory_arguments_place_and_cast_the_model(name):
         timm.create_model(TIMM_PREFIX + name, device="meta", not_a_model_arg=1)
 
 
+@pytest.mark.parametrize("name", list_models())
+def test_output_fmt_is_the_layout_of_forward_features(name):
+    """``output_fmt`` (timm's attribute; NCHW where a model has none) says what
+    ``forward_features`` gives: NLC tokens B x T x D (the ViTs, DVT cascades, Mixers) or an
+    NCHW map (SReT, the ResNets); timm's tests read it (tests/timm_peer/README.md)."""
+    with torch.device("meta"):
+        model = timm.create_model(TIMM_PREFIX + name)
+        features = model.forward_features(torch.empty(1, *model.default_cfg["input_size"]))
+    fmt = getattr(model, "output_fmt", "NCHW")
+    assert fmt in ("NLC", "NCHW")
+    assert features.ndim == len(fmt)
+    assert features.shape[-1 if fmt == "NLC" else 1] == model.num_features
+
+
 def test_timm_checkpoint_path_loads_our_weights(tmp_path):
     model = build_small("vit_mini_patch4")
     torch.save({"model": model.state_dict()}, tmp_path / "weights.pt")

@@ -107,6 +107,8 @@ class DVTCascade(ScriptsAsInferenceGraph, nn.Module):
         "the shallow branch (SReT mixed depth) is not supported by DVT cascades, which train "
         "every exit instead (DVT eq. 1)"
     )
+    # forward_features gives the last stage's tokens B x T x D, not a map (timm's Format)
+    output_fmt = "NLC"
 
     def __init__(
         self,
