@@ -251,11 +251,24 @@ def test_recurrent_backbones_share_reuse_columns_like_their_blocks():
     assert len(uit.feature_reuse[0].projs) == 1 and len(uit.feature_reuse[0].norms) == 1
 
 
+def test_a_bfloat16_cascade_reuses_relations_in_bfloat16():
+    """Attention hands its logits to relationship reuse in float32; the reuse MLP of a
+    bfloat16 model takes them in its own dtype (timm's configuration tests cast every model).
+    On the meta device, which checks dtypes but computes nothing (the CPU has no bfloat16
+    bicubic resize for the stages' inputs)."""
+    with torch.device("meta"):
+        model = cascade(relation_reuse=True).eval().to(torch.bfloat16)
+        out = model(torch.empty(2, 3, 32, 32, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 5)
+
+
 def test_impossible_settings_name_the_setting():
     with pytest.raises(ValueError, match="backbone='vit_nope'"):
         cascade(backbone="vit_nope")
     with pytest.raises(ValueError, match="backbone='sret_mini'"):
         cascade(backbone="sret_mini")
+    with pytest.raises(TypeError, match="not_a_model_arg"):  # no model's keyword: as any model
+        cascade(not_a_model_arg=1)
     with pytest.raises(ValueError, match=r"grids=\(\(3, 3\), \(2, 2\)\) must grow"):
         cascade(grids=(3, 2))
     with pytest.raises(ValueError, match="at least two token grids"):

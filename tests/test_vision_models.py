@@ -327,6 +327,34 @@ def test_timm_model_api(name):
     assert any(g["weight_decay"] == 0.05 for g in optimizer.param_groups)
 
 
+@pytest.mark.parametrize("name", ["vit_mini_patch4", "sret_mini", "dvt_vit_mini_patch2"])
+def test_timm_factory_arguments_place_and_cast_the_model(name):
+    """``timm.create_model(name, device=..., dtype=...)``, as timm's models take them (timm's
+    own tests build every model so, on the meta device); an unknown keyword stays a
+    TypeError, as timm's tests require of every model."""
+    model = timm.create_model(TIMM_PREFIX + name, device="meta", dtype=torch.bfloat16)
+    tensors = [*model.parameters(), *model.buffers()]
+    assert {t.device.type for t in tensors} == {"meta"}
+    assert {t.dtype for t in tensors if t.is_floating_point()} == {torch.bfloat16}
+    assert torch.get_default_device().type == "cpu"  # the device was the default only inside
+    with pytest.raises(TypeError, match="not_a_model_arg"):
+        timm.create_model(TIMM_PREFIX + name, device="meta", not_a_model_arg=1)
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_output_fmt_is_the_layout_of_forward_features(name):
+    """``output_fmt`` (timm's attribute; NCHW where a model has none) says what
+    ``forward_features`` gives: NLC tokens B x T x D (the ViTs, DVT cascades, Mixers) or an
+    NCHW map (SReT, the ResNets); timm's tests read it (tests/timm_peer/README.md)."""
+    with torch.device("meta"):
+        model = timm.create_model(TIMM_PREFIX + name)
+        features = model.forward_features(torch.empty(1, *model.default_cfg["input_size"]))
+    fmt = getattr(model, "output_fmt", "NCHW")
+    assert fmt in ("NLC", "NCHW")
+    assert features.ndim == len(fmt)
+    assert features.shape[-1 if fmt == "NLC" else 1] == model.num_features
+
+
 def test_timm_checkpoint_path_loads_our_weights(tmp_path):
     model = build_small("vit_mini_patch4")
     torch.save({"model": model.state_dict()}, tmp_path / "weights.pt")

@@ -15,9 +15,11 @@ timm lists it as ``timm.list_modules()``'s ``timm_registry``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from timm.models._builder import pretrained_cfg_for_features  # timm's, as its builder uses it
 from torch import nn
 
@@ -107,7 +109,14 @@ def _timm_entry(name: str, target: str):
         if isinstance(pretrained_cfg, str):
             raise ValueError(f"{target} has no pretrained tag {pretrained_cfg!r}")
         features = {k: kwargs.pop(k) for k in FEATURE_KWARGS if k in kwargs}
-        model = create_model(name, **kwargs)
+        # timm's factory arguments (its models take them; its tests pass them): our builders
+        # create their tensors where torch's default device says and in float32, so the
+        # device is that default while the model is built, and the dtype a cast after
+        device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+        with torch.device(device) if device is not None else contextlib.nullcontext():
+            model = create_model(name, **kwargs)
+        if dtype is not None:
+            model.to(dtype=dtype)
         base = model_cfg(name, model)
         if pretrained_cfg is not None:  # a dict or timm's PretrainedCfg, given by the caller
             given = pretrained_cfg if isinstance(pretrained_cfg, dict) else vars(pretrained_cfg)

@@ -219,8 +219,9 @@ class RelationReuse(nn.Module):
             nn.init.zeros_(m.bias)
 
     def hidden(self, logits: Tensor) -> Tensor:
-        """Upstream logits B x M_up x T_up x T_up -> hidden B x 3HL x T_up x T_up."""
-        return F.gelu(self.fc1(logits))
+        """Upstream logits B x M_up x T_up x T_up -> hidden B x 3HL x T_up x T_up (in the MLP's
+        dtype: attention gives its logits in float32, a bfloat16 model's MLP is bfloat16)."""
+        return F.gelu(self.fc1(logits.to(self.fc1.weight.dtype)))
 
     def bias(
         self, hidden: Tensor, level: int, grid_in: Grid, grid_out: Grid, prefix: int, mode: str

@@ -107,6 +107,8 @@ class DVTCascade(ScriptsAsInferenceGraph, nn.Module):
         "the shallow branch (SReT mixed depth) is not supported by DVT cascades, which train "
         "every exit instead (DVT eq. 1)"
     )
+    # forward_features gives the last stage's tokens B x T x D, not a map (timm's Format)
+    output_fmt = "NLC"
 
     def __init__(
         self,
@@ -436,7 +438,10 @@ def _create_dvt(defaults: dict, kwargs: dict) -> DVTCascade:
             probe = create_model(backbone, **args)
     except KeyError as err:
         raise ValueError(f"backbone={backbone!r} is not a registered vision model") from err
-    except TypeError as err:  # another family's builder refusing the ViT settings
+    except TypeError as err:
+        if "backbone" not in kwargs:  # the entry point's own ViT: a keyword no model takes
+            raise
+        # another family's builder refusing the ViT settings
         raise ValueError(
             f"backbone={backbone!r} cannot be built with {sorted(args)} ({err}); DVT needs a "
             "VisionTransformer family model (DeiT, recursive DeiT, RingFormer-ViT, UiT, OWF)"

@@ -99,6 +99,9 @@ class RecursiveMixer(ScriptsAsInferenceGraph, nn.Module):
         drop_rate: dropout in the blocks and before the head.
     """
 
+    # forward_features gives tokens B x S x C, not a map (timm's Format)
+    output_fmt = "NLC"
+
     def __init__(
         self,
         *,

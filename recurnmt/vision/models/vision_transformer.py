@@ -52,6 +52,9 @@ class VisionTransformer(ScriptsAsInferenceGraph, nn.Module):
             instead of once (Universal Transformer coordinate embedding); None: once.
     """
 
+    # forward_features gives tokens B x T x D, not a map (timm's Format: a ViT's layout)
+    output_fmt = "NLC"
+
     def __init__(
         self,
         stack: RecurrentStack,
