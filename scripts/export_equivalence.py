@@ -66,13 +66,20 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.checkpoint.is_file():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist")
     import torch
+
+    with torch.no_grad():  # not torch.set_grad_enabled: a caller's autograd stays as it was
+        return _compare(args)
+
+
+def _compare(args: argparse.Namespace) -> dict:
+    """The comparison of :func:`main` (under ``torch.no_grad``)."""
+    import torch
     from fairseq import checkpoint_utils
     from transformers import AutoModelForSeq2SeqLM
 
     import recurnmt.hf  # noqa: F401  (registers the model type)
     from recurnmt import export
 
-    torch.set_grad_enabled(False)
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp) / "hf"
         export.main([str(args.checkpoint), str(out), "--data", str(args.data), "--force",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,33 +85,4 @@ def test_vision_train_names_an_unknown_model(tmp_path):
     assert len(lines) == 1
     assert lines[0].startswith(
         "python -m recurnmt.vision.training.train: error: unknown vision model"
-    )
-
-
-@pytest.mark.parametrize(
-    ("name", "argv", "named"),
-    [
-        ("train", ["--model", "vit_xl", "--output", "run"], "unknown vision model 'vit_xl'"),
-        ("evaluate", ["no_such/best.pt"], "no_such/best.pt"),
-        ("budget", ["no_such/dvt.pt"], "no_such/dvt.pt"),
-    ],
-)
-def test_a_vision_command_s_former_name_runs_it_and_says_so(tmp_path, name, argv, named):
-    """``python -m recurnmt.vision.NAME``, the name before the trainer moved, runs
-    ``recurnmt.vision.training.NAME`` with the same options, saying so once."""
-    result = subprocess.run(
-        [sys.executable, "-m", f"recurnmt.vision.{name}", *argv],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 2
-    notice, error = result.stderr.strip().splitlines()
-    assert notice == (
-        f"python -m recurnmt.vision.{name} is now python -m recurnmt.vision.training.{name} "
-        "(the same options)"
-    )
-    assert (
-        error.startswith(f"python -m recurnmt.vision.training.{name}: error: ") and named in error
     )

@@ -237,7 +237,21 @@ COMMANDS = discover_commands()
 
 
 def run_in_process(command: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> object:
-    """Runs ``command argv`` as the shell would; returns its exit code."""
+    """Runs ``command argv`` as the shell would; returns its exit code. A command that
+    leaves torch's autograd switched off fails the test (the tests after it in this process
+    would train without gradients)."""
+    import torch
+
+    grad = torch.is_grad_enabled()
+    try:
+        return _run(command, argv, monkeypatch)
+    finally:
+        left = torch.is_grad_enabled()
+        torch.set_grad_enabled(grad)
+        assert left == grad, f"{command} left autograd {'on' if left else 'off'}"
+
+
+def _run(command: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> object:
     kind, target = COMMANDS[command]
     monkeypatch.setattr(sys, "argv", [command.split()[-1], *argv])
     monkeypatch.setattr(sys, "path", list(sys.path))  # python script.py puts its folder first
