@@ -200,7 +200,20 @@ def bad_checkpoint(bad: str, kind: str, tmp: Path) -> Path:
 
 def run_fairseq(command: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> object:
     """``fairseq-TOOL argv`` as its console script runs it: ``cli_main()``, and an exception
-    it ends on handed to ``sys.excepthook`` as the interpreter would; returns the exit code."""
+    it ends on handed to ``sys.excepthook`` as the interpreter would; returns the exit code.
+    The fairseq command modules it imports are forgotten after it: an imported
+    ``fairseq_cli.train`` is how the plugin knows a process trains (recurnmt-train-nmt runs
+    fairseq's training in its own process), and the tests after it in this worker do not."""
+    imported = set(sys.modules)
+    try:
+        return _run_fairseq(command, argv, monkeypatch)
+    finally:
+        for name in set(sys.modules) - imported:
+            if name.startswith("fairseq_cli"):
+                del sys.modules[name]
+
+
+def _run_fairseq(command: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> object:
     module = importlib.import_module(f"fairseq_cli.{command.removeprefix('fairseq-')}")
     monkeypatch.setattr(sys, "argv", [command, *argv])
     root = logging.getLogger()
