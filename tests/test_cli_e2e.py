@@ -386,7 +386,7 @@ def test_static_decoding_through_fairseq_generate(data, tmp_path):
     out = generate(data, checkpoint, "--task", "speculative_translation", "--static-decoding")
     assert hypotheses(out) == hypotheses(plain) and len(hypotheses(out)) == SIZES["test"]
     assert "static-shape decoding: every row kept" in out and "run eagerly" in out
-    with pytest.raises(AssertionError, match="--static-decoding: not with --draft-levels"):
+    with pytest.raises(AssertionError, match="--static-decoding=True: not with --draft-levels"):
         generate(data, checkpoint, "--task", "speculative_translation", "--static-decoding",
                  "--draft-levels", "1")  # fmt: skip
     # --compile-decoding: the same search with each step compiled by torch.compile, with the
@@ -431,7 +431,7 @@ def test_speculative_decoding_through_fairseq_generate_and_interactive(data, tmp
         assert re.search(r"speculation: \d+ verifications, [\d.]+ drafts accepted", out)
     with pytest.raises(AssertionError, match="--beam 3: speculative decoding decodes greedily"):
         generate(data, checkpoint, "--task", "speculative_translation", "--draft-levels", "1")
-    with pytest.raises(AssertionError, match="--draft-levels 4: the draft runs 1 to 3"):
+    with pytest.raises(AssertionError, match="--draft-levels=4: the draft runs 1 to 3"):
         generate(data, checkpoint, "--beam", "1", "--task", "speculative_translation",
                  "--draft-levels", "4")  # fmt: skip
     import sentencepiece as spm

@@ -74,7 +74,7 @@ OPS_PER_LEVEL_BOUND = 0.90
 # 2.14.1, fairseq 0.12.3): fairseq's transformer 485 per decoder layer and 162 besides in a step;
 # per level owf 213, relaxed_transformer 268, ringformer 278, recurrent_transformer 291,
 # universal_transformer 296, universal_transformer_act 322, sret 389, and 174-187 besides. Before
-# a decoding session held the folds (recurnmt/modules/session.py), each linear checked its kept
+# a decoding session held the folds (recurnmt/modules/decoding/session.py), each linear checked its kept
 # fold's key at every level: ringformer 321, relaxed_transformer 384 (414 while the keys were
 # built by generators: a Python call per resumption). Before the decoder reordered its cache
 # itself, beam search's walk over every submodule made sret 513 per level and 649 besides,
@@ -85,7 +85,7 @@ PYTHON_CALLS_BOUND = 0.90
 # memory's K/V term is cached at the first step). Computed beside the shared linears it cost
 # 109 operations per level, 57 more than the same stack at rank 0; in inference each level now
 # runs its linears with the LoRA folded into the weights (LowRankDelta.folded): 52, the bound
-# holds it as every family (a decoding session folds them: recurnmt/modules/session.py).
+# holds it as every family (a decoding session folds them: recurnmt/modules/decoding/session.py).
 
 
 def _ids(case):

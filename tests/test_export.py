@@ -352,5 +352,5 @@ def test_generate_with_drafts_gives_the_same_output(arch):
         hf.generate(input_ids=src, num_beams=4, draft_levels=1)
     with pytest.raises(ValueError, match="repetition_penalty=1.2 is not supported"):
         hf.generate(input_ids=src, num_beams=1, draft_levels=1, repetition_penalty=1.2)
-    with pytest.raises(ValueError, match="draft_levels 9: the draft runs 1 to"):
+    with pytest.raises(ValueError, match="draft_levels=9: the draft runs 1 to"):
         hf.generate(input_ids=src, num_beams=1, draft_levels=9)

@@ -8,7 +8,7 @@ import torch
 from recurnmt.analysis.dispatch import count_dispatch
 from recurnmt.modules import KVCache, SelfAttention, StackCache
 from recurnmt.modules.attention import MASK_ALIGNMENT, MemoryKV, additive_mask
-from recurnmt.modules.kv_cache import MIN_CAPACITY
+from recurnmt.modules.decoding.kv_cache import MIN_CAPACITY
 
 # views and allocations: no kernel, no copy
 NO_COPY = {"aten.narrow", "aten.slice", "aten.view", "aten.empty", "aten.new_empty"}

@@ -8,7 +8,7 @@ import torch
 
 from recurnmt.analysis.dispatch import count_dispatch
 from recurnmt.modules import ConfigError, DepthPlan, Memory, SignalConfig, StackConfig, build_stack
-from recurnmt.modules.cache import StackCache
+from recurnmt.modules.decoding.cache import StackCache
 from recurnmt.modules.level_lora import LINEARS, LevelLoRA, LowRankDelta
 from recurnmt.modules.relaxed_init import relax_stack, source_layers
 

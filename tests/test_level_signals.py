@@ -145,7 +145,7 @@ def test_decoding_folds_the_signals_into_the_weights(attn, ffn, monkeypatch):
     feed (W + A B^T after a projection, W (I + A B^T) on its input): the same map as the
     rank-space products training runs, computed without them. A pass without a cache
     computes them in rank space."""
-    from recurnmt.modules.cache import StackCache
+    from recurnmt.modules.decoding.cache import StackCache
     from recurnmt.modules.stack import Memory
 
     stack = _trained_signal_stack(attn, ffn, cross=True)
@@ -179,7 +179,7 @@ def test_folded_weight_is_the_same_linear_map():
 
 
 def test_step_by_step_decoding_with_folded_signals_equals_the_full_pass():
-    from recurnmt.modules.cache import StackCache
+    from recurnmt.modules.decoding.cache import StackCache
     from recurnmt.modules.stack import Memory
 
     stack = _trained_signal_stack("after", "input", cross=True).eval()

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from recurnmt.export import convert
+from recurnmt.modules.decoding.protocol import DecodingSide
 from recurnmt.modules.memory import Memory
-from recurnmt.modules.side import DecodingSide, Side
+from recurnmt.modules.side import Side
 from recurnmt.modules.tokens import TokenConfig, TokenFrontEnd
 from recurnmt.nmt.embedding import TokenEmbedding
 from recurnmt.nmt.generation import decoding_side

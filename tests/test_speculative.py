@@ -1,4 +1,4 @@
-"""Self-speculative decoding (recurnmt/modules/speculative.py, recurnmt/nmt/speculative.py):
+"""Self-speculative decoding (recurnmt/modules/decoding/speculative.py, recurnmt/nmt/speculative.py):
 greedy output equals fairseq's own beam-1 search token for token, samples follow the plain
 sampler's distribution, bad settings fail at once naming their flag, and a verification asks
 the host for nothing per level."""
@@ -13,8 +13,8 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from recurnmt.analysis.dispatch import SimulatedDevice, count_dispatch
-from recurnmt.modules.kv_cache import KVCache
-from recurnmt.modules.speculative import TokenRule
+from recurnmt.modules.decoding.kv_cache import KVCache
+from recurnmt.modules.decoding.rules import TokenRule
 from recurnmt.nmt.architectures import FAMILIES
 from recurnmt.nmt.speculative import SpeculativeSequenceGenerator
 from tests.nmt_helpers import DICT, batch, build, train_signals
@@ -158,10 +158,10 @@ def test_draft_levels_auto_picks_the_fastest_and_decodes_the_same(monkeypatch):
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"draft_levels": 4}, "--draft-levels 4: the draft runs 1 to 3 of the 4 levels"),
-        ({"draft_levels": -1}, "--draft-levels -1: the draft runs 1 to 3 of the 4 levels"),
-        ({"draft_levels": "two"}, "--draft-levels 'two': a number of levels, or auto"),
-        ({"draft_levels": 1, "draft_tokens": 0}, "--draft-tokens 0: at least 1"),
+        ({"draft_levels": 4}, "--draft-levels=4: the draft runs 1 to 3 of the 4 levels"),
+        ({"draft_levels": -1}, "--draft-levels=-1: the draft runs 1 to 3 of the 4 levels"),
+        ({"draft_levels": "two"}, "--draft-levels='two': a number of levels, or auto"),
+        ({"draft_levels": 1, "draft_tokens": 0}, "--draft-tokens=0: at least 1"),
         ({"draft_levels": 1, "beam_size": 4}, "--beam 4: speculative decoding decodes"),
         ({"draft_levels": 1, "no_repeat_ngram_size": 2}, "--no-repeat-ngram-size"),
     ],
@@ -175,7 +175,7 @@ def test_bad_settings_fail_at_once_naming_the_flag(kwargs, message):
 
 def test_models_that_cannot_draft_are_refused():
     act = _model("universal_transformer_act_tiny")
-    with pytest.raises(ValueError, match="--draft-levels: ACT's halting mixes"):
+    with pytest.raises(ValueError, match="--draft-levels=1: ACT's halting mixes"):
         SpeculativeSequenceGenerator([act], DICT, beam_size=1, draft_levels=1)
     fairseq_model, _, _ = build("transformer", "--decoder-layers", "2")
     with pytest.raises(ValueError, match="this model's decoder is a TransformerDecoder"):
@@ -257,7 +257,7 @@ def _sampling(topk: int, topp: float):
 def test_a_wrong_acceptance_rule_would_fail_the_sampling_test(monkeypatch):
     """The test above has the power to see a wrong rule: accepting every draft gives the
     draft's distribution, which is far from the full model's here."""
-    from recurnmt.modules import speculative
+    from recurnmt.modules.decoding import speculative
 
     def accept_all(self, lprobs, drafted, draft_probs, generator):
         return drafted.new_full((drafted.size(0),), drafted.size(1))
@@ -313,7 +313,7 @@ def test_a_verification_waits_on_the_device_once_and_copies_nothing_to_it(
 
     monkeypatch.setattr(attention, "causal_lower_right", band)
     if compiled:  # the compiled path's functions, uncompiled (a dispatch mode traces nothing)
-        from recurnmt.modules import speculative
+        from recurnmt.modules.decoding import speculative
 
         monkeypatch.setattr(speculative, "compiled_decoding", lambda owner, key, fn: fn)
     extra = {}
@@ -361,7 +361,7 @@ def test_compiled_passes_decode_as_fairseqs_beam_one(family, levels, tokens):
         elif family == "relaxed_transformer":
             assert lengths[0] < lengths[-1]  # rows left the batch at different steps
     assert fused > 0
-    from recurnmt.modules.compile import _DECODING
+    from recurnmt.modules.decoding.compiled import _DECODING
 
     # the model's own compiled verification and round (one per model and setting)
     compiled = _DECODING[model.decoder.stack]
@@ -389,7 +389,7 @@ def test_compiled_sampling_draws_as_the_eager_passes():
 def test_compiled_passes_that_fail_to_compile_run_eagerly(monkeypatch, caplog):
     """A pass torch.compile cannot compile: one warning naming the flag, the eager passes
     from then on, the same output."""
-    from recurnmt.modules import speculative
+    from recurnmt.modules.decoding import speculative
 
     def broken(*args):
         raise RuntimeError("InductorError: no C++ compiler found\ndetail")

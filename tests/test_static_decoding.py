@@ -1,5 +1,5 @@
 """Beam search over fixed shapes (recurnmt/nmt/static_decoding.py) and its cache
-(recurnmt/modules/static_cache.py): fairseq's hypotheses for every family, every row kept,
+(recurnmt/modules/decoding/static_cache.py): fairseq's hypotheses for every family, every row kept,
 storage that never moves, the settings it refuses."""
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ from torch.utils._pytree import tree_map
 
 from recurnmt.analysis.dispatch import SimulatedDevice, count_dispatch
 from recurnmt.modules.attention import SelfAttention
-from recurnmt.modules.kv_cache import KVCache
-from recurnmt.modules.static_cache import (
+from recurnmt.modules.decoding.kv_cache import KVCache
+from recurnmt.modules.decoding.static_cache import (
     BUCKET,
     StaticKVCache,
     StaticStackCache,
     StepPosition,
 )
+from recurnmt.modules.decoding.static_steps import CapturedStep, StaticStep
 from recurnmt.nmt.architectures import FAMILIES
 from recurnmt.nmt.generation import decoding_side
-from recurnmt.nmt.static_decoding import CapturedStep, StaticSequenceGenerator, StaticStep
+from recurnmt.nmt.static_decoding import StaticSequenceGenerator
 from tests.nmt_helpers import DICT, build
 from tests.test_speculative import _eos_likelier, _model, _sample
 
@@ -422,12 +423,12 @@ def test_a_compilation_that_fails_falls_back_to_the_eager_step(monkeypatch, capl
     """A step torch.compile cannot compile (here: a backend that raises, as Inductor does
     without a C++ compiler) runs eagerly from then on, with one warning naming the flag; the
     hypotheses are the eager ones."""
-    from recurnmt.nmt import static_decoding
+    from recurnmt.modules.decoding import static_steps
 
     def broken(step):
         raise RuntimeError("InductorError: no C++ compiler found\nmore detail")
 
-    monkeypatch.setattr(static_decoding, "compiled_decoding", lambda owner, key, fn: broken)
+    monkeypatch.setattr(static_steps, "compiled_decoding", lambda owner, key, fn: broken)
     model = _model("ringformer_tiny")
     sample = _sample(bsz=3)
     want = _nbest(StaticSequenceGenerator([model], DICT, beam_size=2), model, sample)

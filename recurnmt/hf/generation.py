@@ -10,15 +10,20 @@ fairseq does.
 
 from __future__ import annotations
 
-import math
+import logging
+from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import LogitsProcessor
 
-from recurnmt.modules import Memory
-from recurnmt.modules.side import DecodingSide
-from recurnmt.modules.speculative import SelfSpeculation, TokenRule, check_draft
+from recurnmt.modules import ConfigError, Memory
+from recurnmt.modules.decoding.options import AUTO, DecodingOptions, declarations
+from recurnmt.modules.decoding.protocol import DecodingSide
+from recurnmt.modules.decoding.rules import TokenRule, limit_lengths
+from recurnmt.modules.decoding.speculative import SelfSpeculation, check_draft
+
+logger = logging.getLogger(__name__)
 
 # generation settings speculation honours; any other set away from its default is refused
 SPECULATION_KEEPS = {
@@ -50,10 +55,38 @@ class EndAtMaxLength(LogitsProcessor):
         return scores
 
 
-def speculate(model, inputs, config, max_new: int, eos: int, levels, tokens, kwargs) -> Tensor:
-    """``generate()`` with drafts from the decoder's first ``levels`` levels: B x L ids
-    (the start token, the tokens, padding after eos), greedy or sampled as ``config`` and
-    ``kwargs`` say.
+def decoding_options(
+    kwargs: dict[str, Any], declared: type[DecodingOptions] = DecodingOptions
+) -> DecodingOptions:
+    """recurnmt's decoding options (``declared``' declarations) among ``generate()``'s
+    keywords ``kwargs`` (taken out of it: transformers refuses keywords it does not know),
+    named by their keywords (the options' names) in errors.
+
+    Raises:
+        ConfigError: impossible options, or an option ``generate()`` does not run.
+    """
+    given = {name: kwargs.pop(name) for name in declarations(declared) if name in kwargs}
+    options = declared.from_values(given)
+    if options.static_decoding:
+        raise ConfigError(
+            "static_decoding", True, "not in generate() (transformers' beam search keeps its "
+            "own shapes); fairseq-generate runs it",
+        )  # fmt: skip
+    if options.compile_decoding and not options.speculative:
+        raise ConfigError(
+            "compile_decoding", True, "generate() compiles speculation's passes: with {draft_levels}",
+            {"draft_levels": options.draft_levels},
+        )  # fmt: skip
+    if options.draft_levels == AUTO:
+        raise ConfigError("draft_levels", AUTO, "generate() takes a number of levels")
+    return options
+
+
+def speculate(model, inputs, config, max_new: int, eos: int, options, kwargs) -> Tensor:
+    """``generate()`` with drafts from the decoder's first ``options.draft_levels`` levels
+    (:class:`~recurnmt.modules.decoding.options.DecodingOptions`): B x L ids (the start
+    token, the tokens, padding after eos), greedy or sampled as ``config`` and ``kwargs``
+    say.
 
     Raises:
         ValueError: a generation setting speculation does not honour, named.
@@ -65,7 +98,8 @@ def speculate(model, inputs, config, max_new: int, eos: int, levels, tokens, kwa
             raise ValueError(f"generate(draft_levels=...): {name}={value!r} is not supported")
     if kwargs.get("logits_processor"):
         raise ValueError("generate(draft_levels=...): logits_processor is not supported")
-    check_draft(model.decoder.stack, levels, tokens, ("draft_levels", "draft_tokens"))
+    levels, tokens = options.draft_levels, options.draft_tokens
+    check_draft(model.decoder.stack, levels, tokens)
     beams = settings.get("num_beams") or 1
     if beams != 1:
         raise ValueError(f"generate(draft_levels=...): num_beams={beams}; greedy or do_sample")
@@ -79,14 +113,7 @@ def speculate(model, inputs, config, max_new: int, eos: int, levels, tokens, kwa
     pad = model.config.pad_token_id
 
     def adjust(lprobs: Tensor, step: int) -> None:  # as EndAtMaxLength, and min_new_tokens
-        early = min(min_new - step, lprobs.size(1))
-        if early > 0:
-            lprobs.narrow(1, 0, early).select(-1, eos).fill_(-math.inf)
-        last = max(max_new - 1 - step, 0)
-        if last < lprobs.size(1):
-            forced = lprobs.narrow(1, last, lprobs.size(1) - last)
-            forced.narrow(-1, 0, eos).fill_(-math.inf)
-            forced.narrow(-1, eos + 1, forced.size(-1) - eos - 1).fill_(-math.inf)
+        limit_lengths(lprobs, step, min_new, max_new - 1, eos)
 
     sampling = bool(settings.get("do_sample"))
     rule = TokenRule(
@@ -103,7 +130,8 @@ def speculate(model, inputs, config, max_new: int, eos: int, levels, tokens, kwa
     start = settings.get("decoder_start_token_id")
     start = model.config.decoder_start_token_id if start is None else start
     prefix = ids.new_full((ids.size(0), 1), start)
-    decoded = SelfSpeculation(drafting, levels, tokens, rule).run(
+    compiled = _compile_failed if options.compile_decoding else None
+    decoded = SelfSpeculation(drafting, levels, tokens, rule, compiled).run(
         prefix, max_new - 1, eos, kwargs.get("generator")
     )
     model.last_speculation = decoded.stats  # acceptance and timing, for the caller's log
@@ -113,3 +141,8 @@ def speculate(model, inputs, config, max_new: int, eos: int, levels, tokens, kwa
     for row, generated in enumerate(decoded.tokens):
         out[row, 1 : 1 + generated.numel()] = generated
     return out
+
+
+def _compile_failed(error: Exception) -> None:
+    first = str(error).strip().splitlines()[:1] or [type(error).__name__]
+    logger.warning(f"compile_decoding: compiling a pass failed ({first[0]}); eager from now on")

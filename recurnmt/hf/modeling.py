@@ -26,7 +26,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from recurnmt.hf.cache import RecurnmtCache
 from recurnmt.hf.configuration import RecurnmtConfig
-from recurnmt.hf.generation import EndAtMaxLength, speculate
+from recurnmt.hf.generation import EndAtMaxLength, decoding_options, speculate
 from recurnmt.modules import LevelParts, Memory
 from recurnmt.modules.builders import build_level_embedding
 from recurnmt.modules.side import Side
@@ -273,25 +273,21 @@ class RecurnmtForConditionalGeneration(RecurnmtPreTrainedModel, GenerationMixin)
         }
 
     @torch.no_grad()
-    def generate(
-        self,
-        inputs: Tensor | None = None,
-        generation_config: Any = None,
-        draft_levels: int | None = None,
-        draft_tokens: int = 4,
-        **kwargs: Any,
-    ):
+    def generate(self, inputs: Tensor | None = None, generation_config: Any = None, **kwargs: Any):
         """transformers' ``generate()``, ending every hypothesis as fairseq does at the length
-        limit (:class:`~recurnmt.hf.generation.EndAtMaxLength`). With ``draft_levels`` R,
-        greedy decoding and sampling draft ``draft_tokens`` tokens at a time with the decoder's
-        first R levels (:func:`~recurnmt.hf.generation.speculate`): the same output, faster."""
+        limit (:class:`~recurnmt.hf.generation.EndAtMaxLength`). recurnmt's decoding options
+        (:class:`~recurnmt.modules.decoding.options.DecodingOptions`) are keywords too: with
+        ``draft_levels=R``, greedy decoding and sampling draft ``draft_tokens`` tokens at a
+        time with the decoder's first R levels (:func:`~recurnmt.hf.generation.speculate`):
+        the same output, faster."""
+        options = decoding_options(kwargs)  # recurnmt's keywords, taken out of kwargs
         config = generation_config or self.generation_config
         max_new = kwargs.get("max_new_tokens", config.max_new_tokens)
         if max_new is None:
             max_new = kwargs.get("max_length", config.max_length) - 1
         eos = config.eos_token_id if config.eos_token_id is not None else self.config.eos_token_id
-        if draft_levels is not None:
-            return speculate(self, inputs, config, max_new, eos, draft_levels, draft_tokens, kwargs)
+        if options.speculative:
+            return speculate(self, inputs, config, max_new, eos, options, kwargs)
         processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
         processors.append(EndAtMaxLength(eos, last_length=max_new))  # start token + max_new - 1
         return super().generate(

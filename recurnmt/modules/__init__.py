@@ -25,7 +25,6 @@ from recurnmt.modules.attention import (
 )
 from recurnmt.modules.block import TransformerBlock
 from recurnmt.modules.builders import build_block, build_level_parts, build_plan, build_stack
-from recurnmt.modules.cache import StackCache
 from recurnmt.modules.config import (
     BlockConfig,
     ConfigError,
@@ -40,6 +39,8 @@ from recurnmt.modules.config import (
     SlicingConfig,
     StackConfig,
 )
+from recurnmt.modules.decoding.cache import StackCache
+from recurnmt.modules.decoding.kv_cache import KVCache
 from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.families import FAMILIES, Family
 from recurnmt.modules.feedforward import FeedForward
@@ -50,7 +51,6 @@ from recurnmt.modules.hooks import (
     LevelOutputs,
     positions_hooks,
 )
-from recurnmt.modules.kv_cache import KVCache
 from recurnmt.modules.level_embedding import sinusoidal_level_embedding
 from recurnmt.modules.level_lora import LevelLoRA, LowRankDelta
 from recurnmt.modules.level_parts import LevelParts

@@ -2,7 +2,7 @@
 
 Shape legend: B batch, T query length, S key length, C width, H heads, D = C / H head width.
 Tensors are batch-first (B x T x C); keys and values are kept split by head (B x H x S x D),
-which is also the layout of the incremental decoding cache (:mod:`recurnmt.modules.kv_cache`).
+which is also the layout of the incremental decoding cache (:mod:`recurnmt.modules.decoding.kv_cache`).
 
 Self-attention computes Q, K and V with one fused projection. Everything a level or an
 extension adds to one attention call arrives as one :class:`AttentionTerms` object, so this
@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from recurnmt.modules import sdpa
-from recurnmt.modules.kv_cache import KVCache
+from recurnmt.modules.decoding.kv_cache import KVCache
 from recurnmt.modules.sliced_attention import SlicedGroups
 
 
@@ -84,7 +84,7 @@ def _lower_right_mask(t: int, s: int, device: torch.device, inference: bool) -> 
 Probe = Callable[[Tensor], None]
 # the weight and bias a level runs in place of one of its shared block's linears: the block's
 # own with the level's signals or LoRA folded in, made when a decoding session starts
-# (:mod:`recurnmt.modules.session`)
+# (:mod:`recurnmt.modules.decoding.session`)
 LinearReplacement = tuple[Tensor, Tensor | None]
 
 
@@ -121,7 +121,7 @@ class AttentionTerms:
             Table 4 "before attn"): Q = W_Q (x + g_Q(x)) and so on.
         qkv_linear: the weight and bias used in place of the fused Q/K/V projection's own
             (:data:`LinearReplacement`): a level's signals or LoRA folded into them for a
-            decoding session (:mod:`recurnmt.modules.session`).
+            decoding session (:mod:`recurnmt.modules.decoding.session`).
         q_delta: added after a cross-attention's query projection, B x T x C (a relaxed
             level's LoRA on W_Q; self-attention takes its Q term in ``qkv_delta``).
         q_linear: in place of a cross-attention's query projection, as ``qkv_linear``.
@@ -432,7 +432,7 @@ class SelfAttention(_Attention):
             k, v = cache.append_pair(heads.narrow(0, 1, 2))
             if cache.key_mask is not None:
                 # a static-shape cache: its whole buffer, the positions not yet written masked
-                # (one query per step; modules/static_cache.py)
+                # (one query per step; modules/decoding/static_cache.py)
                 return self._attend(q, k, v, cache.key_mask, terms)
         t, s = q.size(2), k.size(2)
         causal = self.causal and t > 1

@@ -15,8 +15,6 @@ of compiled and eager runs are interchangeable, and the compiled state is never 
 from __future__ import annotations
 
 import functools
-import types
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -82,10 +80,10 @@ def from_flags(backend: str | None, mode: str | None = None) -> CompileSettings 
 def compiled(fn: Callable[..., Any], settings: CompileSettings) -> Callable[..., Any]:
     """``fn`` compiled with ``settings``, made once per process (dynamo's cache then holds
     one graph per stack, mode and shape, distinguished by its guards)."""
-    return _within_limit(fn, torch.compile(fn, backend=settings.backend, mode=settings.mode))
+    return within_limit(fn, torch.compile(fn, backend=settings.backend, mode=settings.mode))
 
 
-def _within_limit(fn: Callable[..., Any], inner: Callable[..., Any]) -> Callable[..., Any]:
+def within_limit(fn: Callable[..., Any], inner: Callable[..., Any]) -> Callable[..., Any]:
     """``inner`` (``fn`` compiled) called with dynamo's recompile limit at
     :data:`RECOMPILE_LIMIT` instead of torch's default."""
 
@@ -98,25 +96,3 @@ def _within_limit(fn: Callable[..., Any], inner: Callable[..., Any]) -> Callable
             return inner(*args, **kwargs)
 
     return run
-
-
-_DECODING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def compiled_decoding(owner: object, key: tuple, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` compiled by ``torch.compile`` (TorchInductor, dynamic shapes) for decoding with
-    ``owner`` (a model's decoder stack) in the setting ``key`` (what else specialises the
-    compiled code: a pass and its levels, a beam size), made once per pair, each with a code
-    object of its own. Dynamo keeps a code object's compilations up to a small limit and runs
-    new shapes eagerly past it; one code object per model and setting keeps each within it
-    (a few compilations: the first shapes, then symbolic sizes, a new length bucket), where one
-    for all would pass the limit in a process that decodes several models or settings."""
-    per_owner = _DECODING.setdefault(owner, {})
-    if key not in per_owner:
-        name = f"{fn.__name__}_{abs(hash(key)):x}"
-        code = fn.__code__.replace(co_name=name, co_qualname=name)
-        copy = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-        # batches of other sizes and sentences of other lengths (capacities, buckets) pass
-        # torch's default limit of 8 within one setting: the higher one of training's
-        per_owner[key] = _within_limit(copy, torch.compile(copy, dynamic=True))
-    return per_owner[key]

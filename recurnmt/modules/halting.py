@@ -53,7 +53,7 @@ class HaltingUnit(nn.Module):
     def forward(self, state: Tensor, params: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """p_t (B x T) in float32 for a state of any dtype (see the module docstring);
         ``params``: w and b as :meth:`float_params` gives them, made once by a decoding
-        session (:mod:`recurnmt.modules.session`), else here."""
+        session (:mod:`recurnmt.modules.decoding.session`), else here."""
         device = state.device.type
         # autocast would pick bf16; entering it only where it is on saves a decoding step's time
         off = torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else None

@@ -90,7 +90,7 @@ class LowRankDelta(nn.Module):
         """A linear's ``weight`` and ``bias`` with this term folded in, ``W' + B A`` and
         ``b' + db``: the same linear map as ``linear(x) + self(x)`` (Relaxed Recursive
         Transformers eq. 3, by associativity), as one plain linear. Made when a decoding
-        session starts (:mod:`recurnmt.modules.session`): a relaxed level then runs its linears
+        session starts (:mod:`recurnmt.modules.decoding.session`): a relaxed level then runs its linears
         with as many operations as an unshared layer."""
         return self.lowrank.folded_weight(weight, into_input=False), _sum(bias, self.bias)
 

@@ -137,7 +137,7 @@ class LevelParts(nn.Module):
         :data:`~recurnmt.modules.level_lora.LINEARS`; a linear that is not a plain
         ``nn.Linear`` (a quantized one) or that has forward hooks is left out, and the level
         computes its terms beside it. Made when a decoding session starts, from the weights as
-        they are then (:mod:`recurnmt.modules.session`); nothing here is kept."""
+        they are then (:mod:`recurnmt.modules.decoding.session`); nothing here is kept."""
         # the LoRA first: a signal on the FFN's input also reaches the LoRA's input,
         # (W + B A)(I + S), where a signal after the projection only adds, W + B A + S
         sources: dict[str, list[tuple[nn.Module, bool]]] = {}

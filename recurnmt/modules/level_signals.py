@@ -32,7 +32,7 @@ For decoding a low-rank signal is folded into the weight of the projection it fe
 (W + A B^T) x, one on its input gives W (x + A B^T x) = (W + (W A) B^T) x, the same linear map
 by associativity (eq. 5-7 unchanged), computed as one matrix product per level. The folded
 weight is made when a decoding session starts and lives as long as it
-(:mod:`recurnmt.modules.session`), so a decoding step runs a RingFormer level with the
+(:mod:`recurnmt.modules.decoding.session`), so a decoding step runs a RingFormer level with the
 operations of a plain shared block. On a GPU a beam-search step is bound by the host's dispatch
 of small operations (docs/gpu.md): at base size on an H100 the fold took RingFormer's step from
 264 to 221 kernels (fairseq's transformer: 291; ``scripts/profile_decoding.py``). Every other

@@ -5,7 +5,7 @@ runs a block, so the memory is projected once per unique block (once per sentenc
 shared decoder) and reused by those levels; a relaxed level adds its own low-rank term to its
 block's keys and values (Relaxed Recursive Transformers eq. 3,
 :meth:`~recurnmt.modules.level_parts.LevelParts.level_memory`). In incremental decoding the
-projections live in the :class:`~recurnmt.modules.cache.StackCache`, computed at the first
+projections live in the :class:`~recurnmt.modules.decoding.cache.StackCache`, computed at the first
 step only.
 """
 
@@ -17,7 +17,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from recurnmt.modules.attention import MemoryKV
-from recurnmt.modules.cache import StackCache
+from recurnmt.modules.decoding.cache import StackCache
 from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.level_parts import LevelParts
 

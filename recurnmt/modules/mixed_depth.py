@@ -25,7 +25,7 @@ from recurnmt.modules.stack import RecurrentStack
 @contextmanager
 def first_levels(stack: RecurrentStack, levels: int) -> Iterator[RecurrentStack]:
     """Within the ``with`` block ``stack`` runs its first ``levels`` active levels only (the
-    draft of self-speculative decoding, :mod:`recurnmt.modules.speculative`: mixed-depth
+    draft of self-speculative decoding, :mod:`recurnmt.modules.decoding.speculative`: mixed-depth
     training at a draft depth); afterwards as before."""
     before = stack.shallow_levels
     stack.shallow_levels = list(stack.active_levels)[:levels]

@@ -1,4 +1,4 @@
-"""One side of a translation model (encoder or decoder), and a decoder side as decoding asks it.
+"""One side of a translation model (encoder or decoder).
 
 A side is its token front end (:class:`~recurnmt.modules.tokens.TokenFrontEnd`), its
 :class:`~recurnmt.modules.stack.RecurrentStack` (built from the side's ``StackConfig``), the
@@ -10,24 +10,18 @@ keep their names, ``embed.*`` and ``stack.*``, in every checkpoint and export); 
 chooses only its token front end's class (:attr:`Side.front_end`: fairseq's on fairseq's
 position modules).
 
-:class:`DecodingSide` is what every decoding loop (the speculative loop, the static-shape and
-compiled steps) asks of a model: embed a step, run levels i..j over a cache, read logits,
-keep rows. A front end makes one from its decoder side, one batch's encoder memory and its
-output layer; nothing else of the front end reaches the loop.
+What a decoding loop asks of a decoder side is
+:class:`~recurnmt.modules.decoding.protocol.DecodingSide`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 from torch import Tensor, nn
 
 from recurnmt.modules.builders import build_stack
-from recurnmt.modules.cache import StackCache
 from recurnmt.modules.config import StackConfig
 from recurnmt.modules.hooks import LevelHook, positions_hooks
-from recurnmt.modules.memory import Memory
-from recurnmt.modules.stack import RecurrentStack, StackOutput
+from recurnmt.modules.stack import RecurrentStack
 from recurnmt.modules.tokens import TokenConfig, TokenFrontEnd
 
 
@@ -98,50 +92,3 @@ class Side(nn.Module):
         None)."""
         positions = self.embed.positions(tokens, position)
         return self.embed.embedded(tokens, positions), positions
-
-
-class DecodingSide:
-    """A decoder :class:`Side`, one batch's encoder memory and the output layer, as a decoding
-    loop asks them: the one protocol of recurnmt's decoding loops.
-
-    Args:
-        side: the decoder side.
-        memory: the encoder output it attends to (``group``: decoder rows per memory row).
-        head: the output layer, B x T x C features -> B x T x V logits.
-    """
-
-    def __init__(self, side: Side, memory: Memory, head: Callable[[Tensor], Tensor]) -> None:
-        self.side, self.stack, self.memory, self.head = side, side.stack, memory, head
-
-    def embed(self, tokens: Tensor, position: int) -> tuple[Tensor, Tensor | None]:
-        """``tokens`` (B x 1) embedded at target position ``position`` (0: the start token),
-        B x 1 x C, and their position embedding (or None)."""
-        return self.side.embed_step(tokens, position)
-
-    def embedded(self, tokens: Tensor, positions: Tensor | None) -> Tensor:
-        """The decoder's input for ``tokens`` (B x 1) at ``positions`` (B x 1 x C, or None)."""
-        return self.side.embed.embedded(tokens, positions)
-
-    def position_rows(self, length: int) -> Tensor | None:
-        """The position embeddings of positions 0 .. ``length`` - 1 (length x C; None without
-        positions), as :meth:`embed` adds them (a static-shape step reads them on the
-        device)."""
-        return self.side.embed.position_rows(length)
-
-    def hooks(self, positions: Tensor | None) -> list[LevelHook]:
-        """The level hooks of positions (the Universal Transformer's at every level)."""
-        return self.side.level_hooks(positions)
-
-    def run(self, x: Tensor, levels: Sequence[int], cache: StackCache, hooks) -> StackOutput:
-        """The stack's ``levels`` on ``x`` (new positions) with the decoding ``cache``."""
-        return self.stack(x, memory=self.memory, cache=cache, levels=levels, hooks=hooks)
-
-    def logits(self, features: Tensor) -> Tensor:
-        """The output layer: B x T x C -> B x T x V."""
-        return self.head(features)
-
-    def select(self, rows: Tensor) -> None:
-        """Keeps the batch rows ``rows`` (finished sentences leave)."""
-        m = self.memory
-        pad = None if m.padding_mask is None else m.padding_mask[rows]
-        self.memory = Memory(m.states[rows], pad, m.group)

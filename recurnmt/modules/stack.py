@@ -10,9 +10,8 @@ optionally a halting unit (ACT) and a final norm. Level i runs ``blocks[plan[i]]
 Extensions of one call (UT positions, MRLA, DVT's reuse, alignment weights, recording level
 outputs) are :class:`~recurnmt.modules.hooks.LevelHook` objects passed to
 :meth:`RecurrentStack.forward`; they never widen its signature. Modes are set once, not per
-call: the depth it runs (``set_depth``; the arithmetic is the plan's), SReT's shallow branch
-(``set_shallow``, :func:`~recurnmt.modules.mixed_depth.shallow_branch`), its memory policy
-(``set_grad_checkpointing``, :mod:`recurnmt.modules.checkpointing`) and ``set_compile``. A
+call (:class:`~recurnmt.modules.run_modes.RunModes`: the depth it runs, SReT's shallow branch,
+its memory policy, compilation). A
 decoder's memory is projected once per unique block (:mod:`recurnmt.modules.memory`).
 """
 
@@ -26,20 +25,16 @@ import torch
 from torch import Tensor, nn
 
 from recurnmt.modules.attention import MemoryKV
-from recurnmt.modules.cache import StackCache
-from recurnmt.modules.checkpointing import (
-    check_segment,
-    checkpointed_block,
-    checkpointed_segment,
-    segment_length,
-)
-from recurnmt.modules.compile import CompileSettings, compiled
+from recurnmt.modules.checkpointing import checkpointed_block, checkpointed_segment, segment_length
+from recurnmt.modules.compile import compiled
+from recurnmt.modules.decoding.cache import StackCache
+from recurnmt.modules.decoding.session import DecodingSession
 from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.halting import HaltingAccumulator, HaltingUnit
 from recurnmt.modules.hooks import LevelHook
 from recurnmt.modules.level_parts import LevelParts
 from recurnmt.modules.memory import Memory, level_memory
-from recurnmt.modules.session import DecodingSession
+from recurnmt.modules.run_modes import RunModes
 from recurnmt.modules.untie import untie
 
 
@@ -47,14 +42,14 @@ from recurnmt.modules.untie import untie
 class StackOutput:
     """One pass's ``output`` (B x T x C, final norm applied), ACT's ``ponder`` cost N + R per
     position (B x T; None without ACT or with a cache), and the ``hidden`` state before the final
-    norm: the next level's input (:mod:`recurnmt.modules.speculative`)."""
+    norm: the next level's input (:mod:`recurnmt.modules.decoding.speculative`)."""
 
     output: Tensor
     ponder: Tensor | None = None
     hidden: Tensor | None = None
 
 
-class RecurrentStack(nn.Module):
+class RecurrentStack(RunModes, nn.Module):
     """N levels over M unique blocks.
 
     Args:
@@ -90,54 +85,7 @@ class RecurrentStack(nn.Module):
         self.levels = nn.ModuleList(levels)
         self.halting = halting
         self.final_norm = final_norm
-        self.grad_checkpointing = False
-        self.offload_activations = False
-        self.checkpoint_segment = 0  # levels per outer checkpoint segment (0: none)
-        self.run_levels: list[int] | None = None  # elastic depth (set_depth)
-        self.shallow_levels: list[int] | None = None  # SReT's shallow branch (set_shallow)
-        self.compile_settings: CompileSettings | None = None  # torch.compile (set_compile)
-
-    def set_grad_checkpointing(
-        self, enable: bool = True, offload: bool = False, segment: int | str = 0
-    ) -> None:
-        """Activation checkpointing per level (timm's name; fairseq's
-        ``--checkpoint-activations``), ``offload``-ing the kept level inputs to CPU memory
-        (fairseq's ``--offload-activations``), and per ``segment`` of k levels (or ``"sqrt"``:
-        ceil(sqrt(N))) for O(sqrt N) memory; see :mod:`recurnmt.modules.checkpointing`."""
-        check_segment(segment)
-        self.grad_checkpointing = enable or offload
-        self.offload_activations = offload
-        self.checkpoint_segment = segment if self.grad_checkpointing else 0
-
-    def set_compile(self, settings: CompileSettings | None) -> None:
-        """Full passes through ``torch.compile`` from now on (None: eagerly), modules/compile.py."""
-        self.compile_settings = settings
-
-    def set_depth(self, depth: int | None) -> None:
-        """Runs ``depth`` levels from now on (None: the built depth), as
-        :meth:`DepthPlan.depth_levels` defines them; levels beyond the built ones get
-        parameter-free parts (:meth:`LevelParts.continued`): the state dict is unchanged."""
-        if depth is None:
-            self.run_levels = None
-            return
-        levels = self.plan.depth_levels(depth, extendable=self.levels[-1].parameter_free)
-        for i in range(self.num_levels, depth):  # only reached where definable
-            self.levels.append(self.levels[-1].continued(i))
-        if depth > self.plan.num_levels:
-            self.plan = DepthPlan((0,) * depth)
-        self.run_levels = levels
-
-    def set_shallow(self, enable: bool = True) -> None:
-        """Runs SReT's shallow branch from now on (each block once, SReT appendix B; False:
-        the full depth again); :func:`~recurnmt.modules.mixed_depth.shallow_branch`."""
-        self.shallow_levels = self.plan.first_loop_levels() if enable else None
-
-    @property
-    def active_levels(self) -> Sequence[int]:
-        """The levels a pass runs now, in order (shallow branch, elastic depth or all)."""
-        if self.shallow_levels is not None:
-            return self.shallow_levels
-        return range(self.num_levels) if self.run_levels is None else self.run_levels
+        self.reset_modes()
 
     @property
     def num_levels(self) -> int:

@@ -2,7 +2,7 @@
 
 Incremental decoding state: fairseq keys incremental state by module instance, and one block
 object runs at every level, so the attention modules cannot own their state. Instead the
-decoder keeps one :class:`~recurnmt.modules.cache.StackCache` for the whole stack: every
+decoder keeps one :class:`~recurnmt.modules.decoding.cache.StackCache` for the whole stack: every
 level's self-attention keys and values, and the projected encoder memory of every unique block
 (computed at the first step only). Beam search reorders every level's entries.
 

@@ -18,7 +18,8 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch import Tensor
 
 from recurnmt.modules import Memory
-from recurnmt.modules.side import DecodingSide
+from recurnmt.modules.decoding.protocol import DecodingSide
+from recurnmt.modules.decoding.rules import limit_lengths
 from recurnmt.nmt.decoder import RecurrentDecoder
 
 
@@ -37,14 +38,7 @@ def lprobs_adjustment(generator: SequenceGenerator, max_len: int) -> Callable[[T
         lprobs.select(-1, unk).sub_(unk_penalty)
         if suppressed is not None:  # --tokens-to-suppress
             lprobs.index_fill_(-1, suppressed.to(lprobs.device), -math.inf)
-        early = min(min_len - step, lprobs.size(1))  # positions before the minimum length
-        if early > 0:
-            lprobs.narrow(1, 0, early).select(-1, eos).fill_(-math.inf)
-        last = max(max_len - step, 0)  # positions from the maximum length on
-        if last < lprobs.size(1):
-            forced = lprobs.narrow(1, last, lprobs.size(1) - last)
-            forced.narrow(-1, 0, eos).fill_(-math.inf)
-            forced.narrow(-1, eos + 1, forced.size(-1) - eos - 1).fill_(-math.inf)
+        limit_lengths(lprobs, step, min_len, max_len, eos)
 
     return adjust
 
@@ -114,7 +108,7 @@ def decoding_side(
     decoder: RecurrentDecoder, encoder_out: dict[str, list[Tensor]], group: int = 1
 ) -> DecodingSide:
     """A :class:`RecurrentDecoder` and one batch's encoder output as the decoding loops ask
-    them (:class:`~recurnmt.modules.side.DecodingSide`); ``group``: decoder rows per row of
+    them (:class:`~recurnmt.modules.decoding.protocol.DecodingSide`); ``group``: decoder rows per row of
     the encoder output (beam search's hypotheses of one sentence,
     :class:`~recurnmt.modules.memory.Memory`)."""
     pad = None

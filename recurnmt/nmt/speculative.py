@@ -2,7 +2,7 @@
 
 ``--task speculative_translation --draft-levels R --draft-tokens K`` (with ``--beam 1``, greedy
 or ``--sampling``) decodes a recurnmt model with drafts from its own first R decoder levels
-(:mod:`recurnmt.modules.speculative`): greedy output token for token the plain decoding's,
+(:mod:`recurnmt.modules.decoding.speculative`): greedy output token for token the plain decoding's,
 samples distributed as the plain sampler's. ``--draft-levels 0`` runs the same loop without
 drafts (the full model one token at a time: fairseq's greedy search and sampler without their
 beam bookkeeping); ``--draft-levels auto`` times every R from 0 on the first batch and keeps the
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import atexit
 import logging
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import field, make_dataclass
 from typing import Any, Optional
 
 import torch
@@ -33,12 +33,17 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from torch import Tensor
 
-from recurnmt.modules.speculative import (
+from recurnmt.modules.declarations import Option
+from recurnmt.modules.decoding.options import AUTO, DecodingOptions, declarations
+from recurnmt.modules.decoding.rules import TokenRule
+from recurnmt.modules.decoding.speculative import (
     SelfSpeculation,
     Statistics,
-    TokenRule,
     check_draft,
+    fastest_draft,
 )
+from recurnmt.modules.errors import ConfigError
+from recurnmt.nmt.flags import flags_of_fields
 from recurnmt.nmt.generation import (
     check_batch,
     check_generator,
@@ -79,9 +84,10 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         decoder = check_generator(self, models, what, "--draft-levels", searches, others)
         _check_beam(self.beam_size)
         self.stack = decoder.stack
-        self.auto = draft_levels == "auto"
-        self.draft_levels = 0 if self.auto else _levels(draft_levels)
-        _check_draft(self.stack, draft_levels, draft_tokens)
+        with flag_names():
+            check_draft(self.stack, draft_levels, draft_tokens)
+        self.auto = draft_levels == AUTO
+        self.draft_levels = 0 if self.auto else int(draft_levels)
         self.draft_tokens = draft_tokens
         sampling = isinstance(self.search, search.Sampling)
         self.rule_settings = dict(
@@ -158,23 +164,14 @@ class SpeculativeSequenceGenerator(SequenceGenerator):
         """``--draft-levels auto``: the draft depth that decodes the first batch fastest, or 0
         where decoding without drafts is faster still (then no batch speculates: in a large
         batch, which advances by its rows' smallest acceptance, or where the draft is poor)."""
-        times = {}
-        for levels in range(self.stack.num_levels):
-            start = time.perf_counter()
-            self._speculate(model, encoder_out, rule, prefix, max_len, levels)
-            times[levels] = time.perf_counter() - start
-        best = min(times, key=times.get)
+        best, times = fastest_draft(
+            lambda levels: self._speculate(model, encoder_out, rule, prefix, max_len, levels),
+            self.stack.num_levels,
+        )
         spent = ", ".join(f"{r or 'no draft'}: {t:.2f} s" for r, t in times.items())
         choice = f"{best} levels" if best else "no draft"
         logger.info(f"--draft-levels auto: {choice} (the first batch with each: {spent})")
         return best
-
-
-def _levels(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"--draft-levels {value!r}: a number of levels, or auto") from None
 
 
 def _check_beam(beam: int) -> None:
@@ -185,13 +182,34 @@ def _check_beam(beam: int) -> None:
         )
 
 
-def _check_draft(stack, draft_levels: Any, draft_tokens: int) -> None:
-    """The draft ``--draft-levels`` (a number or ``auto``) asks of the decoder ``stack``."""
-    auto = draft_levels == "auto"
-    check_draft(stack, 0 if auto else _levels(draft_levels), draft_tokens)
-    n = stack.num_levels
-    if auto and n < 2:
-        raise ValueError(f"--draft-levels auto: the decoder has {n} level, nothing to draft")
+def flags(options: type[DecodingOptions] = DecodingOptions) -> dict[str, str]:
+    """``{option: flag}``: the decoding options (``options``' declarations) by fairseq's
+    spelling. The task's fields are the declarations (:func:`task_config`), and fairseq
+    spells a field's flag so."""
+    return {name: "--" + name.replace("_", "-") for name in declarations(options)}
+
+
+FLAGS = flags()
+
+
+@contextmanager
+def flag_names(options: type[DecodingOptions] = DecodingOptions) -> Iterator[None]:
+    """A :class:`ConfigError` of the decoding options (or of the decoder's options they name)
+    raised within, renamed to fairseq's flags."""
+    try:
+        yield
+    except ConfigError as error:
+        raise error.renamed({**flags_of_fields("decoder"), **flags(options)}) from None
+
+
+def task_options(cfg: Any, options: type[DecodingOptions] = DecodingOptions) -> DecodingOptions:
+    """The decoding options (``options``' declarations) of the task's configuration ``cfg``.
+
+    Raises:
+        ConfigError: impossible options, named by their flags.
+    """
+    with flag_names(options):
+        return options.from_values({n: getattr(cfg, n) for n in declarations(options)})
 
 
 def check_decoding_options(
@@ -204,63 +222,40 @@ def check_decoding_options(
     Raises:
         ValueError: naming the flag.
     """
-    levels, compiled = cfg.draft_levels, cfg.compile_decoding
-    if cfg.static_decoding and levels is not None:
-        raise ValueError("--static-decoding: not with --draft-levels (beam search or drafts)")
-    if levels is None and not (cfg.static_decoding or compiled):
+    options = task_options(cfg)
+    if options.asked is None:
         return
-    option = "--draft-levels" if levels is not None else (
-        "--compile-decoding" if compiled else "--static-decoding")  # fmt: skip
     if print_alignment:
-        raise ValueError(f"--print-alignment: not with {option}")
-    if levels is None:
+        raise ValueError(f"--print-alignment: not with {FLAGS[options.asked]}")
+    if not options.speculative:
         return
-    if levels != "auto":
-        _levels(levels)
     _check_beam(beam)
-    for stack in decoder_stacks:
-        _check_draft(stack, levels, cfg.draft_tokens)
+    with flag_names():
+        for stack in decoder_stacks:
+            options.check_stack(stack.num_levels, stack.halting is not None)
 
 
-@dataclass
-class SpeculativeTranslationConfig(TranslationConfig):
-    # typing.Optional, not "str | None": fairseq reads these types to build its parser, and the
-    # module's postponed annotations would hand it strings (__annotations__ set below)
-    draft_levels: Optional[str] = field(  # noqa: UP045
-        default=None,
-        metadata={
-            "help": "decode with drafts from the decoder's first R levels (1 .. N-1; 0: no "
-            "draft, recurnmt's own loop; auto: the fastest R on the first batch); greedy "
-            "(--beam 1) or --sampling"
-        },
-    )
-    draft_tokens: int = field(default=4, metadata={"help": "tokens drafted per verification"})
-    static_decoding: bool = field(
-        default=False,
-        metadata={
-            "help": "beam search over fixed shapes: every row kept, the decoder's keys and "
-            "values in buffers of the longest output, reordered in place (what a captured "
-            "CUDA graph step needs); outputs equal fairseq's beam search"
-        },
-    )
-    compile_decoding: bool = field(
-        default=False,
-        metadata={
-            "help": "--static-decoding with each step compiled by torch.compile "
-            "(TorchInductor's fused kernels; a C++ compiler on a CPU): faster sentence by "
-            "sentence on a CPU; eager, with a warning, where compiling fails"
-        },
+def _task_field(default: Any, declared: Option) -> tuple[Any, Any]:
+    """A decoding option as a field of fairseq's task configuration: its type (what fairseq
+    reads to build its parser: text where the option reads text) and its field."""
+    kind = bool if isinstance(default, bool) else declared.type
+    kind = kind or Optional[str]  # noqa: UP045 (fairseq reads typing.Optional)
+    return kind, field(default=default, metadata={"help": declared.help})
+
+
+def task_config(
+    options: type[DecodingOptions] = DecodingOptions, name: str = "SpeculativeTranslationConfig"
+) -> type:
+    """fairseq's translation task configuration with the decoding options (``options``'
+    declarations) as fields: their defaults and help; their flags are fairseq's spelling of
+    the fields' names (:func:`flags`)."""
+    fields = [(n, *_task_field(*declared)) for n, declared in declarations(options).items()]
+    return make_dataclass(
+        name, fields, bases=(TranslationConfig,), namespace={"__module__": __name__}
     )
 
 
-_TYPES = (
-    ("draft_levels", Optional[str]),  # noqa: UP045
-    ("draft_tokens", int),
-    ("static_decoding", bool),
-    ("compile_decoding", bool),
-)
-for _name, _type in _TYPES:
-    SpeculativeTranslationConfig.__dataclass_fields__[_name].type = _type
+SpeculativeTranslationConfig = task_config()
 
 
 @register_task(TASK, dataclass=SpeculativeTranslationConfig)
@@ -271,9 +266,9 @@ class SpeculativeTranslationTask(TranslationTask):
     (:class:`~recurnmt.nmt.static_decoding.StaticSequenceGenerator`)."""
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        levels, compiled = self.cfg.draft_levels, self.cfg.compile_decoding
-        static = self.cfg.static_decoding or (compiled and levels is None)
-        if (levels is None and not static) or getattr(args, "score_reference", False):
+        options = task_options(self.cfg)
+        levels, compiled, static = options.draft_levels, options.compile_decoding, options.static
+        if options.asked is None or getattr(args, "score_reference", False):
             return super().build_generator(
                 models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs
             )
@@ -288,7 +283,7 @@ class SpeculativeTranslationTask(TranslationTask):
         extra = {
             **(extra_gen_cls_kwargs or {}),
             "draft_levels": levels,
-            "draft_tokens": self.cfg.draft_tokens,
+            "draft_tokens": options.draft_tokens,
             "compiled": compiled,
         }
         generator = super().build_generator(

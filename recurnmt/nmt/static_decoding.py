@@ -10,7 +10,7 @@ move at every step. :class:`StaticSequenceGenerator` is its beam search with
 * every row kept: the batch stays ``sentences x beam`` rows from the first step to the last; a
   finished sentence's rows go on being decoded and are ignored (their end-of-sentence
   candidates finalize nothing), where fairseq removes them;
-* the decoder's state in a :class:`~recurnmt.modules.static_cache.StaticStackCache`: keys and
+* the decoder's state in a :class:`~recurnmt.modules.decoding.static_cache.StaticStackCache`: keys and
   values in buffers of the longest output's length, written at a position held on the
   device, read under a key mask, reordered in place; the encoder memory projected once per
   sentence (beam search's hypotheses read it as a group) and never selected again.
@@ -48,10 +48,9 @@ from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
 from torch import Tensor
 
-from recurnmt.modules.compile import compiled_decoding
-from recurnmt.modules.side import DecodingSide
-from recurnmt.modules.speculative import TokenRule
-from recurnmt.modules.static_cache import BUCKET, StaticStackCache
+from recurnmt.modules.decoding.rules import TokenRule
+from recurnmt.modules.decoding.static_cache import BUCKET, StaticStackCache
+from recurnmt.modules.decoding.static_steps import StaticStep, StepPaths
 from recurnmt.nmt.generation import (
     check_batch,
     check_generator,
@@ -84,42 +83,39 @@ class StaticSequenceGenerator(SequenceGenerator):
     ) -> None:
         super().__init__(models, tgt_dict, **kwargs)
         check_generator(self, models, WHAT, OPTION, (search.BeamSearch,), OTHER_SEARCHES)
-        self.cuda_graphs, self.compiled = cuda_graphs, compiled
+        self.paths = StepPaths(compiled, cuda_graphs, self._failed)
         self.path: str | None = None  # how the steps ran: "compiled", "cuda graph" or "eager"
 
-    def _runner(self, step: StaticStep) -> Callable[[], Tensor]:
-        """How this batch's steps after the first run: compiled by ``torch.compile`` where
-        ``compiled`` (unless a compilation failed once), else replayed as a CUDA graph where
-        the model is on CUDA (unless ``cuda_graphs`` is off or a capture failed once), else
-        eagerly; the log says which, once."""
-        device = step.tokens.device
-        path = "cuda graph" if self.cuda_graphs and device.type == "cuda" else "eager"
-        path = "compiled" if self.compiled else path
-        if path != self.path:
-            why = {
-                "compiled": "each step after the first compiled by torch.compile (TorchInductor"
-                "'s fused kernels; a few compilations in the first batches, at new shapes)",
-                "cuda graph": "each step after the first replayed as one CUDA graph",
-                "eager": f"each step run eagerly (on {device.type}: CUDA graphs need CUDA)",
-            }
-            if not self.cuda_graphs:
-                why["eager"] = "each step run eagerly (CUDA graphs turned off)"
-            logger.info(f"{WHAT}: every row kept, caches of fixed shape, {why[path]}")  # fmt: skip
-            self.path = path
+    @property
+    def compiled(self) -> bool:
+        """Whether the steps are compiled (until a compilation fails)."""
+        return self.paths.compiled
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether the steps are replayed as CUDA graphs on CUDA (until a capture fails)."""
+        return self.paths.cuda_graphs
+
+    def _failed(self, path: str, error: Exception) -> None:
         if path == "compiled":
-            return CompiledStep(step, self._compile_failed)
-        return CapturedStep(step, self._capture_failed) if path == "cuda graph" else step
+            first = str(error).strip().splitlines()[:1] or [type(error).__name__]
+            logger.warning(
+                f"{COMPILE_OPTION}: compiling a step failed ({first[0]}); eager from now on"
+            )
+        else:
+            logger.warning(
+                f"{WHAT}: capturing a step as a CUDA graph failed ({error}); eager from now on"
+            )
 
-    def _capture_failed(self, error: Exception) -> None:
-        logger.warning(
-            f"{WHAT}: capturing a step as a CUDA graph failed ({error}); eager from now on"
-        )
-        self.cuda_graphs = False
-
-    def _compile_failed(self, error: Exception) -> None:
-        first = str(error).strip().splitlines()[:1] or [type(error).__name__]
-        logger.warning(f"{COMPILE_OPTION}: compiling a step failed ({first[0]}); eager from now on")
-        self.compiled = False
+    def _runner(self, step: StaticStep) -> Callable[[], Tensor]:
+        """How this batch's steps after the first run (:class:`StepPaths`); the log says
+        which, once."""
+        device = step.tokens.device
+        path = self.paths.path(device)
+        if path != self.path:
+            logger.info(f"{WHAT}: every row kept, caches of fixed shape, {self.paths.why(device)}")
+            self.path = path
+        return self.paths.runner(step)
 
     @torch.no_grad()
     def _generate(
@@ -139,7 +135,7 @@ class StaticSequenceGenerator(SequenceGenerator):
         # the encoder's rows, one per sentence: the beam's hypotheses read them as a group
         decoder = decoding_side(self.model.models[0].decoder, encoder_out, group=beam)
         capacity = max_len + 1
-        if self.compiled:  # a multiple of the length bucket: one batch's shapes as another's
+        if self.paths.compiled:  # a multiple of the length bucket: one batch's shapes as another's
             capacity = -(-capacity // BUCKET) * BUCKET
         cache = StaticStackCache(capacity, device)
         step_fn = StaticStep(decoder, cache, bsz * beam)
@@ -166,105 +162,6 @@ class StaticSequenceGenerator(SequenceGenerator):
                 break
             cache.reorder(order)
         return state.sorted()
-
-
-class StaticStep:
-    """One decoding step as a function of fixed buffers, what a CUDA graph captures: the
-    tokens (``tokens``, rows x 1, written before each call), the position (the cache's
-    :class:`~recurnmt.modules.static_cache.StepPosition`, set before each call), the cache's
-    buffers and the projected memory; returns the logits, rows x 1 x V. No Python number in
-    it changes from step to step within a length bucket of the cache
-    (tests/test_static_decoding.py records its operations)."""
-
-    def __init__(self, decoder: DecodingSide, cache: StaticStackCache, rows: int):
-        self.decoder, self.cache, self.rows = decoder, cache, rows
-        position = cache.position
-        self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=position.index.device)
-        self.positions = decoder.position_rows(position.capacity)  # capacity x C, or None
-
-    def __call__(self) -> Tensor:
-        positions = None
-        if self.positions is not None:
-            row = self.positions.index_select(0, self.cache.position.index)  # 1 x C
-            positions = row.unsqueeze(0).expand(self.rows, 1, -1)
-        x = self.decoder.embedded(self.tokens, positions)
-        out = self.decoder.run(x, None, self.cache, self.decoder.hooks(positions))
-        return self.decoder.logits(out.output)
-
-
-def _run_step(step: StaticStep) -> Tensor:
-    return step()
-
-
-class CompiledStep:
-    """A :class:`StaticStep` compiled by ``torch.compile`` (TorchInductor, dynamic shapes): on a
-    CPU, where a step of a small model costs the host's dispatch of its operations more than
-    their arithmetic, the step's elementwise operations, norms and softmaxes run as a few fused
-    C++ kernels (docs/compiled_decoding.md). Every step reads the same kinds of tensors, so a
-    decoding compiles a few times (the first shapes, then with symbolic sizes, then at the
-    first bucket past :data:`~recurnmt.modules.static_cache.BUCKET`) and reuses the code after.
-    A compilation that fails (no C++ compiler, an operation Inductor cannot lower) calls
-    ``failed`` with the error and runs the step eagerly from then on (running it again is
-    safe: a step writes its position's keys and values, the same ones again)."""
-
-    def __init__(self, step: StaticStep, failed: Callable[[Exception], None]) -> None:
-        self.step, self.failed = step, failed
-        self.eager = False
-        # one compiled function per model and beam (recurnmt/modules/compile.py): a batch's
-        # steps, and the next batches', reuse its compilations
-        beam = step.decoder.memory.group
-        self.compiled = compiled_decoding(step.decoder.stack, ("beam", beam), _run_step)
-
-    def __call__(self) -> Tensor:
-        if self.eager:
-            return self.step()
-        try:
-            return self.compiled(self.step)
-        except Exception as error:  # noqa: BLE001 (any failure to compile: eager, warned)
-            self.eager = True
-            self.failed(error)
-            return self.step()
-
-
-class CapturedStep:
-    """A :class:`StaticStep` captured as a CUDA graph at the first call in each length bucket
-    of its cache (:data:`~recurnmt.modules.static_cache.BUCKET` steps share one: attention's
-    key length is the bucket's), after a warm-up run on a side stream, as torch's
-    documentation asks (the warm-up writes the step's own position, with the same values the
-    replay writes), and replayed at every call in that bucket. A capture that fails calls
-    ``failed`` with the error and runs the step eagerly from then on."""
-
-    def __init__(self, step: StaticStep, failed: Callable[[Exception], None]) -> None:
-        self.step, self.failed = step, failed
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
-        self.pool = None
-        self.eager = False
-
-    def __call__(self) -> Tensor:
-        if self.eager:
-            return self.step()
-        bucket = self.step.cache.position.bucket
-        if bucket not in self.graphs:
-            try:
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    self.step()
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    logits = self.step()
-                self.graphs[bucket] = graph, logits
-                # one memory pool for the batch's graphs: they replay in the order they were
-                # captured (a bucket's, then the next's), as torch's pool sharing asks
-                self.pool = graph.pool()
-            except RuntimeError as error:
-                self.eager = True
-                self.failed(error)
-                return self.step()
-        graph, logits = self.graphs[bucket]
-        graph.replay()
-        return logits
 
 
 class _Beams:

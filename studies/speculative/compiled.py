@@ -303,7 +303,7 @@ def write_report(doc: Path, results: dict) -> None:
         "without drafts) compiles a whole round into one function: the K draft passes with",
         "their embeddings and argmaxes, the verification, the full model's tokens and how",
         "many drafts they accept, so that a round costs the host one call and one read",
-        "(`recurnmt/modules/speculative.py`, `_greedy_round`).",
+        "(`recurnmt/modules/decoding/speculative.py`, `_greedy_round`).",
         "*identical*: the same output tokens as fairseq's search at the same beam; *compiling*:",
         "the untimed first decoding of the timed sentences (a few compilations, then the code",
         "reused).",

@@ -224,7 +224,7 @@ def costs(test: TestSet, model, args: argparse.Namespace, results: dict,
     """Where the time of batch-1 speculation goes, for the model's fastest setting at batch 1
     (from its speed rows): the loop without drafts and that setting, each once a round, the
     fastest round kept, with the loop's own clocks
-    (:class:`~recurnmt.modules.speculative.Statistics`): the seconds of drafting (every draft
+    (:class:`~recurnmt.modules.decoding.speculative.Statistics`): the seconds of drafting (every draft
     pass: K drafts and the last draft's own pass) and of verifying (the deep levels over K + 1
     positions, the output layer, the acceptance and the caches' truncation), and the rest (the
     encoder, the generator's own work). From them: a draft pass and a verification against one

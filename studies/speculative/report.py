@@ -8,7 +8,7 @@ from typing import Any
 USAGE = """\
 A recursive decoder's first R levels, with its final norm and output layer, are a complete,
 cheaper model made of the same weights, and their keys and values are the full model's for those
-levels. recurnmt decodes with them as a draft (`recurnmt/modules/speculative.py`): it drafts K
+levels. recurnmt decodes with them as a draft (`recurnmt/modules/decoding/speculative.py`): it drafts K
 tokens with levels 1..R, verifies them with levels R+1..N in one pass that starts from the
 draft's level-R states, keeps the longest prefix the full model agrees with plus the full
 model's next token, and truncates every level's cache to what was kept. Greedy output is the

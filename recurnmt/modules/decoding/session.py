@@ -12,7 +12,7 @@ instead of at every step and level:
   (:meth:`~recurnmt.modules.halting.HaltingUnit.float_params`).
 
 They are made at the session's first step, from the weights as they are then, and held by the
-session's :class:`~recurnmt.modules.cache.StackCache`, which beam search reorders and which is
+session's :class:`~recurnmt.modules.decoding.cache.StackCache`, which beam search reorders and which is
 dropped with the batch it decodes. A derived tensor therefore lives exactly as long as the keys
 and values computed from the same weights, and no way of changing weights can meet one made
 before the change: an optimizer step (fairseq's, torch's fused ones), a write through ``.data``,
@@ -83,7 +83,7 @@ class DecodingSession:
     @classmethod
     def of(cls, stack: nn.Module, cache) -> DecodingSession | None:
         """The session of ``stack``'s decoding ``cache`` (a
-        :class:`~recurnmt.modules.cache.StackCache`): made at its first step in inference, from
+        :class:`~recurnmt.modules.decoding.cache.StackCache`): made at its first step in inference, from
         the weights as they are then, or anew when the stack's depth changed; None in a pass
         with gradients or in training, which derives nothing."""
         if stack.training or torch.is_grad_enabled():

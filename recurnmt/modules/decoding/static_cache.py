@@ -1,7 +1,7 @@
 """Incremental decoding state of fixed shapes: what a captured decoding step needs.
 
 A CUDA graph (or ``torch.compile``'s "reduce-overhead" mode) replays a step over the same
-memory with the same shapes. The default cache (:mod:`recurnmt.modules.kv_cache`) does neither:
+memory with the same shapes. The default cache (:mod:`recurnmt.modules.decoding.kv_cache`) does neither:
 it grows by doubling, attention reads its filled positions through a ``narrow`` whose length
 changes at every step, and beam search moves it into other storage, with fewer rows as
 finished sentences leave the batch. Here, instead:
@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from recurnmt.modules.cache import StackCache, select_memory
+from recurnmt.modules.decoding.cache import StackCache, select_memory
 
 BUCKET = 32  # positions attention reads grow by this many at a time
 
@@ -230,7 +230,7 @@ class StaticKVCache:
 
 
 class StaticStackCache(StackCache):
-    """A :class:`~recurnmt.modules.cache.StackCache` whose levels are :class:`StaticKVCache`
+    """A :class:`~recurnmt.modules.decoding.cache.StackCache` whose levels are :class:`StaticKVCache`
     buffers of ``capacity`` positions on ``device``; :meth:`set_position` before each step.
 
     Beam search keeps every row (the batch never shrinks), so the projected memory, one row

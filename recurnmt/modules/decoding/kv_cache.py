@@ -41,7 +41,7 @@ class KVCache:
         spare: storage the next :meth:`reorder` writes into (on a CPU: the buffer before the
             last reorder).
         key_mask: None: attention reads the filled positions only (a static-shape cache,
-            :mod:`recurnmt.modules.static_cache`, gives its whole buffer and this mask).
+            :mod:`recurnmt.modules.decoding.static_cache`, gives its whole buffer and this mask).
     """
 
     key_mask = None

@@ -7,7 +7,7 @@ memory of every unique block (computed at the first step only, then read back: a
 decoder projects the memory once per sentence), and the memory as a relaxed level reads it
 (its own LoRA term on the keys and values, Relaxed Recursive Transformers eq. 3). Levels
 therefore never mix their states. It also holds the session's tensors derived from the weights
-(:mod:`recurnmt.modules.session`), so that they live exactly as long as the keys and values.
+(:mod:`recurnmt.modules.decoding.session`), so that they live exactly as long as the keys and values.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from torch import Tensor
 
 from recurnmt.modules.attention import MemoryKV, additive_mask
-from recurnmt.modules.kv_cache import KVCache
-from recurnmt.modules.session import DecodingSession
+from recurnmt.modules.decoding.kv_cache import KVCache
+from recurnmt.modules.decoding.session import DecodingSession
 
 
 class StackCache:
@@ -30,7 +30,7 @@ class StackCache:
         level_memory: ``level_memory[i]`` is the memory as relaxed level i reads it (only
             levels with their own term on the keys and values).
         session: what this decoding session derives from the weights (folded linears, ACT's
-            float32 halting unit; :mod:`recurnmt.modules.session`), made by the stack at the
+            float32 halting unit; :mod:`recurnmt.modules.decoding.session`), made by the stack at the
             first step in inference and living as long as this state.
     """
 

@@ -28,7 +28,7 @@ draft), so every row stays exact and all rows keep one cache length. Finished ro
 batch.
 
 With ``compiled`` (``--compile-decoding``) the passes run compiled by ``torch.compile`` over a
-static-shape cache (:class:`~recurnmt.modules.static_cache.StaticStackCache`: a draft pass
+static-shape cache (:class:`~recurnmt.modules.decoding.static_cache.StaticStackCache`: a draft pass
 writes one position, a verification several, a truncation moves the position back). Greedy
 decoding then runs a whole round as one compiled function (:func:`_greedy_round`): the k
 draft passes with their embeddings and argmaxes, the verification, the full model's tokens
@@ -37,7 +37,7 @@ the steps where fairseq's adjustment of the scores depends on the step (before t
 length, at the maximum), and for sampling, the passes are compiled one by one and the token
 choices and the acceptance stay eager (docs/compiled_decoding.md).
 
-The front end supplies a :class:`~recurnmt.modules.side.DecodingSide` (the decoder side, the
+The front end supplies a :class:`~recurnmt.modules.decoding.protocol.DecodingSide` (the decoder side, the
 memory, the output layer) and a :class:`TokenRule` (how log-probabilities become the
 distribution a token is chosen from at a step: fairseq's forbidden pad, unk penalty, minimum
 and maximum length; temperature, top-k and top-p). Stacks whose levels are not a computation from the first
@@ -51,89 +51,19 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from recurnmt.modules.cache import StackCache
-from recurnmt.modules.compile import compiled_decoding
-from recurnmt.modules.side import DecodingSide
+from recurnmt.modules.decoding.cache import StackCache
+from recurnmt.modules.decoding.compiled import compiled_decoding
+from recurnmt.modules.decoding.options import DecodingOptions
+from recurnmt.modules.decoding.protocol import DecodingSide
+from recurnmt.modules.decoding.rules import TokenRule, scaled
+from recurnmt.modules.decoding.static_cache import BUCKET, StaticStackCache
+from recurnmt.modules.errors import ConfigError
 from recurnmt.modules.stack import RecurrentStack
-from recurnmt.modules.static_cache import BUCKET, StaticStackCache
-
-
-@dataclass
-class TokenRule:
-    """How the log-probabilities at a step become the distribution a token is chosen from.
-
-    Attributes:
-        adjust: ``adjust(lprobs, step)`` changes B x T x V log-probabilities in place for
-            the steps ``step`` .. ``step + T - 1`` (fairseq: pad never, unk penalty, eos
-            forbidden before the minimum length and forced at the maximum).
-        sampling: sample instead of the argmax.
-        temperature: divides the logits (sampling and greedy alike, as fairseq does).
-        topk: sample among the k most likely (0: all).
-        topp: sample among the smallest set whose probability exceeds p (0: all).
-        steady: the steps at which ``adjust`` does the same at every step (fairseq: from the
-            minimum length to before the maximum one), where it is an added :meth:`bias`;
-            None: none known (every step adjusted by ``adjust``).
-    """
-
-    adjust: Callable[[Tensor, int], None] | None = None
-    sampling: bool = False
-    temperature: float = 1.0
-    topk: int = 0
-    topp: float = 0.0
-    steady: range | None = None
-
-    def steady_over(self, step: int, count: int) -> bool:
-        """Whether steps ``step`` .. ``step + count - 1`` are all adjusted alike."""
-        if self.adjust is None:
-            return True
-        return self.steady is not None and self.steady.start <= step <= self.steady.stop - count
-
-    def bias(self, vocab: int, device: torch.device | str) -> Tensor:
-        """What ``adjust`` does at a steady step, as a term added to the scores (V, float32):
-        0, -inf where a token is forbidden (pad), minus the unk penalty at unk. Adding it
-        gives exactly what ``adjust`` writes there (x + -inf = -inf; x + -p = x - p)."""
-        bias = torch.zeros(1, 1, vocab, device=device)
-        if self.adjust is not None:
-            if self.steady is None or not len(self.steady):
-                raise ValueError("the token rule has no steady step to take its bias from")
-            self.adjust(bias, self.steady.start)
-        return bias.view(vocab)
-
-    def lprobs(self, logits: Tensor, step: int) -> Tensor:
-        """Adjusted log-probabilities (float32), B x T x V, for steps ``step`` onwards (a NaN
-        as -inf, as fairseq reads it)."""
-        scores = _scaled(logits, self.temperature)
-        lprobs = torch.log_softmax(scores, dim=-1)
-        if self.adjust is not None:
-            self.adjust(lprobs, step)  # which reads a NaN as -inf too
-        else:
-            lprobs.masked_fill_(lprobs.isnan(), -math.inf)
-        return lprobs
-
-    def argmax(self, logits: Tensor, step: int) -> Tensor:
-        """The greedy choice, B x T: the argmax of :meth:`lprobs`, taken on the adjusted
-        logits (a log-softmax moves every logit of a position by one constant)."""
-        scores = _scaled(logits, self.temperature)
-        if self.adjust is not None:
-            self.adjust(scores, step)
-        return scores.argmax(-1)
-
-    def probs(self, lprobs: Tensor) -> Tensor:
-        """The sampling distribution: exp(lprobs) restricted to top-k / top-p, normalised."""
-        probs = lprobs.exp()
-        if self.topk > 0:
-            kth = probs.topk(min(self.topk, probs.size(-1)), dim=-1).values[..., -1:]
-            probs = probs.masked_fill(probs < kth, 0.0)
-        if self.topp > 0:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the tokens before each
-            keep = before < self.topp
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
-        return probs / probs.sum(-1, keepdim=True)
 
 
 @dataclass
@@ -196,22 +126,16 @@ class Decoded:
     stats: Statistics
 
 
-def check_draft(
-    stack: RecurrentStack, levels: int, tokens: int, flags=("--draft-levels", "--draft-tokens")
-) -> None:
-    """Refuses a draft depth or length the stack cannot run, naming the flag."""
-    n = stack.num_levels
-    if stack.halting is not None:
-        raise ValueError(
-            f"{flags[0]}: ACT's halting mixes the outputs of every level (--act), so the first "
-            "levels are no draft of the model; decode without speculation"
-        )
-    if not isinstance(levels, int) or not 0 <= levels < n:
-        raise ValueError(
-            f"{flags[0]} {levels}: the draft runs 1 to {n - 1} of the {n} levels (0: no draft)"
-        )
-    if not isinstance(tokens, int) or tokens < 1:
-        raise ValueError(f"{flags[1]} {tokens}: at least 1 drafted token per verification")
+def check_draft(stack: RecurrentStack, levels: Any, tokens: int) -> None:
+    """Refuses a draft depth (``levels``: a number, or ``auto``) or length (``tokens``) that
+    ``stack`` cannot run, naming the option
+    (:class:`~recurnmt.modules.decoding.options.DecodingOptions`).
+
+    Raises:
+        ConfigError: naming ``draft_levels`` or ``draft_tokens``.
+    """
+    options = DecodingOptions.from_values({"draft_levels": levels, "draft_tokens": tokens})
+    options.check_stack(stack.num_levels, stack.halting is not None)
 
 
 class SelfSpeculation:
@@ -225,7 +149,7 @@ class SelfSpeculation:
         draft_tokens: k, tokens drafted per verification (none without draft levels).
         rule: how a token is chosen from the log-probabilities.
         compiled: None: eager passes over the default cache. Else the passes compiled by
-            ``torch.compile`` over a static-shape cache (:mod:`~recurnmt.modules.static_cache`:
+            ``torch.compile`` over a static-shape cache (:mod:`~recurnmt.modules.decoding.static_cache`:
             a truncation moves its position back), from each decoding's second verification on;
             a pass that fails to compile calls ``compiled`` with the error and runs eagerly
             from then on.
@@ -240,6 +164,8 @@ class SelfSpeculation:
         compiled: Callable[[Exception], None] | None = None,
     ) -> None:
         stack = decoder.stack
+        if not isinstance(draft_levels, int):  # auto is a front end's calibration
+            raise ConfigError("draft_levels", draft_levels, "a number of levels")
         check_draft(stack, draft_levels, draft_tokens)
         order = list(stack.active_levels)
         self.shallow, self.deep = tuple(order[:draft_levels]), tuple(order[draft_levels:])
@@ -480,6 +406,19 @@ def _eager_state(decoder: DecodingSide, x: Tensor, levels, cache: StackCache, ho
 EAGER = (_eager_pass, _eager_pass, _eager_state)
 
 
+def fastest_draft(decode: Callable[[int], object], num_levels: int) -> tuple[int, dict[int, float]]:
+    """The draft depth with which ``decode(levels)`` (one decoding of the same sentences with
+    drafts from the first ``levels`` levels; 0: no draft) is fastest among 0 .. N - 1, and
+    each depth's seconds: where decoding without drafts is faster still (a large batch, which
+    advances by its rows' smallest acceptance, or a poor draft), 0."""
+    times = {}
+    for levels in range(num_levels):
+        start = time.perf_counter()
+        decode(levels)
+        times[levels] = time.perf_counter() - start
+    return min(times, key=times.get), times
+
+
 def _greedy_round(
     decoder: DecodingSide,
     last: Tensor,
@@ -526,7 +465,7 @@ def _greedy_round(
     position.window(None)
     pos = None if here is None else here.unsqueeze(0).expand(b, -1, -1)
     out = decoder.run(torch.cat(states, 1), deep, cache, decoder.hooks(pos))
-    scores = _scaled(decoder.logits(out.output), temperature)
+    scores = scaled(decoder.logits(out.output), temperature)
     lprobs = _steady_scores(torch.log_softmax(scores, dim=-1), bias, 1.0)
     target = lprobs.argmax(-1)  # B x (k + 1)
     chosen = lprobs.gather(-1, target.unsqueeze(-1))[..., 0]
@@ -541,14 +480,8 @@ def _greedy_round(
 def _steady_scores(scores: Tensor, bias: Tensor, temperature: float) -> Tensor:
     """Scores (float32) as :class:`TokenRule` adjusts them at a steady step: divided by the
     temperature, a NaN as -inf, plus the rule's bias."""
-    scores = _scaled(scores, temperature)
+    scores = scaled(scores, temperature)
     return scores.masked_fill(scores.isnan(), -math.inf) + bias
-
-
-def _scaled(logits: Tensor, temperature: float) -> Tensor:
-    """Logits as float32, divided by the temperature (fairseq's, greedy and sampling alike)."""
-    scores = logits.float()
-    return scores / temperature if temperature != 1.0 else scores
 
 
 def _first(hits: Tensor) -> Tensor:

@@ -1,0 +1,164 @@
+"""The decoding options, declared once: what a front end may ask of recurnmt's decoding.
+
+Each option is a field of :class:`DecodingOptions`, declared with
+:func:`~recurnmt.modules.declarations.option` as a stack option is: its default, its help,
+how its text reads (:attr:`~recurnmt.modules.declarations.Option.parse`). Everything else is
+derived from that declaration:
+
+* fairseq's task fields (``--draft-levels``, ``--draft-tokens``, ``--static-decoding``,
+  ``--compile-decoding``, in ``fairseq-generate`` and ``fairseq-interactive``:
+  ``recurnmt.nmt.speculative``) and their help;
+* ``generate()``'s keywords of the ``transformers`` model (``draft_levels=2``:
+  ``recurnmt.hf.generation``);
+* the checks (:meth:`DecodingOptions.check` among the options, :meth:`DecodingOptions.check_stack`
+  against the decoder that decodes), which raise a
+  :class:`~recurnmt.modules.errors.ConfigError` naming the option by its name; each front end
+  renames it to its own spelling (a flag, a keyword).
+
+Adding a decoding option is one field here and the code that uses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from recurnmt.modules.config import StackConfig
+from recurnmt.modules.declarations import _OPTION, Option, Part, option
+from recurnmt.modules.errors import ConfigError
+
+AUTO = "auto"  # draft_levels: the fastest depth on the first batch
+
+
+def _draft_levels(text: Any, options: Mapping[str, Any]) -> int | str | None:
+    """A draft depth's text: a number of levels, or ``auto``; None: no speculation."""
+    if text is None or text == AUTO:
+        return text
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise ConfigError("draft_levels", text, "a number of levels, or auto") from None
+
+
+@dataclass(frozen=True)
+class DecodingOptions(Part):
+    """How a recurnmt decoder decodes, beside the search's own settings (beam, lengths,
+    sampling).
+
+    Attributes:
+        draft_levels: self-speculative decoding with drafts from the decoder's first R levels
+            (:mod:`~recurnmt.modules.decoding.speculative`): R in 1 .. N - 1, 0 for the same
+            loop without drafts, ``auto`` for the fastest R on the first batch; None: no
+            speculation.
+        draft_tokens: K, the tokens drafted per verification.
+        static_decoding: beam search over fixed shapes (every row kept, a static-shape
+            cache: :mod:`~recurnmt.modules.decoding.static_steps`), what a CUDA graph replays.
+        compile_decoding: the decoding steps compiled by ``torch.compile`` (static decoding,
+            or speculation's passes and rounds).
+    """
+
+    draft_levels: Any = option(
+        None,
+        "decode with drafts from the decoder's first R levels (1 .. N-1; 0: no draft, "
+        "recurnmt's own loop; auto: the fastest R on the first batch); greedy (a beam of 1) "
+        "or sampling",
+        parse=_draft_levels,
+        metavar="R",
+    )
+    draft_tokens: int = option(4, "tokens drafted per verification", type=int)
+    static_decoding: bool = option(
+        False,
+        "beam search over fixed shapes: every row kept, the decoder's keys and values in "
+        "buffers of the longest output, reordered in place (what a captured CUDA graph step "
+        "needs); outputs equal fairseq's beam search",
+    )
+    compile_decoding: bool = option(
+        False,
+        "static decoding (or speculation's passes, with drafts) with each step compiled by "
+        "torch.compile (TorchInductor's fused kernels; a C++ compiler on a CPU): faster "
+        "sentence by sentence on a CPU; eager, with a warning, where compiling fails",
+    )
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> DecodingOptions:
+        """The options of ``values`` (``{name: value or its text}``; names not declared
+        here are ignored, missing ones keep their defaults), each text read by its option.
+
+        Raises:
+            ConfigError: a text an option cannot read, or impossible options, named.
+        """
+        read: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name in values:
+                read[f.name] = declaration(cls, f.name).to_value(f.name, values[f.name], read)
+        options = cls(**read)
+        options.check()
+        return options
+
+    @property
+    def speculative(self) -> bool:
+        """Whether decoding drafts (or runs speculation's loop without drafts: 0)."""
+        return self.draft_levels is not None
+
+    @property
+    def static(self) -> bool:
+        """Whether beam search runs over fixed shapes (asked for, or implied by compiling
+        without drafts)."""
+        return self.static_decoding or (self.compile_decoding and not self.speculative)
+
+    @property
+    def asked(self) -> str | None:
+        """The option that asks for recurnmt's own decoding (None: the search's default)."""
+        for name in ("draft_levels", "compile_decoding", "static_decoding"):
+            if getattr(self, name) not in (None, False):
+                return name
+        return None
+
+    def check(self, stack: StackConfig | None = None) -> None:
+        """The options' rules among themselves (and, given the decoder's ``stack``, against
+        it: :meth:`check_stack`)."""
+        if self.static_decoding and self.speculative:
+            raise ConfigError(
+                "static_decoding", True, "not with {draft_levels} (beam search or drafts)",
+                {"draft_levels": self.draft_levels},
+            )  # fmt: skip
+        if not isinstance(self.draft_tokens, int) or self.draft_tokens < 1:
+            raise ConfigError("draft_tokens", self.draft_tokens, "at least 1 drafted token")
+        if stack is not None:
+            self.check_stack(stack.depth.num_levels, stack.halting.act)
+
+    def check_stack(self, num_levels: int, act: bool) -> None:
+        """The draft against a decoder of ``num_levels`` levels (``act``: ACT's halting)."""
+        if not self.speculative:
+            return
+        levels = self.draft_levels
+        if act:
+            raise ConfigError(
+                "draft_levels", levels, "ACT's halting mixes the outputs of every level "
+                "({act}), so the first levels are no draft of the model; decode without "
+                "speculation", {"act": "on"},
+            )  # fmt: skip
+        if levels == AUTO:
+            if num_levels < 2:
+                raise ConfigError(
+                    "draft_levels", levels, f"the decoder has {num_levels} level, nothing to draft"
+                )
+            return
+        if not isinstance(levels, int) or not 0 <= levels < num_levels:
+            raise ConfigError(
+                "draft_levels", levels,
+                f"the draft runs 1 to {num_levels - 1} of the {num_levels} levels (0: no draft)",
+            )  # fmt: skip
+
+
+def declarations(cls: type[DecodingOptions] = DecodingOptions) -> dict[str, tuple[Any, Option]]:
+    """``{name: (default, declaration)}`` of the decoding options of ``cls`` (a subclass
+    declares more), in declaration order: what a front end renders."""
+    return {f.name: (f.default, f.metadata[_OPTION]) for f in dataclasses.fields(cls)}
+
+
+def declaration(cls: type[DecodingOptions], name: str) -> Option:
+    """The declaration of option ``name``."""
+    return declarations(cls)[name][1]
