@@ -258,3 +258,30 @@ def test_the_check_of_the_studies_sees_a_private_name(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     names = imported_names("studies")["studies.a"]
     assert "recurnmt.nmt.build._hidden" in names and "scripts.demo_nmt" in names
+
+
+def test_the_block_library_calls_no_front_end():
+    """recurnmt.modules (decoding included) imports no front end of recurnmt's and neither
+    fairseq nor transformers: a decoding loop is handed a DecodingSide, never reaches back."""
+    front_ends = ("recurnmt.nmt", "recurnmt.hf", "recurnmt.vision", "recurnmt.experiments")
+    graph = import_graph("recurnmt")
+    upward = [
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name.startswith("recurnmt.modules")
+        for target in targets
+        if target.startswith(front_ends)
+    ]
+    assert not upward, upward
+    assert any(n.startswith("recurnmt.modules.decoding.") for n in graph)  # the scan sees it
+    outside = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "recurnmt" / "modules").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for name in (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        )
+        if name.split(".")[0] in ("fairseq", "transformers")
+    ]
+    assert not outside, outside
