@@ -130,7 +130,7 @@ def write(
         out.parent.mkdir(parents=True, exist_ok=True)
         part = out.with_name(f".{out.name}.part")
         with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as archive:
-            for path in sorted(root.rglob("*")):
+            for path in sorted(p for p in root.rglob("*") if p.is_file()):
                 archive.write(path, path.relative_to(root.parent).as_posix())
         part.replace(out)
     return out
