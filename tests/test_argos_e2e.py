@@ -74,6 +74,7 @@ def _ct2_reference(model_dir: Path, spm_model: Path, sentences: list[list[str]])
 
     spm = sentencepiece.SentencePieceProcessor(model_file=str(spm_model))
     translator = ctranslate2.Translator(str(model_dir), compute_type="auto", intra_threads=1)
+    print(f"CTranslate2 {ctranslate2.__version__}, compute type {translator.compute_type}")
     out = []
     for line in sentences:
         results = translator.translate_batch(
