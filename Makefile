@@ -12,7 +12,7 @@ LOCK := requirements/lock.txt
 INSTALLER ?= auto
 
 .PHONY: setup demo test test-fast test-e2e lint format benchmark gpu-check gpu-wheels compat lock \
-	clean
+	argos-env clean
 
 setup: $(STAMP)
 
@@ -86,6 +86,11 @@ compat:
 	$(PY) scripts/compat.py --python $(PY) $(if $(TORCH),--torch $(TORCH)) \
 		$(if $(LOWEST),--lowest) $(if $(LOCKED),--lock $(LOCK)) --installer $(INSTALLER)
 
+# argos-env: .venv-argos, Argos Translate 1.11 on top of .venv (requirements/argos.txt says
+# which packages and why; docs/deploy.md); the Argos end-to-end test builds it when missing
+argos-env: $(STAMP)
+	$(BIN)/python scripts/argos_env.py --venv .venv-argos
+
 # lock: the newest versions in setup.cfg's ranges, resolved in a new .venv-lock, written to the lock
 lock:
 	rm -rf .venv-lock
@@ -93,4 +98,4 @@ lock:
 		--write-lock $(LOCK)
 
 clean:
-	rm -rf $(VENV) .venv-gpu .venv-compat .venv-lock data-bin checkpoints work
+	rm -rf $(VENV) .venv-gpu .venv-compat .venv-lock .venv-argos data-bin checkpoints work

@@ -24,6 +24,10 @@ level, a signal CTranslate2 has no place for.
 The vocabularies are the task's dictionaries (fairseq's ``<pad>`` as CTranslate2's
 ``<blank>``); the source gets fairseq's end-of-sentence token and decoding starts from it, as
 in fairseq. Inputs are the same SentencePiece pieces fairseq-generate reads.
+
+``--argos NAME.argosmodel`` also writes an Argos Translate package of the directory (for Argos
+Translate and LibreTranslate: :mod:`recurnmt.nmt.argos_package`): the same export, with the
+corpus's sentencepiece model, the languages and an offline sentence splitter around it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from recurnmt.cli import entry_point
+from recurnmt.nmt import argos_package
+from recurnmt.nmt.argos_package import ArgosOptions
 
 PROG = "recurnmt-export-ct2"
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "float16", "bfloat16")
@@ -48,6 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default="float32")
     parser.add_argument("--force", action="store_true", help="replace an existing OUT")
+    argos = parser.add_argument_group("Argos Translate package (docs/deploy.md)")
+    argos.add_argument(
+        "--argos", type=Path, metavar="NAME.argosmodel",
+        help="also write an Argos Translate package of OUT (sentencepiece data only)",
+    )  # fmt: skip
+    argos.add_argument("--from-code", help="source language code; default: the model's task's")
+    argos.add_argument("--to-code", help="target language code; default: the model's task's")
+    argos.add_argument("--from-name", help="source language name (e.g. German); default: code")
+    argos.add_argument("--to-name", help="target language name (e.g. English); default: code")
+    argos.add_argument("--package-version", default="1.0")
+    argos.add_argument(
+        "--splitter", type=Path, metavar="MODEL.onnx",
+        help="a MiniSBD sentence splitter model to carry; default: a rule-based one "
+        "(recurnmt/nmt/sentence_splitter.py)",
+    )  # fmt: skip
     return parser
 
 
@@ -262,13 +283,16 @@ def _set_norm(spec, norm) -> None:
 
 
 def export(checkpoint: Path, out: Path, *, data: Path | None = None,
-           quantization: str = "float32", force: bool = False) -> Path:  # fmt: skip
-    """Writes the CTranslate2 model of ``checkpoint`` to ``out`` (module docstring).
+           quantization: str = "float32", force: bool = False,
+           argos: ArgosOptions | None = None) -> Path:  # fmt: skip
+    """Writes the CTranslate2 model of ``checkpoint`` to ``out`` (module docstring), and the
+    Argos Translate package ``argos`` asks for.
 
     Raises:
         FileNotFoundError: no ``checkpoint``.
-        FileExistsError: ``out`` exists and ``force`` is off.
-        ValueError: a model CTranslate2 cannot hold (the part named), or no dictionaries.
+        FileExistsError: ``out`` (or the package) exists and ``force`` is off.
+        ValueError: a model CTranslate2 cannot hold (the part named), or no dictionaries; for a
+            package, word-piece data or a package name that is no ``.argosmodel``.
     """
     try:
         import ctranslate2  # noqa: F401
@@ -278,8 +302,29 @@ def export(checkpoint: Path, out: Path, *, data: Path | None = None,
         ) from None
     if out.exists() and not force:
         raise FileExistsError(f"{out} exists; pass --force to replace it")
+    if argos is not None:
+        argos.check()
+        if argos.out.exists() and not force:
+            raise FileExistsError(f"{argos.out} exists; pass --force to replace it")
     model, task = load(checkpoint, data)
-    return write(model, task, out, quantization)
+    spm = None
+    if argos is not None:  # refuses word pieces before anything is written
+        spm = argos_package.sentencepiece_model(Path(str(task.cfg.data).split(":")[0]))
+    write(model, task, out, quantization)
+    if argos is not None:
+        meta = argos_package.metadata(
+            argos.from_code or task.cfg.source_lang,
+            argos.to_code or task.cfg.target_lang,
+            from_name=argos.from_name,
+            to_name=argos.to_name,
+            package_version=argos.package_version,
+        )
+        readme = (
+            f"# {meta['from_name']} -> {meta['to_name']}\n\nA recurnmt model "
+            f"({model.__class__.__name__}, {quantization}) exported by {PROG}.\n"
+        )
+        argos_package.write(argos.out, out, spm, meta, splitter=argos.splitter, readme=readme)
+    return out
 
 
 def write(model, task, out: Path, quantization: str = "float32") -> Path:
@@ -295,10 +340,17 @@ def write(model, task, out: Path, quantization: str = "float32") -> Path:
 
 def main(argv: list[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
+    argos = None
+    if args.argos is not None:
+        argos = ArgosOptions(args.argos, args.from_code, args.to_code, args.from_name,
+                             args.to_name, args.package_version, args.splitter)  # fmt: skip
     out = export(args.checkpoint, args.out, data=args.data, quantization=args.quantization,
-                 force=args.force)  # fmt: skip
+                 force=args.force, argos=argos)  # fmt: skip
     size = (out / "model.bin").stat().st_size
     print(f"wrote {out} ({args.quantization}, model.bin {size / 2**20:.1f} MiB)")
+    if argos is not None:
+        size = argos.out.stat().st_size
+        print(f"wrote {argos.out} (Argos Translate package, {size / 2**20:.1f} MiB)")
     return out
 
 
