@@ -153,16 +153,19 @@ def hf_config(model: Any, args: Any, arch: str) -> Any:
 
 
 def hf_state_dict(model: Any) -> dict[str, Any]:
-    """fairseq's weights under the exported model's names (the same, but the head's)."""
+    """fairseq's weights under the exported model's names: the same below the base model
+    (``model.``), but the head's."""
     mapped = {}
     for name, tensor in model.state_dict().items():
         if name.endswith(_SKIPPED):
             continue
         if name.startswith("decoder.output_projection."):
             name = "lm_head." + name.removeprefix("decoder.output_projection.")
+        else:
+            name = "model." + name
         mapped[name] = tensor
     if model.decoder.output_projection is None:  # tied: the head is the decoder's embedding
-        mapped["lm_head.weight"] = mapped["decoder.embed.embed_tokens.weight"]
+        mapped["lm_head.weight"] = mapped["model.decoder.embed.embed_tokens.weight"]
     return mapped
 
 

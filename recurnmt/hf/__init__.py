@@ -20,15 +20,16 @@ from recurnmt.hf.environment import check_torchaudio
 
 check_torchaudio()  # before transformers imports a torchaudio that cannot load
 
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
 from recurnmt.hf.cache import RecurnmtCache  # noqa: E402
 from recurnmt.hf.configuration import MODEL_TYPE, RecurnmtConfig  # noqa: E402
-from recurnmt.hf.modeling import RecurnmtForConditionalGeneration  # noqa: E402
+from recurnmt.hf.modeling import RecurnmtForConditionalGeneration, RecurnmtModel  # noqa: E402
 from recurnmt.hf.pipeline import TranslationPipeline, register_translation_task  # noqa: E402
 from recurnmt.hf.tokenization import RecurnmtTokenizer  # noqa: E402
 
 AutoConfig.register(MODEL_TYPE, RecurnmtConfig, exist_ok=True)
+AutoModel.register(RecurnmtConfig, RecurnmtModel, exist_ok=True)
 AutoModelForSeq2SeqLM.register(RecurnmtConfig, RecurnmtForConditionalGeneration, exist_ok=True)
 AutoTokenizer.register(RecurnmtConfig, slow_tokenizer_class=RecurnmtTokenizer, exist_ok=True)
 register_translation_task()  # transformers 5 dropped the task name (see recurnmt.hf.pipeline)
@@ -38,6 +39,7 @@ __all__ = [
     "RecurnmtCache",
     "RecurnmtConfig",
     "RecurnmtForConditionalGeneration",
+    "RecurnmtModel",
     "RecurnmtTokenizer",
     "TranslationPipeline",
 ]

@@ -1,18 +1,20 @@
 """recurnmt translation models as ``transformers`` models (``AutoModelForSeq2SeqLM``).
 
-The blocks are recurnmt's own: each side is the block library's
-:class:`~recurnmt.modules.side.Side`, built exactly as the fairseq front end builds its encoder
-and decoder (``recurnmt.nmt.encoder`` / ``decoder``): the token front end (scaled token
-embeddings, fairseq's positions, here computed without fairseq, the optional embedding layer
-norm), the :class:`~recurnmt.modules.RecurrentStack` of the side's ``StackConfig`` and the
-Universal Transformer's positions at every level. The parameter names below ``encoder.embed``,
-``encoder.stack``, ``decoder.embed`` and ``decoder.stack`` are fairseq's, and the weights load
-unchanged; only the output projection is this model's own.
+As BART and Marian are: :class:`RecurnmtModel`, the base model (the shared or per-side token
+embeddings, the encoder and decoder of :mod:`recurnmt.hf.sides`, recurnmt's own sides built as
+the fairseq front end builds them), returns a ``Seq2SeqModelOutput``;
+:class:`RecurnmtForConditionalGeneration` holds it as ``model`` (``base_model_prefix``) and adds
+the output projection ``lm_head``. Below ``model.encoder.embed``, ``model.encoder.stack``,
+``model.decoder.embed`` and ``model.decoder.stack`` the parameter names are fairseq's. Exports
+written before the base model existed name them without ``model.``; transformers' loader adds
+the base model prefix to a checkpoint key that the model holds only under it, so they load
+unchanged (``tests/test_hf_contract.py`` loads such an export).
 
 Parameters that one module holds for several places (shared embeddings, a tied output
 projection, One Wide FFN's FFN in every encoder block) are found by identity when the model is
 built and declared as tied weights, so ``save_pretrained`` stores each once in safetensors and
-``from_pretrained`` ties them again.
+``from_pretrained`` ties them again; ``resize_token_embeddings`` resizes them in place, so they
+stay one tensor.
 """
 
 from __future__ import annotations
@@ -22,103 +24,34 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from transformers import GenerationMixin, LogitsProcessorList, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 
 from recurnmt.hf.cache import RecurnmtCache
 from recurnmt.hf.configuration import RecurnmtConfig
 from recurnmt.hf.generation import EndAtMaxLength, decoding_options, speculate
-from recurnmt.modules import LevelParts, Memory
+from recurnmt.hf.sides import RecurnmtDecoder, RecurnmtEncoder
+from recurnmt.modules import LevelParts
 from recurnmt.modules.builders import build_level_embedding
-from recurnmt.modules.side import Side
 
 
-class StackSide(Side):
-    """One side: the block library's :class:`~recurnmt.modules.side.Side` (its token front end,
-    with fairseq's positions computed without fairseq, and the :class:`RecurrentStack` built
-    from its ``StackConfig``), at the elastic depth the checkpoint was run at.
-
-    Args:
-        config: the model configuration.
-        embed_tokens: this side's (possibly shared) token embedding.
-        side: ``encoder`` or ``decoder``.
-    """
-
-    def __init__(self, config: RecurnmtConfig, embed_tokens: nn.Embedding, side: str) -> None:
-        super().__init__()
-        max_positions = (
-            config.max_source_positions if side == "encoder" else config.max_target_positions
-        )
-        self.build_side(
-            config.stack_config(side),
-            config.tokens,
-            embed_tokens,
-            max_positions,
-            depth=getattr(config, f"{side}_levels"),
-        )
-
-
-class RecurnmtEncoder(StackSide):
-    """Embeddings and the encoder's :class:`RecurrentStack` (``model.get_encoder()``)."""
-
-    main_input_name = "input_ids"
-
-    def __init__(self, config: RecurnmtConfig, embed_tokens: nn.Embedding) -> None:
-        super().__init__(config, embed_tokens, "encoder")
-
-    def forward(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, **unused: Any
-    ) -> BaseModelOutput:
-        """Encodes B x S source ids (ending in ``</s>``, as fairseq's sources do)."""
-        padding_mask = input_ids.eq(self.embed.padding_idx)  # B x S, fairseq's own mask
-        if attention_mask is not None:
-            padding_mask = padding_mask | ~attention_mask.bool()
-        has_pads = bool(padding_mask.any())
-        x, _, positions = self.embed(input_ids)
-        if has_pads:  # as fairseq's encoder: padding enters the stack as zeros
-            x = x * (~padding_mask).unsqueeze(-1).type_as(x)
-        hooks = self.level_hooks(positions)
-        out = self.stack(x, padding_mask=padding_mask if has_pads else None, hooks=hooks)
-        return BaseModelOutput(last_hidden_state=out.output)  # B x S x C
-
-
-class RecurnmtDecoder(StackSide):
-    """Embeddings and the decoder's causal :class:`RecurrentStack` with cross-attention."""
-
-    def __init__(self, config: RecurnmtConfig, embed_tokens: nn.Embedding) -> None:
-        super().__init__(config, embed_tokens, "decoder")
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        memory: Tensor,
-        memory_padding_mask: Tensor | None,
-        cache: RecurnmtCache | None = None,
-    ) -> Tensor:
-        """B x T decoder features for B x T target-prefix ids (only the new ones with a cache)."""
-        offset = 0 if cache is None else cache.steps
-        x, _, positions = self.embed(input_ids, offset)
-        hooks = self.level_hooks(positions)
-        padding_mask = None
-        if cache is None:  # teacher forcing: padding inside a prefix is masked (fairseq does too)
-            pad = input_ids.eq(self.embed.padding_idx)
-            padding_mask = pad if bool((pad[:, :-1] & ~pad[:, 1:]).any()) else None
-        out = self.stack(
-            x,
-            padding_mask=padding_mask,
-            memory=Memory(memory, memory_padding_mask),
-            cache=None if cache is None else cache.stack,
-            hooks=hooks,
-        )
-        if cache is not None:
-            cache.steps += input_ids.size(1)
-        return out.output
+def shared_parameters(model: nn.Module) -> dict[str, str]:
+    """``{name: first name}`` of every parameter of ``model`` reachable under several names
+    (transformers' ``_tied_weights_keys``)."""
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            tied[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return tied
 
 
 class RecurnmtPreTrainedModel(PreTrainedModel):
     """Shared settings of the recurnmt ``transformers`` models."""
 
     config_class = RecurnmtConfig
-    base_model_prefix = "recurnmt"
+    base_model_prefix = "model"
     main_input_name = "input_ids"
     _supports_cache_class = False
 
@@ -130,7 +63,7 @@ class RecurnmtPreTrainedModel(PreTrainedModel):
         exported weights."""
         if not isinstance(module, LevelParts) or module.level_embedding is None:
             return
-        for side in (self.encoder, self.decoder):
+        for side in (self.base_model.encoder, self.base_model.decoder):
             if any(parts is module for parts in side.stack.levels):
                 embedding = build_level_embedding(side.stack_cfg, module.index)
                 module.level_embedding.copy_(embedding.to(module.level_embedding))
@@ -140,9 +73,38 @@ class RecurnmtPreTrainedModel(PreTrainedModel):
         # the decoder keeps a RecurnmtCache of its own (per level, see recurnmt.hf.cache)
         return False
 
+    def _resize_token_embeddings(
+        self, new_num_tokens: int | None, pad_to_multiple_of: int | None = None, mean_resizing=True
+    ) -> nn.Embedding:
+        """transformers' resizing (the encoder's embedding, then the output projection), with
+        the decoder's own embedding where it has one: one joined dictionary for both sides.
+        transformers resizes an embedding in place, so every tie is kept."""
+        base = self.base_model
+        decoder = base.decoder.embed.embed_tokens
+        if new_num_tokens is not None and decoder is not base.encoder.embed.embed_tokens:
+            self._get_resized_embeddings(decoder, new_num_tokens, pad_to_multiple_of, mean_resizing)
+        return super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
 
-class RecurnmtForConditionalGeneration(RecurnmtPreTrainedModel, GenerationMixin):
-    """A recurnmt encoder-decoder that ``generate()`` runs greedy and with beam search.
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The encoder's token embedding (the decoder's too where they are shared)."""
+        return self.base_model.encoder.embed.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        """``value`` becomes the encoder's token embedding, and the decoder's and the output
+        projection's where the model shares them with it."""
+        base = self.base_model
+        old = base.encoder.embed.embed_tokens
+        base.encoder.embed.embed_tokens = value
+        if base.decoder.embed.embed_tokens is old:
+            base.decoder.embed.embed_tokens = value
+            head = self.get_output_embeddings()
+            if head is not None and head.weight is old.weight:
+                head.weight = value.weight
+                head.out_features = value.num_embeddings
+
+
+class RecurnmtModel(RecurnmtPreTrainedModel):
+    """The bare encoder-decoder: decoder states B x T x C, no output projection.
 
     Args:
         config: the model configuration (see :class:`RecurnmtConfig`).
@@ -157,22 +119,8 @@ class RecurnmtForConditionalGeneration(RecurnmtPreTrainedModel, GenerationMixin)
             decoder_embed = nn.Embedding(vocab, dim, padding_idx=pad)
         self.encoder = RecurnmtEncoder(config, encoder_embed)
         self.decoder = RecurnmtDecoder(config, decoder_embed)
-        self.lm_head = nn.Linear(dim, vocab, bias=config.output_projection_bias)
-        if config.tie_output_projection:
-            self.lm_head.weight = decoder_embed.weight
-        self._tied_weights_keys = self._shared_parameters()
+        self._tied_weights_keys = shared_parameters(self)
         self.post_init()
-
-    def _shared_parameters(self) -> dict[str, str]:
-        """``{name: first name}`` of every parameter reachable under several names."""
-        first: dict[int, str] = {}
-        tied: dict[str, str] = {}
-        for name, param in self.named_parameters(remove_duplicate=False):
-            if id(param) in first:
-                tied[name] = first[id(param)]
-            else:
-                first[id(param)] = name
-        return tied
 
     def get_encoder(self) -> RecurnmtEncoder:
         return self.encoder
@@ -180,11 +128,124 @@ class RecurnmtForConditionalGeneration(RecurnmtPreTrainedModel, GenerationMixin)
     def get_decoder(self) -> RecurnmtDecoder:
         return self.decoder
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.encoder.embed.embed_tokens
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        decoder_input_ids: Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: RecurnmtCache | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **unused: Any,
+    ) -> Seq2SeqModelOutput | tuple[Tensor, ...]:
+        """The decoder's last states B x T x C after every decoder input.
+
+        Args:
+            input_ids: B x S source ids, ending in ``</s>``.
+            attention_mask: B x S, 1 on tokens (padding is also recognised by its id).
+            decoder_input_ids: B x T target prefix starting with ``</s>`` (fairseq's
+                convention); with ``past_key_values`` only the new positions.
+            encoder_outputs: the encoder's output, when computed already (``generate``).
+            past_key_values: the decoder state of earlier steps.
+            use_cache: return the decoder state for the next step.
+            output_attentions: every level's self-attention weights per side and the
+                decoder's cross-attention weights, B x H x T x S each (computed explicitly:
+                the fused attention kernels serve only passes that do not ask for them).
+            output_hidden_states: per side, the embedding output and every level's output
+                (:mod:`recurnmt.hf.outputs`): levels + 1 states.
+            return_dict: False returns ``to_tuple()`` of the output (transformers' order).
+        """
+        config = self.config
+        output_attentions = _flag(output_attentions, config.output_attentions)
+        output_hidden_states = _flag(output_hidden_states, config.output_hidden_states)
+        if decoder_input_ids is None:
+            raise ValueError("forward needs decoder_input_ids")
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids, attention_mask, output_attentions, output_hidden_states
+            )
+        elif isinstance(encoder_outputs, tuple):  # as BART reads a tuple
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        memory = encoder_outputs.last_hidden_state
+        memory_padding_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            memory_padding_mask = ~attention_mask.bool()
+        elif input_ids is not None and bool(input_ids.eq(config.pad_token_id).any()):
+            memory_padding_mask = input_ids.eq(config.pad_token_id)
+        use_cache = config.use_cache if use_cache is None else use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = RecurnmtCache()
+        cache = past_key_values if use_cache else None
+        decoded = self.decoder(
+            decoder_input_ids,
+            memory,
+            memory_padding_mask,
+            cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        out = Seq2SeqModelOutput(
+            last_hidden_state=decoded.last_hidden_state,
+            past_key_values=cache,
+            decoder_hidden_states=decoded.hidden_states,
+            decoder_attentions=decoded.attentions,
+            cross_attentions=decoded.cross_attentions,
+            encoder_last_hidden_state=memory,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+        return out if _flag(return_dict, config.return_dict) else out.to_tuple()
+
+
+def _flag(value: bool | None, default: bool | None) -> bool:
+    # a call's output_* / return_dict argument, else the configuration's
+    return bool(default if value is None else value)
+
+
+class RecurnmtForConditionalGeneration(RecurnmtPreTrainedModel, GenerationMixin):
+    """A recurnmt encoder-decoder that ``generate()`` runs greedy and with beam search.
+
+    Args:
+        config: the model configuration (see :class:`RecurnmtConfig`).
+    """
+
+    def __init__(self, config: RecurnmtConfig) -> None:
+        super().__init__(config)
+        self.model = RecurnmtModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, config.output_projection_bias)
+        if config.tie_output_projection:
+            self.lm_head.weight = self.model.decoder.embed.embed_tokens.weight
+        self._tied_weights_keys = shared_parameters(self)
+        self.post_init()
+
+    @property
+    def encoder(self) -> RecurnmtEncoder:
+        """The base model's encoder (``model.encoder``)."""
+        return self.model.encoder
+
+    @property
+    def decoder(self) -> RecurnmtDecoder:
+        """The base model's decoder (``model.decoder``)."""
+        return self.model.decoder
+
+    def get_encoder(self) -> RecurnmtEncoder:
+        return self.model.encoder
+
+    def get_decoder(self) -> RecurnmtDecoder:
+        return self.model.decoder
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
 
     def forward(
         self,
@@ -195,42 +256,33 @@ class RecurnmtForConditionalGeneration(RecurnmtPreTrainedModel, GenerationMixin)
         past_key_values: RecurnmtCache | None = None,
         labels: Tensor | None = None,
         use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **unused: Any,
-    ) -> Seq2SeqLMOutput:
+    ) -> Seq2SeqLMOutput | tuple[Tensor, ...]:
         """Logits B x T x V of the next token after every decoder input.
 
-        Args:
-            input_ids: B x S source ids, ending in ``</s>``.
-            attention_mask: B x S, 1 on tokens (padding is also recognised by its id).
-            decoder_input_ids: B x T target prefix starting with ``</s>`` (fairseq's
-                convention); built from ``labels`` when missing. With ``past_key_values`` only
-                the new positions.
-            encoder_outputs: the encoder's output, when computed already (``generate``).
-            past_key_values: the decoder state of earlier steps.
-            labels: B x T target ids for a cross-entropy loss (padding ignored).
-            use_cache: return the decoder state for the next step.
+        The arguments are :meth:`RecurnmtModel.forward`'s, and ``labels``: B x T target ids
+        for a cross-entropy loss (padding and -100 ignored); without ``decoder_input_ids`` the
+        decoder reads the shifted labels (:meth:`shift_labels`).
         """
-        if encoder_outputs is None:
-            encoder_outputs = self.encoder(input_ids, attention_mask)
-        elif isinstance(encoder_outputs, tuple):
-            encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
-        memory = encoder_outputs.last_hidden_state
-        memory_padding_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            memory_padding_mask = ~attention_mask.bool()
-        elif input_ids is not None and bool(input_ids.eq(self.config.pad_token_id).any()):
-            memory_padding_mask = input_ids.eq(self.config.pad_token_id)
         if decoder_input_ids is None:
             if labels is None:
                 raise ValueError("forward needs decoder_input_ids or labels")
             decoder_input_ids = self.shift_labels(labels)
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = RecurnmtCache()
-        cache = past_key_values if use_cache else None
-        features = self.decoder(decoder_input_ids, memory, memory_padding_mask, cache)
-        logits = self.lm_head(features)  # B x T x V
+        outputs = self.model(
+            input_ids,
+            attention_mask,
+            decoder_input_ids,
+            encoder_outputs,
+            past_key_values,
+            use_cache,
+            output_attentions,
+            output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # B x T x V
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(
@@ -238,12 +290,18 @@ class RecurnmtForConditionalGeneration(RecurnmtPreTrainedModel, GenerationMixin)
                 labels.flatten(),
                 ignore_index=self.config.pad_token_id,
             )
-        return Seq2SeqLMOutput(
+        out = Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=cache,
-            encoder_last_hidden_state=memory,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
         )
+        return out if _flag(return_dict, self.config.return_dict) else out.to_tuple()
 
     def shift_labels(self, labels: Tensor) -> Tensor:
         """Decoder inputs for ``labels``: ``</s>`` then the labels but the last (fairseq's
@@ -259,6 +317,8 @@ class RecurnmtForConditionalGeneration(RecurnmtPreTrainedModel, GenerationMixin)
         attention_mask: Tensor | None = None,
         encoder_outputs: BaseModelOutput | None = None,
         use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
         **unused: Any,
     ) -> dict[str, Any]:
         """With a cache, only the positions not decoded yet enter the decoder."""
@@ -270,6 +330,8 @@ class RecurnmtForConditionalGeneration(RecurnmtPreTrainedModel, GenerationMixin)
             "attention_mask": attention_mask,
             "encoder_outputs": encoder_outputs,
             "use_cache": use_cache,
+            "output_attentions": output_attentions,
+            "output_hidden_states": output_hidden_states,
         }
 
     @torch.no_grad()
@@ -303,5 +365,6 @@ __all__ = [
     "RecurnmtDecoder",
     "RecurnmtEncoder",
     "RecurnmtForConditionalGeneration",
+    "RecurnmtModel",
     "RecurnmtPreTrainedModel",
 ]

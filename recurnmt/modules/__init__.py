@@ -46,6 +46,7 @@ from recurnmt.modules.families import FAMILIES, Family
 from recurnmt.modules.feedforward import FeedForward
 from recurnmt.modules.hooks import (
     AddAtEveryLevel,
+    AttentionWeights,
     CrossAttentionWeights,
     LevelHook,
     LevelOutputs,
@@ -64,6 +65,7 @@ __all__ = [
     "FAMILIES",
     "AddAtEveryLevel",
     "AttentionTerms",
+    "AttentionWeights",
     "BlockConfig",
     "ConfigError",
     "CoordinateConfig",

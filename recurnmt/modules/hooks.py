@@ -132,3 +132,35 @@ class CrossAttentionWeights(LevelHook):
 
     def cross_attention(self, level: int) -> AttentionTerms | None:
         return AttentionTerms(probes=(self._keep,)) if level == self.level else None
+
+
+class AttentionWeights(LevelHook):
+    """Keeps every level's self- and cross-attention probabilities, B x H x T x S each
+    (``self_weights[k]``, ``cross_weights[k]``: the k-th level run; float32 for half-precision
+    inputs, as :func:`~recurnmt.modules.attention.attention_logits` computes them).
+
+    Its probes make every attention call of the pass compute its logits explicitly instead of
+    through SDPA's fused kernels, so a pass pays for them only when they are asked for.
+
+    Args:
+        cross: keep the cross-attention probabilities too (decoders).
+    """
+
+    needs_all_levels = False
+
+    def __init__(self, cross: bool = False) -> None:
+        self.cross = cross
+        self.self_weights: list[Tensor] = []
+        self.cross_weights: list[Tensor] = []
+
+    def _keep_self(self, logits: Tensor) -> None:
+        self.self_weights.append(logits.softmax(-1))  # B x H x T x S
+
+    def _keep_cross(self, logits: Tensor) -> None:
+        self.cross_weights.append(logits.softmax(-1))  # B x H x T x S
+
+    def attention(self, level: int, h: Tensor) -> AttentionTerms | None:
+        return AttentionTerms(probes=(self._keep_self,))
+
+    def cross_attention(self, level: int) -> AttentionTerms | None:
+        return AttentionTerms(probes=(self._keep_cross,)) if self.cross else None
