@@ -80,7 +80,9 @@ class RecurnmtTokenizer(PreTrainedTokenizer):
         return len(self.encoder)
 
     def get_vocab(self) -> dict[str, int]:
-        return dict(self.encoder)
+        """The fairseq dictionary and the tokens added since (``add_tokens``), whose ids
+        follow it: ``len(tokenizer)`` is the size ``resize_token_embeddings`` takes."""
+        return {**self.encoder, **self.added_tokens_encoder}
 
     def _tokenize(self, text: str, **unused: Any) -> list[str]:
         if self._spm is not None:
