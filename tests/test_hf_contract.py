@@ -263,3 +263,34 @@ def test_generate_gives_the_same_tokens_when_it_returns_the_states(beam):
     steps = full.sequences.size(1) - 1
     assert len(full.decoder_hidden_states) == len(full.cross_attentions) == steps
     assert all(len(step) == levels(hf, "decoder") for step in full.cross_attentions)
+
+
+def test_the_documented_example_runs(tmp_path, capsys):
+    """``docs/export.md``'s example of hidden states and attentions, on a tiny export."""
+    import re
+
+    from data_prep.embedded import SHIPPED_DIR
+    from tests.test_docs import REPO
+
+    page = (REPO / "docs" / "export.md").read_text(encoding="utf-8")
+    example = re.search(r"```python\n(.*?)```", page, re.S).group(1)
+    hf = exported("ringformer")
+    vocab = tmp_path / "fairseq_dict.txt"
+    vocab.write_text("".join(f"{s}\n" for s in DICT.symbols), encoding="utf-8")
+    RecurnmtTokenizer(str(vocab), spm_file=str(SHIPPED_DIR / "spm.model")).save_pretrained(
+        tmp_path / "hf_model"
+    )
+    hf.save_pretrained(tmp_path / "hf_model")
+    exec(example.replace('"hf_model"', repr(str(tmp_path / "hf_model"))), {})
+    heads = hf.config.encoder_stack["num_heads"]
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(rf"torch\.Size\(\[1, {heads}, 1, \d+\]\)", printed), printed
+
+
+def test_sliced_group_attention_refuses_to_show_weights_it_has_no_map_of():
+    model, args, _ = build("sret_tiny", "--encoder-attn-groups", "1,2")
+    hf = convert(model.eval(), args, "sret_tiny")
+    with torch.no_grad():
+        hf(**inputs())  # runs as ever without them
+        with pytest.raises(ValueError, match="sliced group attention .* cannot be recorded"):
+            hf(**inputs(), output_attentions=True)
