@@ -44,6 +44,7 @@ REMOTE_CODE = "recurnmt_hf.py"
 AUTO_MAP = {
     "config.json": {
         "AutoConfig": "recurnmt_hf.RecurnmtConfig",
+        "AutoModel": "recurnmt_hf.RecurnmtModel",
         "AutoModelForSeq2SeqLM": "recurnmt_hf.RecurnmtForConditionalGeneration",
     },
     "tokenizer_config.json": {"AutoTokenizer": ["recurnmt_hf.RecurnmtTokenizer", None]},

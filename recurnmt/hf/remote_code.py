@@ -10,7 +10,12 @@ the Auto classes then know the model type without ``trust_remote_code``.
 """
 
 try:
-    from recurnmt.hf import RecurnmtConfig, RecurnmtForConditionalGeneration, RecurnmtTokenizer
+    from recurnmt.hf import (
+        RecurnmtConfig,
+        RecurnmtForConditionalGeneration,
+        RecurnmtModel,
+        RecurnmtTokenizer,
+    )
 except ModuleNotFoundError as err:
     if not (err.name or "").startswith("recurnmt"):
         raise
@@ -22,4 +27,9 @@ except ModuleNotFoundError as err:
         name="recurnmt",
     ) from err
 
-__all__ = ["RecurnmtConfig", "RecurnmtForConditionalGeneration", "RecurnmtTokenizer"]
+__all__ = [
+    "RecurnmtConfig",
+    "RecurnmtForConditionalGeneration",
+    "RecurnmtModel",
+    "RecurnmtTokenizer",
+]
