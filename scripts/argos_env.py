@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--venv", type=Path, default=VENV)
     args = parser.parse_args(argv)
+    if args.venv.exists() and not args.venv.is_dir():
+        parser.error(f"--venv {args.venv}: not a folder")
     start = time.perf_counter()
     reused = is_current(args.venv)
     try:

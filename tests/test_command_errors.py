@@ -210,6 +210,10 @@ BAD_INPUTS: dict[str, BadInput] = {
         ["--lock", str(tmp / "no_lock.txt"), "--venv", str(tmp / "venv")],
         "no_lock.txt",
     ),
+    "python scripts/argos_env.py": lambda tmp: (
+        ["--venv", str(tmp / "bad_input.py")],
+        "bad_input.py: not a folder",
+    ),
     "python scripts/compat.py": lambda tmp: (["--python", str(tmp / "no_python")], "no_python"),
     "python scripts/gpu_wheels.py": lambda tmp: (
         ["--lock", str(tmp / "no_lock.txt")],
