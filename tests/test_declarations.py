@@ -13,7 +13,14 @@ import pytest
 
 from recurnmt.flags import add_options, spell
 from recurnmt.modules.config import ConfigError, StackConfig
-from recurnmt.modules.declarations import Part, Settings, option, option_fields, option_keywords
+from recurnmt.modules.declarations import (
+    Option,
+    Part,
+    Settings,
+    option,
+    option_fields,
+    option_keywords,
+)
 from recurnmt.modules.declarations import part as part_field
 from recurnmt.nmt import flags as nmt_flags
 from tests.nmt_helpers import build
@@ -146,6 +153,24 @@ def test_a_settings_group_is_declared_validated_and_rendered_once():
     assert err.value.value == 0
     # keywords (transformers' generate, the image models): the names
     assert set(option_keywords(DraftOptions)) == set(DraftOptions().options())
+
+
+def test_translation_renders_a_settings_group_as_a_fairseq_dataclass():
+    """fairseq's task configs are dataclasses: the group's options become their fields, whose
+    flags fairseq makes by the same rule, with the declared defaults."""
+    from fairseq.dataclass import FairseqDataclass
+    from fairseq.dataclass.utils import gen_parser_from_dataclass
+
+    switch = Option(
+        "drafts from the static cache", name="static", default=False, action="store_true"
+    )
+    options = (*DraftOptions.declarations()[:2], switch)
+    config = nmt_flags.fairseq_config("DraftConfig", options, FairseqDataclass)
+    parser = argparse.ArgumentParser()
+    gen_parser_from_dataclass(parser, config())
+    args = parser.parse_args(["--draft-levels", "2", "--static"])
+    assert (args.draft_levels, args.draft_tokens, args.static) == (2, 4, True)
+    assert parser.parse_args([]).static is False
 
 
 def test_the_converters_take_the_stacks_declarations():

@@ -26,7 +26,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import field, make_dataclass
+from typing import Any, Optional
 
 from recurnmt.flags import (
     CHECKPOINT_SEGMENT,
@@ -108,6 +109,27 @@ MODEL_FLAGS = (
     *(levels_flag(side) for side in SIDES),
 )
 """The model's flags that are no stack options."""
+
+
+def fairseq_config(name: str, options: tuple[Option, ...], base: type) -> type:
+    """A fairseq dataclass ``name`` (a subclass of ``base``, a ``FairseqDataclass`` such as
+    ``TranslationConfig``) whose fields are lone ``options`` (a
+    :meth:`~recurnmt.modules.declarations.Settings.declarations`): fairseq makes their flags by
+    the rule (``draft_tokens`` -> ``--draft-tokens``) with their defaults and help; a switch
+    (``action="store_true"``) is a bool, an option with a ``type`` that type, else text.
+    Types are real ones, not strings: fairseq reads them to build its parser."""
+    fields = []
+    for option in options:
+        if option.action == "store_true":
+            kind: Any = bool
+        else:
+            kind = option.type or str
+            kind = Optional[kind] if option.default is None else kind  # noqa: UP045
+        meta = {"help": option.help}
+        fields.append(
+            (option.dest, kind, field(default=option.to_text(option.default), metadata=meta))
+        )
+    return make_dataclass(name, fields, bases=(base,))
 
 
 def _dest(flag: str) -> str:
