@@ -34,7 +34,8 @@ A new group of settings::
             ...
 
 ``DecodingOptions.declarations()`` are its options (name, default, help, parser): a command
-line adds them as flags (:func:`recurnmt.flags.add_options`) and reads them back with
+line adds them as flags (:func:`recurnmt.flags.add_options`; a fairseq task's dataclass
+config, :func:`recurnmt.nmt.flags.fairseq_config`) and reads them back with
 :meth:`Settings.from_texts`, renaming the errors to its flags
 (:meth:`~recurnmt.modules.errors.ConfigError.renamed`); a keyword front end takes
 :func:`option_keywords` and :meth:`Settings.from_options`.
