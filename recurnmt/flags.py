@@ -1,130 +1,142 @@
-"""A setting that is no stack option, declared once as a flag: name, default, argparse.
+"""The command line's spelling of a setting, and the settings that are no stack option.
 
-Stack options declare their flags on their part configs (:mod:`recurnmt.modules.config`); the
-other settings are :class:`Flag` entries next to the code that reads them: a translation
-model's (checkpoint segments, elastic depth, the embedding layout: they reach fairseq's parser
-through :func:`recurnmt.nmt.flags.add_recurrent_args` and their defaults through
-:data:`recurnmt.nmt.defaults.BASE`), the run modes every front end takes (:data:`RUN_MODES`:
-compilation, mixed depth and checkpoint segments, the same spelling and meaning in
-``fairseq-train`` and the image trainer), elastic depth (:func:`levels_flag`: translation's
-model flags, the image evaluator, the export's config keys), and the settings both
-relaxed-recursion converters take (:data:`CONVERSION_FLAGS`).
+Every setting is an :class:`~recurnmt.modules.declarations.Option` (one declaration system,
+:mod:`recurnmt.modules.declarations`); a command line spells it ``--`` and its name with ``-``
+(:func:`spell`; translation adds ``--encoder-``/``--decoder-`` for per-side stack options and
+keeps a table of the spellings of today that do not follow the rule, :mod:`recurnmt.nmt.flags`),
+and :func:`add_options` adds it to a parser. The options here are the lone settings that more
+than one front end takes, declared next to nothing else that reads them: the run modes
+(:data:`RUN_MODES`: compilation, mixed depth and checkpoint segments, the same spelling and
+meaning in ``fairseq-train`` and the image trainer), elastic depth (:func:`levels_flag`:
+translation's model flags, the image evaluator, the export's config keys), and the settings both
+relaxed-recursion converters take (:data:`CONVERSION_FLAGS`: the stack's own options, as it
+declares them, and the initialisation). A translation model's other settings (the embedding
+layout, the shallow pass of mixed depth) are options next to the code that reads them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from recurnmt.modules.config import SHARING_SCHEMES, ConfigError
+from recurnmt.modules.config import ConfigError, option_declarations
+from recurnmt.modules.declarations import Option
 from recurnmt.modules.relaxed_init import INITS
 
 
-@dataclass(frozen=True)
-class Flag:
-    """One command-line flag.
+def spell(option: Option | str) -> str:
+    """The command line's flag of an option (or an option name): ``compile_mode`` ->
+    ``--compile-mode``, ``signal.rank`` -> ``--signal-rank``."""
+    name = option if isinstance(option, str) else option.name
+    return "--" + name.replace("_", "-").replace(".", "-")
 
-    Attributes:
-        flag: its name (``--mixed-depth``).
-        default: the value every architecture gives it (filled by
-            :func:`recurnmt.nmt.defaults.fill_defaults`, so checkpoints saved before it
-            existed get it too).
-        settings: ``add_argument``'s other keywords (help, choices, ...).
-        aliases: former spellings that still work (shown in ``--help`` beside the flag).
+
+def add_options(
+    parser,
+    options: Iterable[Option],
+    with_defaults: bool = False,
+    aliases: Mapping[str, tuple[str, ...]] | None = None,
+) -> None:
+    """Adds ``options`` to ``parser`` (an ``argparse`` parser or group) as their flags.
+
+    Args:
+        parser: the parser or group.
+        options: lone options (their names given).
+        with_defaults: the flags' defaults are the declarations' (else unset: translation's
+            architecture fills them, :func:`recurnmt.nmt.defaults.fill_defaults`, so that
+            checkpoints saved before an option existed get it too).
+        aliases: ``{option name: former spellings}`` that still work (shown in ``--help``).
     """
-
-    flag: str
-    default: Any
-    settings: dict[str, Any] = field(default_factory=dict)
-    aliases: tuple[str, ...] = ()
-
-    @property
-    def dest(self) -> str:
-        """fairseq's argument name: ``--mixed-depth`` -> ``mixed_depth``."""
-        return self.flag[2:].replace("-", "_")
-
-
-def add_flags(parser, flags: Iterable[Flag], with_defaults: bool = False) -> None:
-    """Adds ``flags`` to ``parser`` (an ``argparse`` parser or group): their defaults come from
-    the architecture (translation), or, ``with_defaults``, from the declarations."""
-    for f in flags:
+    for option in options:
+        kwargs = option.argparse_kwargs()
+        if with_defaults:
+            kwargs["default"] = option.to_text(option.default)
+        elif option.action == "store_true":
+            kwargs["default"] = None  # unset, not False, until the architecture fills it
         parser.add_argument(
-            f.flag,
-            *f.aliases,
-            dest=f.dest,
-            **f.settings,
-            **({"default": f.default} if with_defaults else {}),
+            spell(option),
+            *(aliases or {}).get(option.name, ()),
+            dest=option.dest,
+            help=option.help,
+            **kwargs,
         )
 
 
-def defaults(flags: Iterable[Flag]) -> dict[str, Any]:
-    """``{argument: default}`` of ``flags``."""
-    return {f.dest: f.default for f in flags}
+def defaults(options: Iterable[Option]) -> dict[str, Any]:
+    """``{argument: default}`` of lone ``options``, as their flags spell them."""
+    return {option.dest: option.to_text(option.default) for option in options}
 
 
-COMPILE = Flag(
-    "--compile",
-    None,  # eager
-    dict(
-        nargs="?",
-        const="inductor",
-        metavar="BACKEND",
-        help="torch.compile the model's stacks (training and full passes; step-by-step "
-        "decoding stays eager) with BACKEND (default inductor; aot_eager compiles without "
-        "generating code)",
-    ),
+COMPILE = Option(
+    "torch.compile the model's stacks (training and full passes; step-by-step decoding stays "
+    "eager) with BACKEND (default inductor; aot_eager compiles without generating code)",
+    name="compile",
+    default=None,  # eager
+    nargs="?",
+    const="inductor",
+    metavar="BACKEND",
 )
-COMPILE_MODE = Flag(
-    "--compile-mode",
-    None,
-    dict(help="torch.compile mode with --compile (default, reduce-overhead, max-autotune)"),
+COMPILE_MODE = Option(
+    "torch.compile mode with --compile (default, reduce-overhead, max-autotune)",
+    name="compile_mode",
 )
-MIXED_DEPTH = Flag(
-    "--mixed-depth",
-    "off",
-    dict(
-        nargs="?",
-        const="on",
-        choices=("on", "off"),
-        help="SReT mixed-depth training (appendix B): also train a shallow pass under the same "
-        "loss (translation: --mixed-depth-levels chooses it, SReT's branch by default, and the "
-        "recurrent criterion adds it); --mixed-depth alone is on",
-    ),
+MIXED_DEPTH = Option(
+    "SReT mixed-depth training (appendix B): also train a shallow pass under the same loss "
+    "(translation: --mixed-depth-levels chooses it, SReT's branch by default, and the "
+    "recurrent criterion adds it); --mixed-depth alone is on",
+    name="mixed_depth",
+    default="off",
+    choices=("on", "off"),
+    nargs="?",
+    const="on",
 )
-CHECKPOINT_SEGMENT = Flag(
-    "--checkpoint-segment",
-    "0",
-    dict(
-        metavar="K",
-        help="with activation checkpointing (fairseq's --checkpoint-activations, the image "
-        "trainer's too): also checkpoint every K levels as one segment (Chen et al. 2016), K "
-        "a number or 'sqrt' for ceil(sqrt(levels)): memory grows as sqrt(levels) instead of "
-        "linearly, for one more forward pass; 0 (default) checkpoints each level only",
-    ),
+CHECKPOINT_SEGMENT = Option(
+    "with activation checkpointing (fairseq's --checkpoint-activations, the image trainer's "
+    "too): also checkpoint every K levels as one segment (Chen et al. 2016), K a number or "
+    "'sqrt' for ceil(sqrt(levels)): memory grows as sqrt(levels) instead of linearly, for one "
+    "more forward pass; 0 (default) checkpoints each level only",
+    name="checkpoint_segment",
+    default="0",
+    metavar="K",
 )
 RUN_MODES = (COMPILE, COMPILE_MODE, MIXED_DEPTH, CHECKPOINT_SEGMENT)
 """The run modes of every front end, spelt and meant alike."""
 
 
-def levels_flag(side: str, aliases: tuple[str, ...] = ()) -> Flag:
+def compile_settings(backend: str | None, mode: str | None = None):
+    """The :class:`~recurnmt.modules.compile.CompileSettings` of ``--compile [BACKEND]`` and
+    ``--compile-mode`` (None: no compilation).
+
+    Raises:
+        ConfigError: an unknown backend or mode, or a mode without ``--compile``, naming the
+            flag.
+    """
+    from recurnmt.modules.compile import from_flags
+
+    if mode and not backend:
+        raise ConfigError(spell(COMPILE_MODE), mode, f"needs {spell(COMPILE)}")
+    try:
+        return from_flags(backend, mode)
+    except ConfigError as err:
+        raise err.renamed({o.name: spell(o) for o in (COMPILE, COMPILE_MODE)}) from None
+
+
+def levels_flag(side: str) -> Option:
     """Elastic depth of the ``side`` stack (``encoder``: an image model's one stack too):
     ``--{side}-levels K`` runs a trained weight-shared stack at K levels instead of its
     trained depth (the modules' ``set_depth``; the ``transformers`` export's config key
     ``{side}_levels``). The same spelling and meaning in ``fairseq-train``/``-generate``
     (through ``--model-overrides``) and the image evaluator."""
-    return Flag(
-        f"--{side}-levels",
-        None,  # as built
-        dict(
-            type=int,
-            metavar="K",
-            help=f"run the {side} at K levels instead of its trained depth (elastic depth of "
-            "a trained shared model; in fairseq-generate: --model-overrides "
-            f"\"{{'{side}_levels': K}}\"); K beyond the trained depth needs parameter-free "
-            "level parts (Universal Transformer); SReT: K = loops x unique blocks",
-        ),
-        aliases,
+    return Option(
+        f"run the {side} at K levels instead of its trained depth (elastic depth of a trained "
+        f"shared model; in fairseq-generate: --model-overrides \"{{'{side}_levels': K}}\"); K "
+        "beyond the trained depth needs parameter-free level parts (Universal Transformer); "
+        "SReT: K = loops x blocks",
+        name=f"{side}_levels",
+        default=None,  # as built
+        type=int,
+        metavar="K",
     )
 
 
@@ -139,7 +151,7 @@ def checkpoint_segment(value: Any) -> int | str:
         return text
     if text.isdigit():
         return int(text)
-    raise ConfigError(CHECKPOINT_SEGMENT.flag, value, "must be a number of levels >= 0 or 'sqrt'")
+    raise ConfigError(spell(CHECKPOINT_SEGMENT), value, "must be a number of levels >= 0 or 'sqrt'")
 
 
 def is_on(value: Any) -> bool:
@@ -147,38 +159,29 @@ def is_on(value: Any) -> bool:
     return value is True or value == "on"
 
 
+def _stack_option(name: str, as_name: str, target: bool) -> Option:
+    """The stack option ``name`` as a converter's setting ``as_name``: its declaration (help,
+    choices, parser, default) for the target's stacks; ``target``: unset (None), it is the
+    target architecture's instead of the declared default."""
+    declared = option_declarations()[name].option
+    help = declared.help_in({"side": "target's", "num_levels": "the source's layers"})
+    if not target:
+        return dataclasses.replace(declared, name=as_name, help=help)
+    help += "; default: the target architecture's"
+    return dataclasses.replace(declared, name=as_name, help=help, default=None)
+
+
 # the relaxed-recursion converters' settings (recurnmt-convert and its vision twin): one target
-# stack's shape and how the source's layers start it
-UNIQUE_LAYERS = Flag(
-    "--unique-layers",
-    None,
-    dict(
-        type=int,
-        metavar="M",
-        help="M unique blocks (both sides of a translation model); default: the target's",
-    ),
+# stack's shape, from the stack's own declarations, and how the source's layers start it
+BLOCKS = _stack_option("num_unique", "unique_layers", target=True)  # both sides
+SHARING_SCHEME = _stack_option("sharing", "sharing_scheme", target=False)
+INIT = Option(
+    "shared blocks from layers at even intervals (stepwise), the mean of the layers that share "
+    "a block (average) or the first M layers (lower)",
+    name="init",
+    default="stepwise",
+    choices=INITS,
 )
-SHARING_SCHEME = Flag(
-    "--sharing-scheme",
-    "cycle",
-    dict(choices=SHARING_SCHEMES, help="which block a level runs (relaxed recursion: cycle)"),
-)
-INIT = Flag(
-    "--init",
-    "stepwise",
-    dict(
-        choices=INITS,
-        help="shared blocks from layers at even intervals (stepwise), the mean of the layers "
-        "that share a block (average) or the first M layers (lower)",
-    ),
-)
-LEVEL_LORA_RANK = Flag(
-    "--level-lora-rank",
-    None,
-    dict(
-        metavar="R",
-        help="each level's LoRA rank, or full (exactly the source); default: the target's",
-    ),
-)
-CONVERSION_FLAGS = (UNIQUE_LAYERS, SHARING_SCHEME, INIT, LEVEL_LORA_RANK)
+LEVEL_LORA_RANK = _stack_option("lora_rank", "level_lora_rank", target=True)
+CONVERSION_FLAGS = (BLOCKS, SHARING_SCHEME, INIT, LEVEL_LORA_RANK)
 """The settings both converters take, spelt and meant alike."""

@@ -58,13 +58,13 @@ def vision_steps(opts: argparse.Namespace) -> tuple[Callable[[], None], Callable
     """The eager and the compiled training step of the image model."""
     import torch
 
-    from recurnmt.modules.compile import from_flags
+    from recurnmt.flags import compile_settings
     from recurnmt.vision import create_model
     from recurnmt.vision.training.losses import ClassificationLoss
 
     torch.manual_seed(0)
     model = create_model(opts.vision_model, num_classes=10).train()
-    settings = from_flags(opts.compile)
+    settings = compile_settings(opts.compile)
     compiled = torch.compile(model, backend=settings.backend)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(opts.images, 3, *model.img_size, generator=g)
@@ -125,10 +125,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(handlers=[logging.NullHandler()], level=logging.WARNING)
     import torch
 
-    from recurnmt.modules.compile import from_flags
+    from recurnmt.flags import compile_settings
     from recurnmt.nmt.build import check_arch
 
-    from_flags(opts.compile)  # an unknown backend fails before any work, naming --compile
+    compile_settings(opts.compile)  # an unknown backend fails before any work, naming --compile
     check_arch(opts.arch)
     torch.set_num_threads(1)
     print(f"`--compile {opts.compile}`: {opts.rounds} rounds of {opts.steps} training steps\n")

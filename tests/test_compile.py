@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from recurnmt.flags import compile_settings as from_flags
 from recurnmt.modules import ConfigError
-from recurnmt.modules.compile import CompileSettings, from_flags
+from recurnmt.modules.compile import CompileSettings
 from recurnmt.nmt.build import build_model
 from tests.nmt_helpers import DICT, batch, full_and_stepwise, train_signals
 from tests.test_checkpointing import _assert_same, _loss_and_grads

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from recurnmt.flags import CONVERSION_FLAGS, RUN_MODES, is_on
+from recurnmt.flags import CONVERSION_FLAGS, RUN_MODES, is_on, spell
 from recurnmt.modules import ConfigError
 from recurnmt.nmt.build import arch_train_args
 from recurnmt.vision.training.arguments import parse_args as vision_args
@@ -34,7 +34,7 @@ def test_both_front_ends_read_a_run_mode_alike(argv):
     nmt = arch_train_args("ringformer_tiny", argv)
     vision = vision_args(argv)
     for flag in RUN_MODES:
-        assert getattr(nmt, flag.dest) == getattr(vision, flag.dest), flag.flag
+        assert getattr(nmt, flag.dest) == getattr(vision, flag.dest), spell(flag)
     assert is_on(vision.mixed_depth) == ("--mixed-depth" in argv and "off" not in argv)
 
 
@@ -56,13 +56,13 @@ def test_both_converters_read_a_setting_alike(argv):
     nmt = nmt_parser().parse_args(["a.pt", "b.pt", *argv])
     vision = vision_parser().parse_args(["a.pt", "b.pt", *argv])
     for flag in CONVERSION_FLAGS:
-        assert getattr(nmt, flag.dest) == getattr(vision, flag.dest), flag.flag
+        assert getattr(nmt, flag.dest) == getattr(vision, flag.dest), spell(flag)
 
 
 def test_no_front_end_declares_a_shared_flag_again():
     """The flags of RUN_MODES and CONVERSION_FLAGS appear in an add_argument call nowhere in
     recurnmt/."""
-    names = "|".join(re.escape(f.flag) for f in (*RUN_MODES, *CONVERSION_FLAGS))
+    names = "|".join(re.escape(spell(f)) for f in (*RUN_MODES, *CONVERSION_FLAGS))
     pattern = re.compile(rf"add_argument\(\s*\"({names})\"")
     found = [
         f"{path.relative_to(ROOT)}: {m.group(1)}"

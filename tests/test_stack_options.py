@@ -1,8 +1,10 @@
 """Each stack option is declared once, on its part config; the rest is derived from it.
 
 A new option with a flag is a field of a part config (and a line of its builder): the
-translation flag, its help and default, the option -> flag map, the stack config and the
-errors that name the flag follow from the declaration. The test below adds one.
+translation flag (by the rule, ``--`` and its name; or a line of translation's table of
+spellings, for a flag named otherwise), its help and default, the option -> flag map, the stack
+config and the errors that name the flag follow from the declaration. The tests below add
+two.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ class GateConfig(Part):
         1.0,
         "initial value of every level's gate (a new paper's)",
         name="gate_init",
-        flag="--level-gate-init",
         type=float,
     )
 
@@ -62,6 +63,8 @@ def test_a_new_option_with_a_flag_needs_only_its_part_config(monkeypatch):
     # the library's StackConfig with the new part (in the library: a field of StackConfig)
     monkeypatch.setattr(nmt_flags, "StackConfig", GatedStackConfig)
     monkeypatch.setattr(nmt_flags, "option_declarations", lambda: option_fields(GatedStackConfig))
+    # its flag is not the rule's (--gate-init): a line of translation's table of spellings
+    monkeypatch.setitem(nmt_flags.SPELLINGS, "gate_init", "level-gate-init")
     parser = argparse.ArgumentParser()
     nmt_flags.add_recurrent_args(parser)
     assert "--level-gate-init" in parser.format_help()
@@ -136,9 +139,9 @@ def test_every_declared_flag_is_added_defaulted_and_read():
     nmt_flags.add_recurrent_args(parser)
     added = {a.dest for a in parser._actions}
     for side in ("encoder", "decoder"):
-        for name, where in option_declarations().items():
+        for name in option_declarations():
             arg = nmt_flags.arg_of(name, side)
-            if where.option.flag is None or arg is None:
+            if not nmt_flags.has_flag(name) or arg is None:
                 continue
             assert arg in added and arg in defaults.BASE, (name, arg)
             assert nmt_flags.flags_of_fields(side)[name] == "--" + arg.replace("_", "-")
@@ -149,7 +152,7 @@ def test_the_defaults_build_the_stack_configs_defaults():
     args = build("recurrent_transformer_tiny")[1]
     values = nmt_flags.side_options(args, "encoder")
     default = StackConfig().options()
-    flagged = [n for n, w in option_declarations().items() if w.option.flag]
+    flagged = [n for n in option_declarations() if nmt_flags.has_flag(n)]
     assert {n: values[n] for n in flagged} == {n: default[n] for n in flagged}
 
 

@@ -2,7 +2,7 @@
 
 Each part config is a group of options that one builder reads (:mod:`recurnmt.modules.builders`),
 every option declared once as a field (:func:`~recurnmt.modules.declarations.option`: default,
-valid values, the translation flag that sets it). The per-level parts of the papers are in
+valid values, its help). The per-level parts of the papers are in
 :mod:`recurnmt.modules.level_configs`; :class:`~recurnmt.modules.config.StackConfig` holds them
 all.
 """
@@ -39,9 +39,8 @@ class DepthConfig(Part):
     num_levels: int = option(6, keyword="depth")
     num_unique: int | None = option(
         None,
-        "unique {side} blocks M over the N = --{side}-layers levels (1: fully recurrent; "
-        "N: vanilla)",
-        flag="--{side}-unique-layers",
+        "M, the {side} blocks with weights of their own, run over its N levels ({num_levels}): "
+        "1 is fully recurrent, N vanilla",
         type=int,
         metavar="M",
         keyword="unique_layers",
@@ -49,7 +48,6 @@ class DepthConfig(Part):
     sharing: str = option(
         "cycle",
         "order in which levels visit the unique blocks (Takase & Kiyono 2021)",
-        flag="--sharing-scheme",
         choices=SHARING_SCHEMES,
     )
 
@@ -93,13 +91,11 @@ class BlockConfig(Part):
         "biases in the attention (Q, K, V, output) and FFN projections of both stacks: on as "
         "fairseq's transformer, off as RingFormer's code (its P* in Table 1); the ringformer "
         "architectures default to off",
-        flag="--block-bias",
         words=ON_OFF,
     )
     ffn_sharing: str = option(
         "block",
         "{side} FFNs: one per block, one shared by all blocks (One Wide FFN), or none",
-        flag="--{side}-ffn-sharing",
         choices=FFN_SHARING,
     )
     cross_attention: bool = option(False)
@@ -147,7 +143,6 @@ class NormConfig(Part):
         False,
         "every level owns its layer norms (RingFormer) or every block does",
         name="norms_per_level",
-        flag="--layer-norms",
         words={"per-level": True, "per-block": False},
     )
     normalize_before: bool = option(False)

@@ -59,21 +59,21 @@ class CompileSettings:
 
 
 def from_flags(backend: str | None, mode: str | None = None) -> CompileSettings | None:
-    """The settings of the ``--compile [BACKEND]`` and ``--compile-mode`` flags, which both
-    front ends spell alike (None: no compilation).
+    """The settings of the options ``compile`` (a backend) and ``compile_mode``, which both
+    front ends spell alike (None: no compilation; :func:`recurnmt.flags.compile_settings`).
 
     Raises:
-        ConfigError: an unknown backend or mode, or a mode without ``--compile``, naming the
-            flag.
+        ConfigError: an unknown backend or mode, or a mode without a backend, naming the
+            option.
     """
     if not backend:
         if mode:
-            raise ConfigError("--compile-mode", mode, "needs --compile")
+            raise ConfigError("compile_mode", mode, "needs a backend")
         return None
     try:
         return CompileSettings(backend=backend, mode=mode)
     except ConfigError as err:
-        raise err.renamed({"backend": "--compile", "mode": "--compile-mode"}) from None
+        raise err.renamed({"backend": "compile", "mode": "compile_mode"}) from None
 
 
 @functools.cache

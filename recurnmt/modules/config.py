@@ -6,7 +6,8 @@ execute over how many levels, and in which order), the block, its norms, dropout
 per-level parts of the papers (RingFormer level signals, Universal Transformer coordinates
 and halting, SReT residuals and slicing, relaxed recursion's LoRA). Every option is declared
 once, as a field of its part (:func:`~recurnmt.modules.declarations.option`): default, valid values
-and the translation flag that sets it. Impossible settings raise :class:`ConfigError` naming
+and its help, under a neutral name that each front end spells (a translation flag, an image
+model's keyword). Impossible settings raise :class:`ConfigError` naming
 the option, before any weight exists.
 
 The parts live in :mod:`recurnmt.modules.block_configs` (depth, block, norms, regularisation)

@@ -5,11 +5,11 @@ per-level parts". A :class:`DepthPlan` is that mapping made explicit, so a shari
 few lines and can be tested by itself.
 
 Sharing orders follow Takase & Kiyono (2021), "Lessons on parameter sharing across layers in
-Transformers", sec. 2: with M unique layers over N levels,
+Transformers", sec. 2 (their "unique layers" are our blocks): with M blocks over N levels,
 
-* ``sequence``: consecutive levels share a layer, level i uses layer floor(i * M / N);
-* ``cycle``: levels visit the layers in turn, level i uses layer i mod M;
-* ``cycle_rev``: like ``cycle``, except the last M levels visit the layers in reverse order.
+* ``sequence``: consecutive levels share a block, level i uses block floor(i * M / N);
+* ``cycle``: levels visit the blocks in turn, level i uses block i mod M;
+* ``cycle_rev``: like ``cycle``, except the last M levels visit the blocks in reverse order.
 
 M = 1 is the fully recurrent case (Universal Transformer, RingFormer), M = N the vanilla stack.
 

@@ -2,7 +2,8 @@
 coordinates and halting, SReT's residuals and sliced attention, relaxed recursion's LoRA.
 
 Each part config is a group of options that one builder reads (:mod:`recurnmt.modules.builders`),
-every option declared once as a field (:func:`~recurnmt.modules.declarations.option`); the parts
+every option declared once as a field (:func:`~recurnmt.modules.declarations.option`: default,
+valid values, its help); the parts
 every stack has are in :mod:`recurnmt.modules.block_configs`;
 :class:`~recurnmt.modules.config.StackConfig` holds them all.
 """
@@ -55,14 +56,12 @@ class SignalConfig(Part):
         "level signals: lowrank (RingFormer eq. 5), full (d x d), static (sinusoidal level "
         "embedding, Universal Transformer) or none",
         name="signal.kind",
-        flag="--level-signal",
         choices=SIGNAL_KINDS,
     )
     rank: int | None = option(
         None,
         "rank of the low-rank level signals (default: embed dim // 16)",
         name="signal.rank",
-        flag="--level-signal-rank",
         type=int,
         metavar="R",
     )
@@ -71,7 +70,6 @@ class SignalConfig(Part):
         "attention level signals after the Q/K/V projections (RingFormer eq. 6), before them, "
         "or none",
         name="signal.attn",
-        flag="--attn-signal",
         choices=ATTN_SIGNAL_PLACES,
     )
     ffn: str = option(
@@ -79,23 +77,20 @@ class SignalConfig(Part):
         "FFN level signal on the FFN input (RingFormer eq. 7), on the intermediate activation "
         "(inter), or none",
         name="signal.ffn",
-        flag="--ffn-signal",
         choices=FFN_SIGNAL_PLACES,
     )
     down_init: str = option(
         "normal",
         "how the low-rank signals' down factors start (their up factors start at zero): "
-        "normal, N(0, S^2) with S = --level-signal-down-std, as RingFormer's code (the "
+        "normal, N(0, S^2) with S = {signal.down_std}, as RingFormer's code (the "
         "default), or kaiming, LoRA's code (Kaiming-uniform)",
         name="signal.down_init",
-        flag="--level-signal-down-init",
         choices=SIGNAL_DOWN_INITS,
     )
     down_std: float = option(
         1e-6,
-        "standard deviation of --level-signal-down-init normal (RingFormer's code: 1e-6)",
+        "standard deviation of {signal.down_init} normal (RingFormer's code: 1e-6)",
         name="signal.down_std",
-        flag="--level-signal-down-std",
         type=float,
         metavar="S",
     )
@@ -142,15 +137,13 @@ class CoordinateConfig(Part):
         False,
         "add position embeddings at the input only, or at every level together with the "
         "level embedding (Universal Transformer coordinate embedding)",
-        flag="--positions",
         words={"input": False, "every-level": True},
     )
     scale: float = option(
         1.0,
         "scale of the coordinate embedding added at every level (level embedding, and "
-        "positions with --positions every-level); 1 is the UT paper's full sinusoid",
+        "positions with {positions_every_level} every-level); 1 is the UT paper's full sinusoid",
         name="coordinate_scale",
-        flag="--coordinate-scale",
         type=float,
     )
 
@@ -175,14 +168,12 @@ class ResidualConfig(Part):
         "none",
         "learnable residual coefficients (SReT eq. 9-10) on both branches, the identity "
         "branch, the main branch, or none",
-        flag="--lrc",
         choices=LRC_MODES,
     )
     nll_ratio: float = option(
         0.0,
         "SReT non-linear projection layer after every level with hidden ratio R (SReT eq. 5); "
         "0 = none",
-        flag="--nll-ratio",
         type=float,
         metavar="R",
     )
@@ -193,7 +184,7 @@ class ResidualConfig(Part):
 
 
 def int_list(text: str) -> tuple[int, ...]:
-    """A flag's comma-separated integers (``2,1``) as a tuple."""
+    """A command line's comma-separated integers (``2,1``) as a tuple."""
     try:
         return tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
@@ -221,7 +212,6 @@ class SlicingConfig(Part):
         "sliced group self-attention in the encoder: groups at loop 1, 2, ... of each block "
         "(SReT sec. 4); empty = global attention",
         name="attn_groups",
-        flag="--encoder-attn-groups",
         type=int_list,
         metavar="G1,G2,...",
     )
@@ -258,19 +248,15 @@ class HaltingConfig(Part):
         False,
         "Adaptive Computation Time halting over the levels (Universal Transformer sec. 2.2); "
         "its ponder cost is a term of the training loss",
-        flag="--act",
         words=ON_OFF,
     )
     threshold: float = option(
         0.99,
         "ACT halting threshold 1 - eps",
         name="act_threshold",
-        flag="--act-threshold",
         type=float,
     )
-    bias_init: float = option(
-        1.0, "initial halting unit bias", name="act_bias_init", flag="--act-bias-init", type=float
-    )
+    bias_init: float = option(1.0, "initial halting unit bias", name="act_bias_init", type=float)
 
     def check(self, stack: StackConfig) -> None:
         if not 0.0 < self.threshold <= 1.0:
@@ -278,7 +264,7 @@ class HaltingConfig(Part):
 
 
 def rank_or_full(text: Any, options: Mapping[str, Any]) -> int:
-    """``--level-lora-rank``: a rank >= 0, or ``full`` (the width, the full rank of every
+    """The option ``lora_rank`` from text: a rank >= 0, or ``full`` (the width, the full rank of every
     linear of the block).
 
     Raises:
@@ -310,7 +296,6 @@ class LoRAConfig(Part):
         "rank R (and bias deltas) on every linear of its shared block; 0: plain sharing, "
         "full: the full rank (the embed dim)",
         name="lora_rank",
-        flag="--level-lora-rank",
         parse=rank_or_full,
         metavar="R",
     )

@@ -37,27 +37,36 @@ from pathlib import Path
 from typing import Any
 
 from recurnmt.cli import entry_point
-from recurnmt.flags import CONVERSION_FLAGS, add_flags
+from recurnmt.flags import CONVERSION_FLAGS, add_options
 
 PROG = "recurnmt-convert"
 SOURCE_FAMILY = "recurrent_transformer"
 FULL_RANK_TOLERANCE = 1e-4  # of the largest logit: float32 rounding over a deep stack
-# recurnmt options under which a recurrent_transformer computes what a vanilla one does
-_VANILLA = {
-    "level_signal": "none",
-    "positions": "input",
-    "act": "off",
-    "lrc": "none",
-    "nll_ratio": 0.0,
-    "encoder_attn_groups": (),
-    "encoder_ffn_sharing": "block",
-    "decoder_ffn_sharing": "block",
-    "level_lora_rank": "0",
-    "encoder_levels": None,
-    "decoder_levels": None,
-}
+# recurnmt options that change what a recurrent_transformer computes from a vanilla one: a
+# source converts with their plain values, BASE's (the shared blocks aside)
+_PER_LEVEL = (
+    "level_signal",
+    "positions",
+    "act",
+    "lrc",
+    "nll_ratio",
+    "encoder_attn_groups",
+    "encoder_ffn_sharing",
+    "decoder_ffn_sharing",
+    "level_lora_rank",
+    "encoder_levels",
+    "decoder_levels",
+)
 # recurnmt options that are part of the source's function, which the relaxed model keeps
 _KEPT = ("block_bias", "share_encoder_decoder_embeddings", "output_projection_bias")
+
+
+def _vanilla() -> dict[str, Any]:
+    """The options of :data:`_PER_LEVEL` under which a recurrent_transformer computes what a
+    vanilla one does: their defaults (:data:`recurnmt.nmt.defaults.BASE`, a plain stack)."""
+    from recurnmt.nmt.defaults import BASE
+
+    return {name: BASE[name] for name in _PER_LEVEL}
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,8 @@ class Conversion:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from recurnmt.nmt.flags import add_stack_flags
+
     parser = argparse.ArgumentParser(
         prog=PROG, description=__doc__.split("\n\n")[0].replace("``", "")
     )
@@ -94,10 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--arch", default="relaxed_transformer", help="recurnmt architecture of the result"
     )
-    add_flags(parser, CONVERSION_FLAGS, with_defaults=True)  # as the vision converter's
-    parser.add_argument("--encoder-unique-layers", type=int, metavar="M")
-    parser.add_argument("--decoder-unique-layers", type=int, metavar="M")
-    parser.add_argument("--layer-norms", choices=("per-level", "per-block"))
+    add_options(parser, CONVERSION_FLAGS, with_defaults=True)  # as the vision converter's
+    add_stack_flags(parser, ("num_unique", "norms_per_level"))  # as fairseq-train's
     parser.add_argument("--force", action="store_true", help="replace an existing OUT")
     return parser
 
@@ -165,7 +174,7 @@ def _model_args(source: Namespace, kind: str, arch: str, options: dict[str, Any]
 
     args = copy.deepcopy(source)
     if kind == "recurnmt":
-        for name, value in _VANILLA.items():
+        for name, value in _vanilla().items():
             given = getattr(args, name, value)
             if given not in (None, "", [], ()) and str(given) != str(value):
                 flag = "--" + name.replace("_", "-")
@@ -360,7 +369,7 @@ def _inexact(args: Namespace, difference: float) -> str:
         )
     added = [
         f"{name}={getattr(args, name)!r}"
-        for name, plain in _VANILLA.items()
+        for name, plain in _vanilla().items()
         if name not in ("level_lora_rank", "encoder_levels", "decoder_levels")
         and getattr(args, name, plain) not in (None, "", [], ())
         and str(getattr(args, name)) != str(plain)

@@ -34,46 +34,35 @@ from typing import Any
 
 from torch import nn
 
-from recurnmt.flags import Flag
+from recurnmt.flags import spell
 from recurnmt.modules.config import ConfigError
-
-SHARE_FLAG = "--share-encoder-decoder-embeddings"
-BIAS_FLAG = "--output-projection-bias"
-SCALE_FLAG = "--scale-embedding"
-
+from recurnmt.modules.declarations import Option
 
 LAYOUT_FLAGS = (
-    Flag(
-        SHARE_FLAG,
-        False,
-        dict(
-            action="store_true",
-            default=None,
-            help="one token embedding for the encoder and decoder inputs (joined dictionary) "
-            "and a separate, untied output projection (RingFormer appendix A.1)",
-        ),
+    Option(
+        "one token embedding for the encoder and decoder inputs (joined dictionary) and a "
+        "separate, untied output projection (RingFormer appendix A.1)",
+        name="share_encoder_decoder_embeddings",
+        default=False,
+        action="store_true",
     ),
-    Flag(
-        BIAS_FLAG,
-        False,
-        dict(
-            action="store_true",
-            default=None,
-            help="a bias on the output projection (the vocabulary head of RingFormer Table 1)",
-        ),
+    Option(
+        "a bias on the output projection (the vocabulary head of RingFormer Table 1)",
+        name="output_projection_bias",
+        default=False,
+        action="store_true",
     ),
-    Flag(
-        SCALE_FLAG,
-        "on",  # fairseq's sqrt(H) on embeddings initialised N(0, 1/H)
-        dict(
-            choices=("on", "off"),
-            help="token embeddings initialised N(0, 1/H) and multiplied by sqrt(H), as "
-            "fairseq's transformer (on, the default), or initialised N(0, 1) and not scaled, "
-            "as RingFormer's code (off)",
-        ),
+    Option(
+        "token embeddings initialised N(0, 1/H) and multiplied by sqrt(H), as fairseq's "
+        "transformer (on, the default), or initialised N(0, 1) and not scaled, as RingFormer's "
+        "code (off)",
+        name="scale_embedding",
+        default="on",  # fairseq's sqrt(H) on embeddings initialised N(0, 1/H)
+        choices=("on", "off"),
     ),
 )
 """The layout's flags (off by default: fairseq's layouts are unchanged)."""
+SHARE_FLAG, BIAS_FLAG, SCALE_FLAG = (spell(option) for option in LAYOUT_FLAGS)
 
 
 def scales_embedding(args: Any) -> bool:

@@ -17,9 +17,8 @@ from fairseq import utils
 from fairseq.models.transformer import TransformerModel
 from torch import nn
 
-from recurnmt.flags import checkpoint_segment, levels_flag
+from recurnmt.flags import checkpoint_segment, compile_settings, levels_flag, spell
 from recurnmt.modules import ConfigError, RecurrentStack, build_stack, shallow_branch
-from recurnmt.modules.compile import from_flags
 from recurnmt.modules.mixed_depth import first_levels
 from recurnmt.nmt.decoder import RecurrentDecoder
 from recurnmt.nmt.defaults import fill_arch_defaults
@@ -66,7 +65,9 @@ class RecurrentTransformerModel(TransformerModel):
         fill_arch_defaults(args)
         check_run_flags(args)
         encoder_cfg, decoder_cfg = stack_configs(args)  # fails fast, naming the setting
-        compiled = from_flags(getattr(args, "compile", None), getattr(args, "compile_mode", None))
+        compiled = compile_settings(
+            getattr(args, "compile", None), getattr(args, "compile_mode", None)
+        )
         for name in ("max_source_positions", "max_target_positions"):
             if getattr(args, name, None) is None:  # as fairseq's TransformerModel does
                 setattr(args, name, 1024)
@@ -170,7 +171,7 @@ def set_depth(stack: RecurrentStack, side: str, depth: int | None) -> None:
     try:
         stack.set_depth(depth)
     except ConfigError as err:
-        raise err.renamed({"levels": levels_flag(side).flag}) from None
+        raise err.renamed({"levels": spell(levels_flag(side))}) from None
 
 
 def check_run_flags(args: Any) -> None:
@@ -219,7 +220,7 @@ def check_model_args(args: Any) -> tuple[RecurrentStack, RecurrentStack]:
         ConfigError: an impossible setting, named by its command-line flag.
     """
     configs = stack_configs(args)
-    from_flags(getattr(args, "compile", None), getattr(args, "compile_mode", None))
+    compile_settings(getattr(args, "compile", None), getattr(args, "compile_mode", None))
     stacks = []
     for side, cfg in zip(SIDES, configs, strict=True):
         with flags_in_errors(side), torch.device("meta"):

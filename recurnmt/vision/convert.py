@@ -28,7 +28,7 @@ from torch import Tensor
 
 from recurnmt.checkpoint_files import FAIRSEQ, CheckpointError, describe, kind_of
 from recurnmt.cli import entry_point
-from recurnmt.flags import CONVERSION_FLAGS, add_flags
+from recurnmt.flags import CONVERSION_FLAGS, add_options
 from recurnmt.modules import ConfigError
 from recurnmt.modules.config import rank_or_full
 from recurnmt.modules.relaxed_init import relax_stack
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("source", type=Path, help="recurnmt.vision checkpoint or timm weights")
     parser.add_argument("out", type=Path, help="the converted checkpoint to write")
     parser.add_argument("--model", default="deit_tiny_relaxed_patch16_224", help="relaxed model")
-    add_flags(parser, CONVERSION_FLAGS, with_defaults=True)  # as recurnmt-convert's
+    add_options(parser, CONVERSION_FLAGS, with_defaults=True)  # as recurnmt-convert's
     parser.add_argument("--num-heads", type=int, help="heads of timm weights (width / 64)")
     parser.add_argument(
         "--use-ema",

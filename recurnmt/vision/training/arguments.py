@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from recurnmt.flags import CHECKPOINT_SEGMENT, COMPILE, COMPILE_MODE, MIXED_DEPTH, add_flags
+from recurnmt.flags import CHECKPOINT_SEGMENT, COMPILE, COMPILE_MODE, MIXED_DEPTH, add_options
 from recurnmt.modules import ConfigError
 
 DEFAULT_LR = 2e-3  # the digits recipe's
@@ -84,7 +84,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         help="activation checkpointing per level (less memory, one more forward per level); "
         "--checkpoint-segment K for segments of K levels",
     )
-    add_flags(
+    add_options(
         g, (CHECKPOINT_SEGMENT, COMPILE, COMPILE_MODE), with_defaults=True
     )  # as fairseq-train's
     g.add_argument(
@@ -235,7 +235,7 @@ def _add_distillation_options(parser: argparse.ArgumentParser) -> None:
         help="timm model of the --teacher weights, e.g. regnety_160 (DeiT's RegNetY-16GF)",
     )
     g.add_argument("--distill-temperature", type=float, default=1.0)
-    add_flags(g, (MIXED_DEPTH,), with_defaults=True)  # the loop-free shallow branch
+    add_options(g, (MIXED_DEPTH,), with_defaults=True)  # the loop-free shallow branch
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ import json
 import sys
 
 from recurnmt.cli import entry_point
-from recurnmt.flags import add_flags, levels_flag
+from recurnmt.flags import add_options, levels_flag, spell
 from recurnmt.modules import ConfigError
 from recurnmt.parameters import count_parameters
 from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
@@ -25,7 +25,7 @@ from recurnmt.vision.training.engine import Precision, evaluate
 from recurnmt.vision.training.flops import count_macs, throughput
 
 # an image model's stack is an encoder: elastic depth as translation spells it
-ELASTIC_DEPTH = levels_flag("encoder", aliases=("--levels",))
+ELASTIC_DEPTH = levels_flag("encoder")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="data set (default: the training data set)")
     p.add_argument("--data-root", help="data folder (not needed for digits)")
     p.add_argument("--img-size", help="evaluation resolution (default: the model's)")
-    add_flags(p, [ELASTIC_DEPTH], with_defaults=True)  # translation's spelling (--levels: before)
+    add_options(  # translation's spelling (--levels: before)
+        p, [ELASTIC_DEPTH], with_defaults=True, aliases={ELASTIC_DEPTH.name: ("--levels",)}
+    )
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--device", default="auto")
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
         model = model_from_checkpoint(ckpt).to(info.device).eval()
         depth = getattr(args, ELASTIC_DEPTH.dest)
         if depth is not None:
-            flag = ELASTIC_DEPTH.flag
+            flag = spell(ELASTIC_DEPTH)
             if not hasattr(model, "set_depth"):
                 raise ValueError(f"{flag}: a {type(model).__name__} has no elastic depth")
             try:

@@ -25,9 +25,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from recurnmt.checkpoint_files import read_checkpoint_file
-from recurnmt.flags import checkpoint_segment
+from recurnmt.flags import checkpoint_segment, compile_settings
 from recurnmt.modules import ConfigError
-from recurnmt.modules.compile import from_flags
 from recurnmt.vision.checkpoint import load_checkpoint, model_from_checkpoint
 from recurnmt.vision.data import DataSpec, build_dataset, data_spec
 from recurnmt.vision.data.loader import eval_loader, train_loader
@@ -152,7 +151,7 @@ def _check_settings(args: Namespace, per_rank: int) -> None:
         raise ConfigError("--aug-repeats", args.aug_repeats, "must be 0 or more")
     if not 0.0 <= args.model_ema_decay < 1.0:
         raise ConfigError("--model-ema-decay", args.model_ema_decay, "must be in [0, 1)")
-    from_flags(args.compile, args.compile_mode)
+    compile_settings(args.compile, args.compile_mode)
 
 
 def _build_model(args: Namespace, spec: DataSpec, img_size: tuple[int, int], log) -> tuple:

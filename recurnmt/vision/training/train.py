@@ -43,8 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from recurnmt.cli import entry_point
 from recurnmt.device import deterministic_algorithms
-from recurnmt.flags import is_on
-from recurnmt.modules.compile import from_flags
+from recurnmt.flags import compile_settings, is_on
 from recurnmt.parameters import count_parameters
 from recurnmt.vision.training.arguments import parse_args
 from recurnmt.vision.training.distributed import DistInfo, process_group
@@ -76,7 +75,7 @@ def training_net(state: RunState) -> nn.Module:
         warnings.filterwarnings("ignore", message="Grad strides do not match bucket view")
         ids = [info.device.index] if info.device.type == "cuda" else None
         net = DistributedDataParallel(net, device_ids=ids)
-    compiled = from_flags(args.compile, args.compile_mode)
+    compiled = compile_settings(args.compile, args.compile_mode)
     if compiled is not None:
         # after DDP, as timm's train.py does: dynamo then splits the graph at DDP's gradient
         # buckets, so that their communication overlaps the backward pass; checkpoints store
