@@ -27,9 +27,6 @@ from tests.nmt_helpers import build
 
 MODULES = Path(__file__).resolve().parents[1] / "recurnmt" / "modules"
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
-# decoding's files, which issue 73 item 3 moves to recurnmt/modules/decoding/ and whose options
-# it declares with this system: until then they spell their fairseq flags
-PENDING = {"speculative.py"}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -50,8 +47,6 @@ def test_no_string_in_the_block_library_spells_a_flag():
     a front end reaches the code they document."""
     found = []
     for path in sorted(MODULES.rglob("*.py")):
-        if path.name in PENDING:
-            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         docs = _docstrings(tree)
         for node in ast.walk(tree):
@@ -59,12 +54,6 @@ def test_no_string_in_the_block_library_spells_a_flag():
                 if id(node) not in docs and FLAG.search(node.value):
                     found.append(f"{path.relative_to(MODULES)}:{node.lineno} {node.value!r}")
     assert not found, found
-
-
-def test_the_pending_decoding_files_still_exist_under_their_names():
-    """PENDING is emptied when decoding moves (a file gone from modules/ leaves the list)."""
-    names = {p.name for p in MODULES.rglob("*.py")}
-    assert PENDING <= names
 
 
 # ---------------------------------------------------------------- a stack option by the rule

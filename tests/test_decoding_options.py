@@ -13,7 +13,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 
 from recurnmt.hf.generation import decoding_options
 from recurnmt.modules.declarations import option
-from recurnmt.modules.decoding.options import DecodingOptions, declarations
+from recurnmt.modules.decoding.options import DecodingOptions
 from recurnmt.modules.errors import ConfigError
 from recurnmt.nmt import speculative
 
@@ -32,9 +32,10 @@ def test_the_task_fields_are_the_declarations():
     """Every declared option is a field of the task, with its default, its help and fairseq's
     spelling of its name; the flags are today's."""
     actions = _actions(_parser(speculative.SpeculativeTranslationConfig))
-    for name, (default, declared) in declarations().items():
-        assert actions[name].default == default and actions[name].help == declared.help
-        assert actions[name].option_strings == [speculative.FLAGS[name]]
+    for declared in DecodingOptions.declarations():
+        action = actions[declared.dest]
+        assert action.default == declared.default and action.help == declared.help
+        assert action.option_strings == [speculative.FLAGS[declared.name]]
     assert sorted(speculative.FLAGS.values()) == [
         "--compile-decoding", "--draft-levels", "--draft-tokens", "--static-decoding",
     ]  # fmt: skip
@@ -46,8 +47,8 @@ class _More(DecodingOptions):
 
     exit_threshold: float = option(0.9, "leave the level loop above this confidence", type=float)
 
-    def check(self, stack=None) -> None:
-        super().check(stack)
+    def check(self) -> None:
+        super().check()
         if not 0 < self.exit_threshold <= 1:
             raise ConfigError("exit_threshold", self.exit_threshold, "must lie in (0, 1]")
 
@@ -97,14 +98,14 @@ def test_one_check_named_by_each_front_end(values, fairseq, keyword):
 
 
 def test_a_draft_the_decoder_cannot_run_names_the_option_and_the_levels():
-    options = DecodingOptions.from_values({"draft_levels": "4"})
+    options = DecodingOptions.from_texts({"draft_levels": "4"})
     assert options.draft_levels == 4 and options.speculative and not options.static
     with pytest.raises(ConfigError, match=r"^draft_levels=4: the draft runs 1 to 3 of the 4"):
         options.check_stack(4, act=False)
     with pytest.raises(ConfigError, match=r"^draft_levels=4: ACT's halting .* \(act='on'\)"):
         options.check_stack(6, act=True)
     with pytest.raises(ConfigError, match="the decoder has 1 level, nothing to draft"):
-        DecodingOptions.from_values({"draft_levels": "auto"}).check_stack(1, act=False)
+        DecodingOptions.from_texts({"draft_levels": "auto"}).check_stack(1, act=False)
 
 
 def test_what_generate_cannot_run_is_refused_by_keyword():

@@ -18,7 +18,7 @@ from torch import Tensor
 from transformers import LogitsProcessor
 
 from recurnmt.modules import ConfigError, Memory
-from recurnmt.modules.decoding.options import AUTO, DecodingOptions, declarations
+from recurnmt.modules.decoding.options import AUTO, DecodingOptions
 from recurnmt.modules.decoding.protocol import DecodingSide
 from recurnmt.modules.decoding.rules import TokenRule, limit_lengths
 from recurnmt.modules.decoding.speculative import SelfSpeculation, check_draft
@@ -65,8 +65,8 @@ def decoding_options(
     Raises:
         ConfigError: impossible options, or an option ``generate()`` does not run.
     """
-    given = {name: kwargs.pop(name) for name in declarations(declared) if name in kwargs}
-    options = declared.from_values(given)
+    names = [o.name for o in declared.declarations()]
+    options = declared.from_texts({name: kwargs.pop(name) for name in names if name in kwargs})
     if options.static_decoding:
         raise ConfigError(
             "static_decoding", True, "not in generate() (transformers' beam search keeps its "

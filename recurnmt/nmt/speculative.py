@@ -23,8 +23,7 @@ import atexit
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import field, make_dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from fairseq import search
@@ -33,8 +32,8 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from torch import Tensor
 
-from recurnmt.modules.declarations import Option
-from recurnmt.modules.decoding.options import AUTO, DecodingOptions, declarations
+from recurnmt.flags import spell
+from recurnmt.modules.decoding.options import AUTO, DecodingOptions
 from recurnmt.modules.decoding.rules import TokenRule
 from recurnmt.modules.decoding.speculative import (
     SelfSpeculation,
@@ -43,7 +42,7 @@ from recurnmt.modules.decoding.speculative import (
     fastest_draft,
 )
 from recurnmt.modules.errors import ConfigError
-from recurnmt.nmt.flags import flags_of_fields
+from recurnmt.nmt.flags import fairseq_config, flags_of_fields
 from recurnmt.nmt.generation import (
     check_batch,
     check_generator,
@@ -185,8 +184,8 @@ def _check_beam(beam: int) -> None:
 def flags(options: type[DecodingOptions] = DecodingOptions) -> dict[str, str]:
     """``{option: flag}``: the decoding options (``options``' declarations) by fairseq's
     spelling. The task's fields are the declarations (:func:`task_config`), and fairseq
-    spells a field's flag so."""
-    return {name: "--" + name.replace("_", "-") for name in declarations(options)}
+    spells a field's flag by the rule (:func:`~recurnmt.flags.spell`)."""
+    return {o.name: spell(o) for o in options.declarations()}
 
 
 FLAGS = flags()
@@ -209,7 +208,7 @@ def task_options(cfg: Any, options: type[DecodingOptions] = DecodingOptions) -> 
         ConfigError: impossible options, named by their flags.
     """
     with flag_names(options):
-        return options.from_values({n: getattr(cfg, n) for n in declarations(options)})
+        return options.from_texts({o.name: getattr(cfg, o.dest) for o in options.declarations()})
 
 
 def check_decoding_options(
@@ -235,24 +234,13 @@ def check_decoding_options(
             options.check_stack(stack.num_levels, stack.halting is not None)
 
 
-def _task_field(default: Any, declared: Option) -> tuple[Any, Any]:
-    """A decoding option as a field of fairseq's task configuration: its type (what fairseq
-    reads to build its parser: text where the option reads text) and its field."""
-    kind = bool if isinstance(default, bool) else declared.type
-    kind = kind or Optional[str]  # noqa: UP045 (fairseq reads typing.Optional)
-    return kind, field(default=default, metadata={"help": declared.help})
-
-
 def task_config(
     options: type[DecodingOptions] = DecodingOptions, name: str = "SpeculativeTranslationConfig"
 ) -> type:
     """fairseq's translation task configuration with the decoding options (``options``'
     declarations) as fields: their defaults and help; their flags are fairseq's spelling of
     the fields' names (:func:`flags`)."""
-    fields = [(n, *_task_field(*declared)) for n, declared in declarations(options).items()]
-    return make_dataclass(
-        name, fields, bases=(TranslationConfig,), namespace={"__module__": __name__}
-    )
+    return fairseq_config(name, options.declarations(), TranslationConfig)
 
 
 SpeculativeTranslationConfig = task_config()

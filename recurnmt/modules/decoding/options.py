@@ -1,9 +1,10 @@
 """The decoding options, declared once: what a front end may ask of recurnmt's decoding.
 
-Each option is a field of :class:`DecodingOptions`, declared with
-:func:`~recurnmt.modules.declarations.option` as a stack option is: its default, its help,
-how its text reads (:attr:`~recurnmt.modules.declarations.Option.parse`). Everything else is
-derived from that declaration:
+Each option is a field of :class:`DecodingOptions`, a
+:class:`~recurnmt.modules.declarations.Settings` group declared with
+:func:`~recurnmt.modules.declarations.option` as a stack option is: its neutral name, default,
+help, how its text reads (:attr:`~recurnmt.modules.declarations.Option.parse`). Everything
+else is derived from that declaration:
 
 * fairseq's task fields (``--draft-levels``, ``--draft-tokens``, ``--static-decoding``,
   ``--compile-decoding``, in ``fairseq-generate`` and ``fairseq-interactive``:
@@ -20,13 +21,11 @@ Adding a decoding option is one field here and the code that uses it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from recurnmt.modules.config import StackConfig
-from recurnmt.modules.declarations import _OPTION, Option, Part, option
+from recurnmt.modules.declarations import Settings, option
 from recurnmt.modules.errors import ConfigError
 
 AUTO = "auto"  # draft_levels: the fastest depth on the first batch
@@ -43,7 +42,7 @@ def _draft_levels(text: Any, options: Mapping[str, Any]) -> int | str | None:
 
 
 @dataclass(frozen=True)
-class DecodingOptions(Part):
+class DecodingOptions(Settings):
     """How a recurnmt decoder decodes, beside the search's own settings (beam, lengths,
     sampling).
 
@@ -73,29 +72,15 @@ class DecodingOptions(Part):
         "beam search over fixed shapes: every row kept, the decoder's keys and values in "
         "buffers of the longest output, reordered in place (what a captured CUDA graph step "
         "needs); outputs equal fairseq's beam search",
+        action="store_true",
     )
     compile_decoding: bool = option(
         False,
         "static decoding (or speculation's passes, with drafts) with each step compiled by "
         "torch.compile (TorchInductor's fused kernels; a C++ compiler on a CPU): faster "
         "sentence by sentence on a CPU; eager, with a warning, where compiling fails",
+        action="store_true",
     )
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> DecodingOptions:
-        """The options of ``values`` (``{name: value or its text}``; names not declared
-        here are ignored, missing ones keep their defaults), each text read by its option.
-
-        Raises:
-            ConfigError: a text an option cannot read, or impossible options, named.
-        """
-        read: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.name in values:
-                read[f.name] = declaration(cls, f.name).to_value(f.name, values[f.name], read)
-        options = cls(**read)
-        options.check()
-        return options
 
     @property
     def speculative(self) -> bool:
@@ -116,9 +101,9 @@ class DecodingOptions(Part):
                 return name
         return None
 
-    def check(self, stack: StackConfig | None = None) -> None:
-        """The options' rules among themselves (and, given the decoder's ``stack``, against
-        it: :meth:`check_stack`)."""
+    def check(self) -> None:
+        """The options' rules among themselves (when the group is made; against a decoder:
+        :meth:`check_stack`)."""
         if self.static_decoding and self.speculative:
             raise ConfigError(
                 "static_decoding", True, "not with {draft_levels} (beam search or drafts)",
@@ -126,8 +111,6 @@ class DecodingOptions(Part):
             )  # fmt: skip
         if not isinstance(self.draft_tokens, int) or self.draft_tokens < 1:
             raise ConfigError("draft_tokens", self.draft_tokens, "at least 1 drafted token")
-        if stack is not None:
-            self.check_stack(stack.depth.num_levels, stack.halting.act)
 
     def check_stack(self, num_levels: int, act: bool) -> None:
         """The draft against a decoder of ``num_levels`` levels (``act``: ACT's halting)."""
@@ -151,14 +134,3 @@ class DecodingOptions(Part):
                 "draft_levels", levels,
                 f"the draft runs 1 to {num_levels - 1} of the {num_levels} levels (0: no draft)",
             )  # fmt: skip
-
-
-def declarations(cls: type[DecodingOptions] = DecodingOptions) -> dict[str, tuple[Any, Option]]:
-    """``{name: (default, declaration)}`` of the decoding options of ``cls`` (a subclass
-    declares more), in declaration order: what a front end renders."""
-    return {f.name: (f.default, f.metadata[_OPTION]) for f in dataclasses.fields(cls)}
-
-
-def declaration(cls: type[DecodingOptions], name: str) -> Option:
-    """The declaration of option ``name``."""
-    return declarations(cls)[name][1]

@@ -134,7 +134,7 @@ def check_draft(stack: RecurrentStack, levels: Any, tokens: int) -> None:
     Raises:
         ConfigError: naming ``draft_levels`` or ``draft_tokens``.
     """
-    options = DecodingOptions.from_values({"draft_levels": levels, "draft_tokens": tokens})
+    options = DecodingOptions.from_texts({"draft_levels": levels, "draft_tokens": tokens})
     options.check_stack(stack.num_levels, stack.halting is not None)
 
 
