@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from recurnmt.analysis.depth_map import DepthMap, depth_map, level_predictions, main
+from recurnmt.analysis.depth_map import (
+    DepthMap,
+    depth_map,
+    level_predictions,
+    main,
+    where_depth_pays,
+)
 from recurnmt.analysis.nmt_inputs import load_nmt_models, translation_batches
 from tests.nmt_helpers import DICT, build, train_signals
 
@@ -96,6 +102,10 @@ def test_counts_of_hand_made_predictions():
     assert result.mean_exit_level == pytest.approx((1 + 2 + 3 + 3) / 4)
     slow = slow_counts(predictions.tolist(), [5, 6, 0, 2])
     assert {k: getattr(result, k).tolist() for k in slow} == slow
+    assert where_depth_pays(result) == (
+        "25.0% of the tokens are settled at level 1, 25.0% settle at level 2 (the most of "
+        "levels 2-2); 50.0% need all 3 levels; mean oracle exit level 2.25 of 3"
+    )
 
 
 def test_batches_add_up():

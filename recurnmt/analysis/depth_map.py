@@ -134,23 +134,24 @@ class DepthMap:
         for name in self.COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
-    def _share(self, counts: Tensor) -> list[float]:
+    def share_of(self, counts: Tensor) -> list[float]:
+        """Counts per level as shares of the tokens."""
         return [c / max(self.tokens, 1) for c in counts.tolist()]
 
     @property
     def agreement(self) -> list[float]:
         """Per level, the share of tokens whose argmax equals the full depth's."""
-        return self._share(self.agree)
+        return self.share_of(self.agree)
 
     @property
     def exit_share(self) -> list[float]:
         """Per level r, the share of tokens whose oracle exit level is r or lower."""
-        return self._share(self.exits.cumsum(0))
+        return self.share_of(self.exits.cumsum(0))
 
     @property
     def accuracy(self) -> list[float]:
         """Per level, the teacher-forced accuracy against the reference."""
-        return self._share(self.correct)
+        return self.share_of(self.correct)
 
     @property
     def mean_exit_level(self) -> float:
@@ -268,14 +269,15 @@ def depth_map(
 
 
 def where_depth_pays(result: DepthMap) -> str:
-    """One sentence: the level at which most tokens settle, and the share needing all levels."""
-    n = result.levels
-    settle = result.exits.tolist()
-    top = max(range(n), key=lambda r: settle[r])
-    last = settle[-1] / max(result.tokens, 1)
+    """One sentence: the tokens settled by level 1, the level after it that settles the most,
+    the tokens that need every level and the mean oracle exit level."""
+    n, shares = result.levels, result.share_of(result.exits)
+    text = f"{shares[0]:.1%} of the tokens are settled at level 1"
+    if n > 2:
+        top = max(range(1, n - 1), key=lambda r: shares[r])
+        text += f", {shares[top]:.1%} settle at level {top + 1} (the most of levels 2-{n - 1})"
     return (
-        f"most tokens settle at level {top + 1} ({settle[top] / result.tokens:.1%}); "
-        f"{last:.1%} need all {n} levels; mean oracle exit level "
+        f"{text}; {shares[-1]:.1%} need all {n} levels; mean oracle exit level "
         f"{result.mean_exit_level:.2f} of {n}"
     )
 
@@ -305,8 +307,8 @@ def plot(result: DepthMap, out: Path, title: str = "") -> Path:
 
     levels = list(range(1, result.levels + 1))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.6), constrained_layout=True)
-    left.plot(levels, result.agreement, "o-", label="argmax = full depth's")
-    left.plot(levels, result.exit_share, "s-", label="oracle exit at level <= r")
+    left.plot(levels, result.agreement, "o-", ms=8, label="argmax = full depth's")
+    left.plot(levels, result.exit_share, "s-", ms=4, label="oracle exit at level <= r")
     left.plot(levels, result.accuracy, "^--", label="accuracy (reference)")
     left.set_ylim(0, 1.02)
     left.set_xticks(levels)
@@ -316,7 +318,10 @@ def plot(result: DepthMap, out: Path, title: str = "") -> Path:
     left.grid(alpha=0.3)
     share = 1.0 / max(result.tokens, 1)
     width = 0.38
-    for offset, counts, label in ((-1, result.corrects, "corrects"), (1, result.breaks, "breaks")):
+    for offset, counts, label in (
+        (-1, result.corrects, "corrects (level 1: its agreeing tokens)"),
+        (1, result.breaks, "breaks"),
+    ):
         x = [r + offset * width / 2 for r in levels]
         right.bar(x, (counts * share).tolist(), width, label=label)
     right.set_xticks(levels)
