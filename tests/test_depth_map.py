@@ -11,6 +11,7 @@ import torch
 
 from recurnmt.analysis.depth_map import (
     DepthMap,
+    check_decoder,
     depth_map,
     level_predictions,
     main,
@@ -185,6 +186,12 @@ def test_shares_are_monotone_and_corrections_balance(data, tmp_path):
         assert int(result.corrects[r] - result.breaks[r]) == agree[r + 1] - agree[r]
     assert 1 <= result.mean_exit_level <= result.levels
     assert sum(result.exits.tolist()) == result.tokens
+
+
+def test_a_decoder_without_a_recurnmt_stack_is_refused():
+    model, _, _ = build("transformer", *SMALL, "--decoder-layers", "2")
+    with pytest.raises(ValueError, match="TransformerDecoder.*not a recurnmt recurrent decoder"):
+        check_decoder(model)
 
 
 # ---------------------------------------------------------------------------- command line
