@@ -144,7 +144,8 @@ def _elastic_depth(stack, r):
 
 
 def _first_levels(stack, r):
-    # the first r levels in order (relaxed recursion's cycle has no elastic depth)
+    # the first r levels in order (relaxed recursion's cycle, SReT's loops and a plain stack
+    # have no elastic depth of every r, or another one)
     stack.run_levels = None if r is None else list(range(r))
 
 
@@ -154,6 +155,8 @@ def _first_levels(stack, r):
         ("ringformer_tiny", ["--decoder-layers", "4"], _elastic_depth),
         ("universal_transformer_tiny", ["--decoder-layers", "3"], _elastic_depth),
         ("relaxed_transformer_tiny", ["--decoder-layers", "6"], _first_levels),
+        ("sret_tiny", [], _first_levels),
+        ("recurrent_transformer_tiny", ["--decoder-layers", "3"], _first_levels),
     ],
 )
 def test_equals_the_slow_reference_at_every_depth(data, tmp_path, arch, flags, levels):
