@@ -21,8 +21,9 @@ target position t (the raw argmax over the vocabulary) and f(t) = a_N(t) the ful
   level** is the mean of e(t); N minus it is the levels per token an oracle could skip.
 * **accuracy** at r: the share of tokens with a_r equal to the reference token, the teacher-forced
   accuracy of the model at depth r. The Depth-Adaptive Transformer (Elbayad et al. 2020, ICLR)
-  reads out every decoder block the same way and supervises its exits with oracles of this kind
-  (the first block that gets the token right, or the full model's choice).
+  reads out every decoder block through the output layer in the same way and supervises its
+  per-token exits with oracles computed against the reference (which block gets the token
+  right, and how likely each block makes it).
 
 What this map leaves out, as future work of the decoding exits: the BLEU of the oracle exit.
 Under teacher forcing the oracle exit's token is the full depth's by definition (e is the first
