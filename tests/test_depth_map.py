@@ -214,7 +214,7 @@ def test_cli_writes_json_and_png_and_prints_a_table(data, tmp_path, capsys):
     assert (out / "depth_map.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "depth_map.png").stat().st_size > 10_000
     printed = capsys.readouterr().out
-    assert "level  agree  exit<=r  corrects  breaks  accuracy" in printed
+    assert "level   agree  exit<=r  corrects  breaks  accuracy" in printed
     assert "mean oracle exit level" in printed
 
 

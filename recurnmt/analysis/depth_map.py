@@ -286,9 +286,9 @@ def where_depth_pays(result: DepthMap) -> str:
 def table(result: DepthMap) -> str:
     """The per-level numbers as a text table."""
     lines = [
-        "level  agree  exit<=r  corrects  breaks  accuracy",
+        "level   agree  exit<=r  corrects  breaks  accuracy",
         *(
-            f"{r + 1:>5}  {result.agreement[r]:5.1%}  {result.exit_share[r]:7.1%}  "
+            f"{r + 1:>5}  {result.agreement[r]:6.1%}  {result.exit_share[r]:7.1%}  "
             f"{int(result.corrects[r]):>8}  {int(result.breaks[r]):>6}  {result.accuracy[r]:8.1%}"
             for r in range(result.levels)
         ),
