@@ -71,6 +71,10 @@ def _image_cka(ckpt: Path, tmp: Path) -> list[str]:
     return ["--vision", "--reference", str(ckpt), str(ckpt), "--data", "digits"]
 
 
+def _depth_map(ckpt: Path, tmp: Path) -> list[str]:
+    return [str(ckpt), "--data", str(tmp)]
+
+
 def _attention_distance(ckpt: Path, tmp: Path) -> list[str]:
     return ["--checkpoint", str(ckpt), "--no-progress"]
 
@@ -102,11 +106,13 @@ _TRAIN = ("--arch", "ringformer_tiny", "--task", "translation", "--cpu", "--max-
 READS: dict[str, dict[str, tuple[str, Argv]]] = {
     "recurnmt-cka": {"translation": (FAIRSEQ, _translation_cka), "--vision": (IMAGE, _image_cka)},
     "recurnmt-attention-distance": {"": (IMAGE, _attention_distance)},
+    "recurnmt-depth-map": {"": (FAIRSEQ, _depth_map)},
     "recurnmt-evaluate-nmt": {"": (FAIRSEQ, _evaluation)},
     "recurnmt-convert": {"": (FAIRSEQ, _to("out.pt"))},
     "recurnmt-export-ct2": {"": (FAIRSEQ, _to("ct2"))},
     "python -m recurnmt.analysis.cka": {"": (FAIRSEQ, _translation_cka)},
     "python -m recurnmt.analysis.attention_distance": {"": (IMAGE, _attention_distance)},
+    "python -m recurnmt.analysis.depth_map": {"": (FAIRSEQ, _depth_map)},
     "python -m recurnmt.experiments.averaging": {
         "": (FAIRSEQ, lambda ckpt, tmp: ["--inputs", str(ckpt), "--output", str(tmp / "avg.pt")])
     },

@@ -120,6 +120,10 @@ def _cka(tmp: Path) -> tuple[list[str], str]:
     return ["--reference", str(tmp / "only.pt"), "--data", str(tmp)], "--reference"
 
 
+def _depth_map(tmp: Path) -> tuple[list[str], str]:
+    return [str(tmp / "gone.pt"), "--data", str(tmp)], "gone.pt does not exist"
+
+
 def _convert(tmp: Path) -> tuple[list[str], str]:
     return [str(tmp / "teacher.pt"), str(tmp / "out.pt")], "teacher.pt does not exist"
 
@@ -138,6 +142,7 @@ BAD_INPUTS: dict[str, BadInput] = {
     "recurnmt-plot-lrc": _missing("train.log"),
     "recurnmt-cka": _cka,
     "recurnmt-attention-distance": _attention_distance,
+    "recurnmt-depth-map": _depth_map,
     "recurnmt-train-nmt": _launch,
     "recurnmt-run-nmt-recipe": _recipe,
     "recurnmt-evaluate-nmt": _evaluation,
@@ -152,6 +157,7 @@ BAD_INPUTS: dict[str, BadInput] = {
     "python -m recurnmt.analysis.plot_lrc": _missing("train.log"),
     "python -m recurnmt.analysis.cka": _cka,
     "python -m recurnmt.analysis.attention_distance": _attention_distance,
+    "python -m recurnmt.analysis.depth_map": _depth_map,
     "python -m recurnmt.vision.training.train": _vision_train,
     "python -m recurnmt.vision.training.evaluate": _missing("best.pt"),
     "python -m recurnmt.vision.training.budget": _missing("dvt.pt"),

@@ -44,11 +44,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from recurnmt.analysis.nmt_inputs import SIDES, load_nmt_models, translation_batches
 from recurnmt.cli import entry_point
 from recurnmt.modules.hooks import LevelOutputs
 
 PROG = "recurnmt-cka"  # also python -m recurnmt.analysis.cka
-SIDES = ("encoder", "decoder")
 
 # ---------------------------------------------------------------------------------- linear CKA
 
@@ -191,45 +191,6 @@ def nmt_level_states(model: nn.Module, sample: dict[str, Any], pad: int) -> dict
         states = _levels_only(list(states), _num_levels(model, side))
         out[side] = [s.transpose(0, 1)[keep] for s in states]  # T x B x C -> n x C
     return out
-
-
-def load_nmt_models(paths: Sequence[str | Path], data: str | Path, device: torch.device):
-    """Loads fairseq checkpoints (ours or fairseq's ``transformer``) and the translation task.
-
-    Returns:
-        (models in evaluation mode, their architecture names, the task of the first).
-
-    Raises:
-        ValueError: the checkpoints' dictionaries differ (tokens would not line up).
-    """
-    from fairseq import checkpoint_utils
-
-    import recurnmt.nmt  # noqa: F401  (registers our models; weights-only loading)
-
-    models, names, task = [], [], None
-    for path in paths:
-        loaded, cfg, t = checkpoint_utils.load_model_ensemble_and_task(
-            [str(path)], arg_overrides={"data": str(data)}
-        )
-        task = task or t
-        models.append(loaded[0].to(device).eval())
-        names.append(getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", "model"))
-    for m, path in zip(models, paths, strict=True):
-        for side in SIDES:
-            if len(getattr(m, side).dictionary) != len(getattr(models[0], side).dictionary):
-                raise ValueError(f"{path}: its {side} dictionary differs from {paths[0]}'s")
-    return models, names, task
-
-
-def translation_batches(
-    task, subset: str, max_sentences: int, batch_size: int
-) -> list[dict[str, Any]]:
-    """The first ``max_sentences`` sentence pairs of ``subset``, batched by similar length."""
-    task.load_dataset(subset)
-    ds = task.dataset(subset)
-    ids = [int(i) for i in ds.ordered_indices() if i < max_sentences]
-    chunks = [ids[start : start + batch_size] for start in range(0, len(ids), batch_size)]
-    return [ds.collater([ds[i] for i in chunk]) for chunk in chunks]
 
 
 def nmt_cka(
