@@ -37,7 +37,8 @@ def test_the_task_fields_are_the_declarations():
         assert action.default == declared.default and action.help == declared.help
         assert action.option_strings == [speculative.FLAGS[declared.name]]
     assert sorted(speculative.FLAGS.values()) == [
-        "--compile-decoding", "--draft-levels", "--draft-tokens", "--static-decoding",
+        "--compile-decoding", "--draft-levels", "--draft-tokens", "--exit-classifier",
+        "--exit-test", "--exit-threshold", "--min-exit-level", "--static-decoding",
     ]  # fmt: skip
 
 
@@ -45,12 +46,12 @@ def test_the_task_fields_are_the_declarations():
 class _More(DecodingOptions):
     """The decoding options and one more, declared as every option is."""
 
-    exit_threshold: float = option(0.9, "leave the level loop above this confidence", type=float)
+    exit_patience: float = option(0.9, "leave the level loop above this confidence", type=float)
 
     def check(self) -> None:
         super().check()
-        if not 0 < self.exit_threshold <= 1:
-            raise ConfigError("exit_threshold", self.exit_threshold, "must lie in (0, 1]")
+        if not 0 < self.exit_patience <= 1:
+            raise ConfigError("exit_patience", self.exit_patience, "must lie in (0, 1]")
 
 
 def test_a_new_decoding_option_is_one_declaration():
@@ -58,19 +59,19 @@ def test_a_new_decoding_option_is_one_declaration():
     ``generate()`` keyword, checked by its class, and named in each front end's spelling."""
     config = speculative.task_config(_More, "MoreConfig")
     parser = _parser(config)
-    assert _actions(parser)["exit_threshold"].option_strings == ["--exit-threshold"]
-    assert _actions(parser)["exit_threshold"].help.startswith("leave the level loop")
-    args = parser.parse_args(["data", "--exit-threshold", "0.5", "--draft-levels", "2"])
+    assert _actions(parser)["exit_patience"].option_strings == ["--exit-patience"]
+    assert _actions(parser)["exit_patience"].help.startswith("leave the level loop")
+    args = parser.parse_args(["data", "--exit-patience", "0.5", "--draft-levels", "2"])
     options = speculative.task_options(args, _More)
-    assert (options.exit_threshold, options.draft_levels) == (0.5, 2)
-    assert speculative.task_options(parser.parse_args(["data"]), _More).exit_threshold == 0.9
-    with pytest.raises(ConfigError, match=r"^--exit-threshold=2.0: must lie in \(0, 1\]$"):
-        speculative.task_options(parser.parse_args(["data", "--exit-threshold", "2"]), _More)
-    kwargs = {"exit_threshold": 0.7, "max_new_tokens": 5}
-    assert decoding_options(kwargs, _More).exit_threshold == 0.7
+    assert (options.exit_patience, options.draft_levels) == (0.5, 2)
+    assert speculative.task_options(parser.parse_args(["data"]), _More).exit_patience == 0.9
+    with pytest.raises(ConfigError, match=r"^--exit-patience=2.0: must lie in \(0, 1\]$"):
+        speculative.task_options(parser.parse_args(["data", "--exit-patience", "2"]), _More)
+    kwargs = {"exit_patience": 0.7, "max_new_tokens": 5}
+    assert decoding_options(kwargs, _More).exit_patience == 0.7
     assert kwargs == {"max_new_tokens": 5}  # taken out: transformers never sees it
-    with pytest.raises(ConfigError, match=r"^exit_threshold=0: must lie in"):
-        decoding_options({"exit_threshold": 0}, _More)
+    with pytest.raises(ConfigError, match=r"^exit_patience=0: must lie in"):
+        decoding_options({"exit_patience": 0}, _More)
 
 
 @pytest.mark.parametrize(

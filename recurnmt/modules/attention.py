@@ -395,6 +395,19 @@ class SelfAttention(_Attention):
             qkv = qkv + torch.einsum("btjc,jdc->btjd", terms.qkv_input_delta, w).flatten(2)
         return qkv
 
+    def keys_values(self, x: Tensor, terms: AttentionTerms | None = None) -> Tensor:
+        """The keys and values :meth:`forward` writes to a cache for ``x`` (B x T x C), as
+        2 x B x H x T x D (state propagation: the levels an exited row skipped,
+        :mod:`recurnmt.modules.decoding.exits`)."""
+        return self._heads(self.project(x, NO_TERMS if terms is None else terms)).narrow(0, 1, 2)
+
+    def _heads(self, qkv: Tensor) -> Tensor:
+        """B x T x 3C as 3 x B x H x T x D: Q, K and V split by head with three operations (a
+        view, a permutation, and the caller's unbind), and K and V reach the cache as one
+        tensor."""
+        b, t, c = qkv.shape
+        return qkv.view(b, t, 3, self.num_heads, c // (3 * self.num_heads)).permute(2, 0, 3, 1, 4)
+
     def forward(
         self,
         x: Tensor,
@@ -412,11 +425,7 @@ class SelfAttention(_Attention):
                 appended to it and attention reads all of them.
         """
         terms = NO_TERMS if terms is None else terms
-        qkv = self.project(x, terms)  # B x T x 3C
-        b, t, c = qkv.shape
-        # 3 x B x H x T x D: Q, K and V split by head with three operations (a view, a
-        # permutation, an unbind), and K and V reach the cache as one tensor
-        heads = qkv.view(b, t, 3, self.num_heads, c // (3 * self.num_heads)).permute(2, 0, 3, 1, 4)
+        heads = self._heads(self.project(x, terms))  # 3 x B x H x T x D
         q, k, v = heads.unbind(0)
         if terms.slicing is not None and terms.slicing.groups > 1:
             if self.causal or cache is not None or terms.bias is not None or self._probed(terms):

@@ -87,6 +87,17 @@ class TransformerBlock(nn.Module):
             raise ValueError("this block has no cross-attention")
         return self.cross_attn.project_memory(memory, padding_mask, group)
 
+    def keys_values(self, x: Tensor, parts: LevelParts, hooks: Sequence[LevelHook] = ()) -> Tensor:
+        """The self-attention keys and values this block writes to a cache for the input ``x``
+        (B x T x C) at the level ``parts`` describes, 2 x B x H x T x D, and nothing else of
+        the block (state propagation, :mod:`recurnmt.modules.decoding.exits`)."""
+        norms = parts.norms if parts.norms is not None else self.norms
+        h = norms[0](x) if self.normalize_before else x
+        terms = combine_terms(
+            parts.attention_terms(h), *(hook.attention(parts.index, h) for hook in hooks)
+        )
+        return self.self_attn.keys_values(h, terms)
+
     def _sublayer(
         self,
         x: Tensor,

@@ -83,6 +83,13 @@ class AddAtEveryLevel(LevelHook):
     def before_level(self, level: int, x: Tensor) -> Tensor:
         return x + self.term
 
+    def rows(self, rows: Tensor) -> AddAtEveryLevel:
+        """The hook of the batch rows ``rows`` (rows that run on after others exited,
+        :mod:`recurnmt.modules.decoding.exits`)."""
+        if not isinstance(self.term, Tensor) or self.term.dim() < 3 or self.term.size(0) == 1:
+            return self
+        return AddAtEveryLevel(self.term.index_select(0, rows))
+
 
 def positions_hooks(coordinates: CoordinateConfig, positions: Tensor | None) -> list[LevelHook]:
     """The Universal Transformer's rule for positions (UT sec. 2.1), for every front end: with

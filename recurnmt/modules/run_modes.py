@@ -13,10 +13,15 @@ segment (``set_grad_checkpointing``, :mod:`recurnmt.modules.checkpointing`) and
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from recurnmt.modules.checkpointing import check_segment
 from recurnmt.modules.compile import CompileSettings
 from recurnmt.modules.depth_plan import DepthPlan
+from recurnmt.modules.errors import ConfigError
+
+if TYPE_CHECKING:
+    from recurnmt.modules.decoding.exits import Exits
 
 
 class RunModes:
@@ -31,6 +36,7 @@ class RunModes:
         self.run_levels: list[int] | None = None  # elastic depth (set_depth)
         self.shallow_levels: list[int] | None = None  # SReT's shallow branch (set_shallow)
         self.compile_settings: CompileSettings | None = None  # torch.compile (set_compile)
+        self.exits: Exits | None = None  # per-row exits while decoding (set_exits)
 
     def set_grad_checkpointing(
         self, enable: bool = True, offload: bool = False, segment: int | str = 0
@@ -47,6 +53,23 @@ class RunModes:
     def set_compile(self, settings: CompileSettings | None) -> None:
         """Full passes through ``torch.compile`` from now on (None: eagerly), modules/compile.py."""
         self.compile_settings = settings
+
+    def set_exits(self, exits: Exits | None) -> None:
+        """Rows of a decoding step leave the level loop by ``exits``' test from now on (None:
+        every row runs every level); :mod:`recurnmt.modules.decoding.exits`. Only incremental
+        decoding in inference exits; a full pass runs every level."""
+        if exits is not None and self.halting is not None:
+            raise ConfigError(
+                "exit_test", exits.test, "ACT's halting decides each position's depth itself "
+                "({act}); its own halting rule skips the work", {"act": "on"},
+            )  # fmt: skip
+        if exits is not None and not 1 <= exits.min_level < len(self.active_levels):
+            raise ConfigError(
+                "min_exit_level", exits.min_level,
+                f"rows exit after 1 to {len(self.active_levels) - 1} of the decoder's "
+                f"{len(self.active_levels)} levels",
+            )  # fmt: skip
+        self.exits = exits
 
     def set_depth(self, depth: int | None) -> None:
         """Runs ``depth`` levels from now on (None: the built depth), as

@@ -28,6 +28,7 @@ from recurnmt.modules.attention import MemoryKV
 from recurnmt.modules.checkpointing import checkpointed_block, checkpointed_segment, segment_length
 from recurnmt.modules.compile import compiled
 from recurnmt.modules.decoding.cache import StackCache
+from recurnmt.modules.decoding.exits import run_levels
 from recurnmt.modules.decoding.session import DecodingSession
 from recurnmt.modules.depth_plan import DepthPlan
 from recurnmt.modules.halting import HaltingAccumulator, HaltingUnit
@@ -142,6 +143,9 @@ class RecurrentStack(RunModes, nn.Module):
             for start in range(0, len(order), segment):
                 x = checkpointed_segment(level, x, order[start : start + segment], kv)
             order = ()
+        if cache is not None and self.exits is not None and not torch.is_grad_enabled():
+            x = run_levels(self, x, order, kv, cache, hooks, session, self.exits)
+            order = ()  # the step ran with exits (modules/decoding/exits.py)
         for step, i in enumerate(order):
             last = halting is not None and step == len(order) - 1  # ACT: the last level takes R
             x = self._level(i, x, kv, padding_mask, cache, hooks, halting, last, session)

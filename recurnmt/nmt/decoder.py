@@ -122,7 +122,7 @@ class RecurrentDecoder(Side, FairseqIncrementalDecoder):
         hooks = self.level_hooks(positions)  # UT: the positions at every level
         # like fairseq's transformer: alignment weights of the last level in evaluation
         alignment = None
-        if not self.training:
+        if not self.training and self.stack.exits is None:  # exited rows skip the last level
             alignment = CrossAttentionWeights(self.stack.active_levels[-1])
             hooks.append(alignment)
         states = LevelOutputs()

@@ -33,6 +33,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from torch import Tensor
 
 from recurnmt.flags import spell
+from recurnmt.modules.decoding.exits import exits_of
 from recurnmt.modules.decoding.options import AUTO, DecodingOptions
 from recurnmt.modules.decoding.rules import TokenRule
 from recurnmt.modules.decoding.speculative import (
@@ -226,12 +227,12 @@ def check_decoding_options(
         return
     if print_alignment:
         raise ValueError(f"--print-alignment: not with {FLAGS[options.asked]}")
-    if not options.speculative:
-        return
-    _check_beam(beam)
-    with flag_names():
-        for stack in decoder_stacks:
-            options.check_stack(stack.num_levels, stack.halting is not None)
+    if options.speculative:
+        _check_beam(beam)
+    if options.speculative or options.exit_test is not None:
+        with flag_names():
+            for stack in decoder_stacks:
+                options.check_stack(len(stack.active_levels), stack.halting is not None)
 
 
 def task_config(
@@ -263,6 +264,9 @@ class SpeculativeTranslationTask(TranslationTask):
         check_decoding_options(
             self.cfg, getattr(args, "beam", 1), getattr(args, "print_alignment", False)
         )
+        if options.exit_test is not None:
+            return self._exiting_generator(models, args, options, seq_gen_cls,
+                                           extra_gen_cls_kwargs, **kwargs)  # fmt: skip
         if static:
             from recurnmt.nmt.static_decoding import StaticSequenceGenerator
 
@@ -279,6 +283,30 @@ class SpeculativeTranslationTask(TranslationTask):
         )
         atexit.register(generator.log_summary)  # the run's acceptance, when the command ends
         return generator
+
+    def _exiting_generator(self, models, args, options, seq_gen_cls, extra, **kwargs):
+        """fairseq's own generator over decoders whose rows exit early
+        (:mod:`~recurnmt.modules.decoding.exits`): every search fairseq runs (beam, greedy,
+        sampling, ``fairseq-interactive``)."""
+        with flag_names():
+            for model in models:
+                decoder = model.decoder
+                if not hasattr(decoder, "stack"):
+                    raise ValueError(
+                        f"{FLAGS['exit_test']}: {type(model).__name__} is not a recurnmt model "
+                        "(its decoder has no level loop to leave)"
+                    )
+                stack = decoder.stack
+                options.check_stack(len(stack.active_levels), stack.halting is not None)
+                exits = exits_of(options, len(stack.active_levels), decoder.output_layer)
+                stack.set_exits(exits)
+                atexit.register(_log_exits, exits, len(stack.active_levels))
+        return super().build_generator(models, args, seq_gen_cls, extra, **kwargs)
+
+
+def _log_exits(exits, num_levels: int) -> None:
+    if exits.rows:
+        logger.info(exits.summary(num_levels))
 
 
 __all__ = [

@@ -102,6 +102,17 @@ class KVCache:
         keys, values = self.buffer.narrow(3, 0, end).unbind(0)
         return keys, values
 
+    def open_step(self, like: Tensor) -> int:
+        """Makes room for one more position of every row (``like``: B x H x 1 x D, the new
+        keys' shape, dtype and device) and counts it filled; returns its index. The caller
+        writes it (:class:`~recurnmt.modules.decoding.exits.StepRows`: rows that exit write
+        theirs apart from the rows that run on)."""
+        end = self.length + 1
+        if self.buffer is None or end > self.buffer.size(3):
+            self._grow(like, end)
+        self.length = end
+        return end - 1
+
     def truncate(self, length: int) -> None:
         """Keeps the first ``length`` positions (speculative decoding drops the rejected drafts'
         keys and values): the buffer stays, later appends overwrite the rest."""

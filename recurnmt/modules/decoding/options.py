@@ -29,6 +29,9 @@ from recurnmt.modules.declarations import Settings, option
 from recurnmt.modules.errors import ConfigError
 
 AUTO = "auto"  # draft_levels: the fastest depth on the first batch
+EXIT_TESTS = ("margin", "saturation", "classifier")  # exit_test (modules/decoding/exits.py)
+# what each test's confidence can be: a threshold outside never or always exits
+THRESHOLDS = {"margin": (0.0, 1.0), "saturation": (-1.0, 1.0), "classifier": (0.0, 1.0)}
 
 
 def _draft_levels(text: Any, options: Mapping[str, Any]) -> int | str | None:
@@ -39,6 +42,13 @@ def _draft_levels(text: Any, options: Mapping[str, Any]) -> int | str | None:
         return int(text)
     except (TypeError, ValueError):
         raise ConfigError("draft_levels", text, "a number of levels, or auto") from None
+
+
+def _exit_test(text: Any, options: Mapping[str, Any]) -> str | None:
+    """An exit test's name (None: no exits)."""
+    if text is None or text in EXIT_TESTS:
+        return text
+    raise ConfigError("exit_test", text, f"choose one of {', '.join(EXIT_TESTS)}")
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,11 @@ class DecodingOptions(Settings):
             cache: :mod:`~recurnmt.modules.decoding.static_steps`), what a CUDA graph replays.
         compile_decoding: the decoding steps compiled by ``torch.compile`` (static decoding,
             or speculation's passes and rounds).
+        exit_test: per-row exits from the level loop (:mod:`~recurnmt.modules.decoding.exits`),
+            one of :data:`EXIT_TESTS`; None: every row runs every level.
+        exit_threshold: the confidence at which a row exits.
+        min_exit_level: the fewest levels a row runs (1 .. N - 1).
+        exit_classifier: the file of the ``classifier`` test's units.
     """
 
     draft_levels: Any = option(
@@ -82,6 +97,25 @@ class DecodingOptions(Settings):
         action="store_true",
     )
 
+    exit_test: str | None = option(
+        None,
+        "rows leave a decoding step's level loop once this test passes (margin: top-1 minus "
+        "top-2 probability; saturation: cosine of consecutive levels' states; classifier: a "
+        "learned unit per level, {exit_classifier}); the levels they skip get keys and values "
+        "from their exit state; any search (beam, greedy, sampling)",
+        parse=_exit_test,
+        metavar="{" + ",".join(EXIT_TESTS) + "}",
+    )
+    exit_threshold: float = option(
+        0.9, "a row exits where its confidence is at least this", type=float, metavar="T"
+    )
+    min_exit_level: int = option(1, "the fewest decoder levels a row runs", type=int, metavar="R")
+    exit_classifier: str | None = option(
+        None,
+        "the exit units (recurnmt-exits train) for {exit_test} classifier",
+        metavar="FILE",
+    )
+
     @property
     def speculative(self) -> bool:
         """Whether decoding drafts (or runs speculation's loop without drafts: 0)."""
@@ -96,7 +130,7 @@ class DecodingOptions(Settings):
     @property
     def asked(self) -> str | None:
         """The option that asks for recurnmt's own decoding (None: the search's default)."""
-        for name in ("draft_levels", "compile_decoding", "static_decoding"):
+        for name in ("draft_levels", "compile_decoding", "static_decoding", "exit_test"):
             if getattr(self, name) not in (None, False):
                 return name
         return None
@@ -111,9 +145,48 @@ class DecodingOptions(Settings):
             )  # fmt: skip
         if not isinstance(self.draft_tokens, int) or self.draft_tokens < 1:
             raise ConfigError("draft_tokens", self.draft_tokens, "at least 1 drafted token")
+        self._check_exits()
+
+    def _check_exits(self) -> None:
+        test = self.exit_test
+        if test is None:
+            for name in ("exit_classifier",):
+                if getattr(self, name) is not None:
+                    raise ConfigError(name, getattr(self, name), "needs {exit_test} classifier",
+                                      {"exit_test": None})  # fmt: skip
+            return
+        for name in ("draft_levels", "static_decoding", "compile_decoding"):
+            if getattr(self, name) not in (None, False):
+                raise ConfigError(
+                    "exit_test", test, f"not with {{{name}}}: exits change the rows a level "
+                    "runs, which drafts and fixed shapes do not", {name: getattr(self, name)},
+                )  # fmt: skip
+        low, high = THRESHOLDS[test]
+        t = self.exit_threshold
+        if not isinstance(t, (int, float)) or not low <= t <= high:
+            raise ConfigError(
+                "exit_threshold", t, f"the {test} test's confidence lies in [{low:g}, {high:g}]"
+            )
+        if not isinstance(self.min_exit_level, int) or self.min_exit_level < 1:
+            raise ConfigError("min_exit_level", self.min_exit_level, "at least 1 level")
+        if test == "classifier" and not self.exit_classifier:
+            raise ConfigError("exit_test", test, "needs {exit_classifier} (recurnmt-exits train)",
+                              {"exit_classifier": None})  # fmt: skip
 
     def check_stack(self, num_levels: int, act: bool) -> None:
-        """The draft against a decoder of ``num_levels`` levels (``act``: ACT's halting)."""
+        """The draft and the exits against a decoder of ``num_levels`` levels (``act``: ACT's
+        halting)."""
+        if self.exit_test is not None:
+            if act:
+                raise ConfigError(
+                    "exit_test", self.exit_test, "ACT's halting decides each position's depth "
+                    "itself ({act})", {"act": "on"},
+                )  # fmt: skip
+            if not self.min_exit_level < num_levels:
+                raise ConfigError(
+                    "min_exit_level", self.min_exit_level,
+                    f"rows exit after 1 to {num_levels - 1} of the decoder's {num_levels} levels",
+                )  # fmt: skip
         if not self.speculative:
             return
         levels = self.draft_levels

@@ -1,0 +1,333 @@
+"""Per-token exits that skip the work: rows leave a decoding step's level loop early.
+
+At each decoding step (one new position per row, a :class:`~recurnmt.modules.decoding.cache.
+StackCache`), from the ``min_level``-th level on, a row whose exit test passes leaves the level
+loop with its state at that level as its output (CALM, Schuster et al. 2022, sec. 3; the
+Depth-Adaptive Transformer, Elbayad et al. 2020, sec. 2). The rows still running go on
+*compacted*: the next level's block runs on those rows only (their keys and values, their
+memory rows), so a level's cost follows the rows that run it.
+
+Later steps attend to every level's keys and values of every earlier position, an exited row's
+included. Those of the levels it skipped come from its exit state (*state propagation*: CALM
+sec. 3.3, the Depth-Adaptive Transformer's "copy" of the exited state to the levels above): at
+each deeper level j the state enters level j as the level's input would (its level embedding,
+the Universal Transformer's position term) and only level j's key/value projection runs on it
+(:meth:`~recurnmt.modules.block.TransformerBlock.keys_values`), a third of a level's
+self-attention projections and none of its attention, cross-attention or FFN. It is exact for
+what it claims (the keys and values of the exit state at the deeper levels); the alternative,
+running the skipped levels for the cache, would spend what the exit saved.
+
+The exit tests (the confidence a row's state at level r already gives the full depth's token):
+
+* ``margin``: the softmax margin, top-1 minus top-2 probability of the output layer at level r
+  (CALM eq. 4's "softmax response"); it runs the output layer at every candidate level, itself
+  a cost (about ``V / (12 C)`` levels' worth per candidate level at width C and vocabulary V);
+* ``saturation``: the cosine of consecutive levels' states (CALM's "hidden-state saturation");
+  no output layer;
+* ``classifier``: one linear unit per level on the state, sigmoid(w_r . s + b_r), trained after
+  the fact on a frozen model to say whether level r's argmax is the full depth's (CALM's oracle
+  labels, sec. 3.5; :class:`ExitClassifier`).
+
+A row exits where its confidence is at least the threshold. Exits apply to incremental decoding
+in inference (no gradients), one position per row; a full pass (training, scoring) runs every
+level. Beam search reorders the cache between steps as always: an exited row's propagated keys
+and values are ordinary cache entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from recurnmt.modules.attention import MemoryKV
+from recurnmt.modules.decoding.kv_cache import KVCache
+from recurnmt.modules.decoding.options import EXIT_TESTS
+from recurnmt.modules.errors import ConfigError
+from recurnmt.modules.hooks import LevelHook
+
+if TYPE_CHECKING:
+    from recurnmt.modules.decoding.cache import StackCache
+    from recurnmt.modules.decoding.session import DecodingSession
+    from recurnmt.modules.stack import RecurrentStack
+
+TESTS = EXIT_TESTS
+Head = Callable[[Tensor], Tensor]  # B x T x C features -> B x T x V logits
+
+
+class ExitClassifier(nn.Module):
+    """One linear unit per level on the (final-normed) state: the probability that level r's
+    argmax already is the full depth's (CALM sec. 3.5's learned early-exit classifier, one
+    unit per level as the issue of record asks; trained on a frozen model).
+
+    Args:
+        num_levels: N, the decoder's levels (row r - 1 scores level r, r = 1 .. N).
+        embed_dim: C.
+    """
+
+    def __init__(self, num_levels: int, embed_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_levels, embed_dim))
+        self.bias = nn.Parameter(torch.zeros(num_levels))
+
+    @property
+    def num_levels(self) -> int:
+        return self.weight.size(0)
+
+    def forward(self, level: int, state: Tensor) -> Tensor:
+        """The exit probability of ``state`` (... x C) after ``level`` levels (1-based)."""
+        w, b = self.weight[level - 1], self.bias[level - 1]
+        return torch.sigmoid(state.float() @ w.float() + b.float())
+
+    def save(self, path: Path, **about: object) -> None:
+        """Writes the units and ``about`` (what model they were trained on) to ``path``."""
+        torch.save({"exit_classifier": self.state_dict(), "about": about}, path)
+
+    @classmethod
+    def load(cls, path: Path) -> tuple[ExitClassifier, dict]:
+        """The units written by :meth:`save`, and what they were trained on.
+
+        Raises:
+            ConfigError: ``path`` is missing or holds no exit classifier (``exit_classifier``).
+        """
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            state = saved["exit_classifier"]
+            unit = cls(*state["weight"].shape)
+            unit.load_state_dict(state)
+        except FileNotFoundError:
+            raise ConfigError("exit_classifier", str(path), "no such file") from None
+        except Exception as error:  # noqa: BLE001 - a corrupt file, whatever its fault
+            raise ConfigError(
+                "exit_classifier", str(path), f"not an exit classifier file ({error})"
+            ) from None
+        return unit, dict(saved.get("about", {}))
+
+
+@dataclass
+class Exits:
+    """Which rows leave a decoding step's level loop, and how many levels rows ran.
+
+    Args:
+        test: one of :data:`TESTS`.
+        threshold: a row exits where its confidence is at least this.
+        min_level: the fewest levels a row runs (1 .. N - 1).
+        head: the output layer (``margin``).
+        classifier: the per-level units (``classifier``).
+    """
+
+    test: str
+    threshold: float
+    min_level: int = 1
+    head: Head | None = None
+    classifier: ExitClassifier | None = None
+    rows: int = field(default=0, init=False)  # rows decoded (row-steps)
+    levels_run: int = field(default=0, init=False)  # levels those rows ran, summed
+    exited: dict[int, int] = field(default_factory=dict, init=False)  # level -> rows
+
+    def __post_init__(self) -> None:
+        if self.test not in TESTS:
+            raise ConfigError("exit_test", self.test, f"one of {', '.join(TESTS)}")
+        if self.test == "margin" and self.head is None:
+            raise ValueError("the margin test needs the output layer")
+        if self.test == "classifier" and self.classifier is None:
+            raise ConfigError("exit_test", self.test, "needs {exit_classifier}",
+                              {"exit_classifier": None})  # fmt: skip
+
+    def confidence(self, level: int, state: Tensor, before: Tensor, normed: Tensor) -> Tensor:
+        """The confidence (b) of rows whose hidden state after ``level`` levels is ``state``
+        (b x 1 x C; ``before``: their state one level earlier; ``normed``: ``state`` with the
+        stack's final norm, the output it would give)."""
+        if self.test == "margin":
+            probs = self.head(normed).float().softmax(-1)
+            top = probs.topk(2, dim=-1).values
+            return (top[..., 0] - top[..., 1]).flatten()
+        if self.test == "saturation":
+            return torch.cosine_similarity(state.float(), before.float(), dim=-1).flatten()
+        return self.classifier(level, normed).flatten()
+
+    def count(self, level: int, rows: int) -> None:
+        self.rows += rows
+        self.levels_run += level * rows
+        self.exited[level] = self.exited.get(level, 0) + rows
+
+    @property
+    def mean_levels(self) -> float:
+        """Levels a row ran per decoding step, on average so far (0 before any)."""
+        return self.levels_run / self.rows if self.rows else 0.0
+
+    def summary(self, num_levels: int) -> str:
+        """One line for the log: levels run on average, and where rows left."""
+        shares = ", ".join(
+            f"{level}: {100 * n / self.rows:.1f}%" for level, n in sorted(self.exited.items())
+        )
+        return (
+            f"exits ({self.test} >= {self.threshold:g}, from level {self.min_level}): rows ran "
+            f"{self.mean_levels:.2f} of {num_levels} levels on average over {self.rows} "
+            f"row-steps (rows leaving at level {shares})"
+        )
+
+
+class StepRows:
+    """A level's :class:`KVCache` as the running rows ``rows`` see it during one step: the
+    block appends their new keys and values at ``position`` and reads theirs (the level
+    protocol's cache; ``rows`` None: every row)."""
+
+    key_mask = None
+
+    def __init__(self, cache: KVCache, position: int, rows: Tensor | None) -> None:
+        self.cache, self.position, self.rows = cache, position, rows
+
+    def write(self, kv: Tensor, rows: Tensor | None) -> None:
+        """Writes ``kv`` (2 x b x H x 1 x D) as the new position of ``rows`` (None: all)."""
+        slot = self.cache.buffer.narrow(3, self.position, 1)
+        if rows is None:
+            slot.copy_(kv)
+        else:
+            slot.index_copy_(1, rows, kv)
+
+    def append_pair(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        self.write(kv, self.rows)
+        filled = self.cache.buffer.narrow(3, 0, self.position + 1)
+        if self.rows is not None:
+            filled = filled.index_select(1, self.rows)
+        keys, values = filled.unbind(0)
+        return keys, values
+
+
+class _StepLevels(dict):
+    """``{level: StepRows}`` read as a :class:`StackCache`'s levels (``level(i)``)."""
+
+    def level(self, index: int) -> StepRows:
+        return self[index]
+
+
+def _memory_rows(kv: MemoryKV, rows: Tensor) -> MemoryKV:
+    """The memory of query rows ``rows`` (global row indices), one memory row each."""
+    sentences = rows if kv.group == 1 else torch.div(rows, kv.group, rounding_mode="floor")
+
+    def pick(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.index_select(0, sentences)
+
+    return MemoryKV(pick(kv.k), pick(kv.v), pick(kv.padding_mask), 1, pick(kv.attn_mask))
+
+
+def _hooks_rows(hooks: Sequence[LevelHook], rows: Tensor) -> list[LevelHook]:
+    selected = []
+    for hook in hooks:
+        select = getattr(hook, "rows", None)
+        if select is None:
+            raise ValueError(f"{type(hook).__name__} cannot follow rows that exit early")
+        selected.append(select(rows))
+    return selected
+
+
+def run_levels(
+    stack: RecurrentStack,
+    x: Tensor,
+    order: Sequence[int],
+    kv: dict[int, MemoryKV],
+    cache: StackCache,
+    hooks: Sequence[LevelHook],
+    session: DecodingSession | None,
+    exits: Exits,
+) -> Tensor:
+    """The levels ``order`` of one decoding step on ``x`` (B x 1 x C: one new position per
+    row) with exits: returns every row's hidden state (B x 1 x C), each at the level it left.
+
+    Every level's cache gains the step's position for every row: the running rows' keys and
+    values from the block, the exited rows' from their exit state (state propagation).
+    """
+    if x.size(1) != 1:
+        raise ValueError(f"exits decode one position per row at a time, not {x.size(1)}")
+    b = x.size(0)
+    steps = _StepLevels()
+    for i in order:
+        level = cache.level(i)
+        attn = stack.block_of_level(i).self_attn
+        shape = (b, attn.num_heads, 1, attn.embed_dim // attn.num_heads)
+        steps[i] = StepRows(level, level.open_step(x.new_empty(shape)), None)
+    rows: Tensor | None = None  # global indices of the running rows (None: all)
+    out: Tensor | None = None
+    memory = kv
+    last = len(order) - 1
+    for step, i in enumerate(order):
+        before = x
+        x = stack._level(i, x, memory, None, steps, hooks, session=session)
+        ran = step + 1
+        if ran < exits.min_level or step == last:
+            continue
+        normed = x if stack.final_norm is None else stack.final_norm(x)
+        leave = exits.confidence(ran, x, before, normed) >= exits.threshold
+        local = leave.nonzero().flatten()
+        n = local.numel()
+        if n == 0:
+            continue
+        gone = local if rows is None else rows.index_select(0, local)
+        if out is None:
+            out = x.new_empty(b, 1, x.size(-1))
+        state = x.index_select(0, local)
+        out.index_copy_(0, gone, state)
+        exits.count(ran, n)
+        _propagate(stack, state, order[step + 1 :], gone, steps, _hooks_rows(hooks, local), session)
+        if n == x.size(0):
+            return out
+        keep = (~leave).nonzero().flatten()
+        rows = keep if rows is None else rows.index_select(0, keep)
+        x = x.index_select(0, keep)
+        hooks = _hooks_rows(hooks, keep)
+        by_id: dict[int, MemoryKV] = {}
+        memory = {j: by_id.setdefault(id(m), _memory_rows(m, rows)) for j, m in kv.items()}
+        for s in steps.values():
+            s.rows = rows
+    exits.count(len(order), x.size(0))
+    if out is None:
+        return x
+    out.index_copy_(0, rows, x)
+    return out
+
+
+def _propagate(
+    stack: RecurrentStack,
+    state: Tensor,
+    deeper: Sequence[int],
+    rows: Tensor,
+    steps: dict[int, StepRows],
+    hooks: Sequence[LevelHook],
+    session: DecodingSession | None,
+) -> None:
+    """The keys and values of the levels ``deeper`` for rows ``rows`` that exited with
+    ``state`` (n x 1 x C): each level's key/value projection of the state as it enters that
+    level (state propagation, CALM sec. 3.3)."""
+    for j in deeper:
+        parts = stack.levels[j] if session is None else session.levels[j]
+        h = parts.enter(state)
+        for hook in hooks:
+            h = hook.before_level(j, h)
+        steps[j].write(stack.block_of_level(j).keys_values(h, parts, hooks), rows)
+
+
+def exits_of(
+    options,
+    num_levels: int,
+    head: Head | None,
+    load: Callable[[str], ExitClassifier] | None = None,
+) -> Exits | None:
+    """The :class:`Exits` the decoding ``options`` ask for (None: no exits), for a decoder of
+    ``num_levels`` levels and output layer ``head``; ``load`` reads the classifier file."""
+    if options.exit_test is None:
+        return None
+    classifier = None
+    if options.exit_test == "classifier":
+        classifier = (load or (lambda p: ExitClassifier.load(Path(p))[0]))(options.exit_classifier)
+        if classifier.num_levels != num_levels:
+            raise ConfigError(
+                "exit_classifier", options.exit_classifier,
+                f"units for {classifier.num_levels} levels, the decoder has {num_levels}",
+            )  # fmt: skip
+    return Exits(options.exit_test, options.exit_threshold, options.min_exit_level, head,
+                 classifier)  # fmt: skip
