@@ -461,3 +461,46 @@ def test_speculative_decoding_through_fairseq_generate_and_interactive(data, tmp
     ]
     translations = [re.findall(r"^D-\d+\t\S+\t(.*)$", out, flags=re.M) for out in outputs]
     assert translations[0] == translations[1] and len(translations[0]) == 3
+
+
+def test_exits_through_fairseq_generate_and_interactive(data, tmp_path):
+    """``fairseq-generate --task speculative_translation --exit-test T --exit-threshold X``
+    decodes the test set under beam search with rows leaving the level loop early, logs how
+    many levels they ran, decodes as plain beam search where no row can exit, and refuses
+    impossible settings naming the flag; ``fairseq-interactive`` takes the same flags."""
+    train(data, tmp_path, "ringformer_tiny", 9, "--decoder-layers", "4", "--mixed-depth", "on",
+          "--mixed-depth-levels", "random")  # fmt: skip
+    checkpoint = tmp_path / "checkpoint_last.pt"
+
+    def hypotheses(out: str) -> dict[str, str]:
+        return dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", out, flags=re.M))
+
+    task = ("--task", "speculative_translation")
+    plain = generate(data, checkpoint)
+    never = generate(data, checkpoint, *task, "--exit-test", "saturation", "--exit-threshold",
+                     "1")  # fmt: skip
+    assert hypotheses(never) == hypotheses(plain)
+    out = generate(data, checkpoint, *task, "--exit-test", "margin", "--exit-threshold", "0",
+                   "--min-exit-level", "2")  # fmt: skip
+    assert len(hypotheses(out)) == SIZES["test"]
+    assert re.search(r"exits \(margin >= 0, from level 2\): rows ran 2\.00 of 4 levels", out)
+    with pytest.raises(AssertionError, match=r"--exit-threshold=1.5: the margin test's confid"):
+        generate(data, checkpoint, *task, "--exit-test", "margin", "--exit-threshold", "1.5")
+    with pytest.raises(AssertionError, match=r"--min-exit-level=4: rows exit after 1 to 3 of"):
+        generate(data, checkpoint, *task, "--exit-test", "margin", "--min-exit-level", "4")
+    with pytest.raises(AssertionError, match=r"--exit-classifier=None: the classifier test"):
+        generate(data, checkpoint, *task, "--exit-test", "classifier")
+    with pytest.raises(AssertionError, match=r"--print-alignment: not with --exit-test"):
+        generate(data, checkpoint, *task, "--exit-test", "margin", "--print-alignment")
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    sources = (data / "test.raw.de").read_text(encoding="utf-8").splitlines()[:2]
+    interactive = fairseq(
+        "interactive", str(data), "--user-dir", "user_dir", "--cpu", "--beam", "2", "--path",
+        str(checkpoint), "--source-lang", "de", "--target-lang", "en", *task, "--exit-test",
+        "saturation", "--exit-threshold", "0.5",
+        stdin="".join(" ".join(sp.encode(s, out_type=str)) + "\n" for s in sources),
+    )  # fmt: skip
+    assert len(re.findall(r"^D-\d+\t", interactive, flags=re.M)) == 2
+    assert "rows ran" in interactive

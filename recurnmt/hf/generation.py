@@ -11,6 +11,8 @@ fairseq does.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -18,6 +20,7 @@ from torch import Tensor
 from transformers import LogitsProcessor
 
 from recurnmt.modules import ConfigError, Memory
+from recurnmt.modules.decoding.exits import exits_of
 from recurnmt.modules.decoding.options import AUTO, DecodingOptions
 from recurnmt.modules.decoding.protocol import DecodingSide
 from recurnmt.modules.decoding.rules import TokenRule, limit_lengths
@@ -80,6 +83,24 @@ def decoding_options(
     if options.draft_levels == AUTO:
         raise ConfigError("draft_levels", AUTO, "generate() takes a number of levels")
     return options
+
+
+@contextmanager
+def exiting(stack, options: DecodingOptions, head) -> Iterator[None]:
+    """The decoder ``stack``'s rows exit early within, as ``options`` say (nothing without
+    ``exit_test``); the log says how many levels they ran."""
+    if options.exit_test is None:
+        yield
+        return
+    levels = len(stack.active_levels)
+    options.check_stack(levels, stack.halting is not None)
+    exits = exits_of(options, levels, head)
+    stack.set_exits(exits)
+    try:
+        yield
+    finally:
+        stack.set_exits(None)
+    logger.info(exits.summary(levels))
 
 
 def speculate(model, inputs, config, max_new: int, eos: int, options, kwargs) -> Tensor:

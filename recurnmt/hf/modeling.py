@@ -28,7 +28,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2
 
 from recurnmt.hf.cache import RecurnmtCache
 from recurnmt.hf.configuration import RecurnmtConfig
-from recurnmt.hf.generation import EndAtMaxLength, decoding_options, speculate
+from recurnmt.hf.generation import EndAtMaxLength, decoding_options, exiting, speculate
 from recurnmt.hf.sides import RecurnmtDecoder, RecurnmtEncoder
 from recurnmt.modules import LevelParts
 from recurnmt.modules.builders import build_level_embedding
@@ -341,7 +341,9 @@ class RecurnmtForConditionalGeneration(RecurnmtPreTrainedModel, GenerationMixin)
         (:class:`~recurnmt.modules.decoding.options.DecodingOptions`) are keywords too: with
         ``draft_levels=R``, greedy decoding and sampling draft ``draft_tokens`` tokens at a
         time with the decoder's first R levels (:func:`~recurnmt.hf.generation.speculate`):
-        the same output, faster."""
+        the same output, faster. With ``exit_test=...`` (``exit_threshold``,
+        ``min_exit_level``, ``exit_classifier``), rows leave each step's level loop early
+        (:mod:`~recurnmt.modules.decoding.exits`), in any search."""
         options = decoding_options(kwargs)  # recurnmt's keywords, taken out of kwargs
         config = generation_config or self.generation_config
         max_new = kwargs.get("max_new_tokens", config.max_new_tokens)
@@ -352,9 +354,10 @@ class RecurnmtForConditionalGeneration(RecurnmtPreTrainedModel, GenerationMixin)
             return speculate(self, inputs, config, max_new, eos, options, kwargs)
         processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
         processors.append(EndAtMaxLength(eos, last_length=max_new))  # start token + max_new - 1
-        return super().generate(
-            inputs, generation_config=generation_config, logits_processor=processors, **kwargs
-        )
+        with exiting(self.decoder.stack, options, self.lm_head):
+            return super().generate(
+                inputs, generation_config=generation_config, logits_processor=processors, **kwargs
+            )
 
     def _reorder_cache(self, past_key_values: RecurnmtCache, beam_idx: Tensor) -> RecurnmtCache:
         """Every level's keys/values follow their beams (transformers' beam search hook)."""

@@ -102,8 +102,9 @@ class ExitClassifier(nn.Module):
         except FileNotFoundError:
             raise ConfigError("exit_classifier", str(path), "no such file") from None
         except Exception as error:  # noqa: BLE001 - a corrupt file, whatever its fault
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
             raise ConfigError(
-                "exit_classifier", str(path), f"not an exit classifier file ({error})"
+                "exit_classifier", str(path), f"not an exit classifier file ({reason})"
             ) from None
         return unit, dict(saved.get("about", {}))
 
@@ -135,8 +136,7 @@ class Exits:
         if self.test == "margin" and self.head is None:
             raise ValueError("the margin test needs the output layer")
         if self.test == "classifier" and self.classifier is None:
-            raise ConfigError("exit_test", self.test, "needs {exit_classifier}",
-                              {"exit_classifier": None})  # fmt: skip
+            raise ValueError("the classifier test needs its units")
 
     def confidence(self, level: int, state: Tensor, before: Tensor, normed: Tensor) -> Tensor:
         """The confidence (b) of rows whose hidden state after ``level`` levels is ``state``

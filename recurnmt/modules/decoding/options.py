@@ -149,11 +149,10 @@ class DecodingOptions(Settings):
 
     def _check_exits(self) -> None:
         test = self.exit_test
+        if test != "classifier" and self.exit_classifier is not None:
+            raise ConfigError("exit_classifier", self.exit_classifier, "is read by {exit_test} "
+                              "only", {"exit_test": "classifier"})  # fmt: skip
         if test is None:
-            for name in ("exit_classifier",):
-                if getattr(self, name) is not None:
-                    raise ConfigError(name, getattr(self, name), "needs {exit_test} classifier",
-                                      {"exit_test": None})  # fmt: skip
             return
         for name in ("draft_levels", "static_decoding", "compile_decoding"):
             if getattr(self, name) not in (None, False):
@@ -170,8 +169,8 @@ class DecodingOptions(Settings):
         if not isinstance(self.min_exit_level, int) or self.min_exit_level < 1:
             raise ConfigError("min_exit_level", self.min_exit_level, "at least 1 level")
         if test == "classifier" and not self.exit_classifier:
-            raise ConfigError("exit_test", test, "needs {exit_classifier} (recurnmt-exits train)",
-                              {"exit_classifier": None})  # fmt: skip
+            raise ConfigError("exit_classifier", self.exit_classifier, "the classifier test "
+                              "reads its units from a file (recurnmt-exits train writes one)")  # fmt: skip
 
     def check_stack(self, num_levels: int, act: bool) -> None:
         """The draft and the exits against a decoder of ``num_levels`` levels (``act``: ACT's
