@@ -10,7 +10,7 @@ import torch
 from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
 
-from recurnmt.modules.decoding.exits import Exits, ExitClassifier, exits_of
+from recurnmt.modules.decoding.exits import ExitClassifier, Exits, exits_of
 from recurnmt.modules.decoding.kv_cache import KVCache
 from recurnmt.modules.decoding.options import DecodingOptions
 from recurnmt.modules.errors import ConfigError
