@@ -172,13 +172,15 @@ def checkpoint(args: argparse.Namespace, name: str) -> Path:
     return args.out / name / "checkpoints" / "checkpoint_last.pt"
 
 
-def train(args: argparse.Namespace) -> None:
+def train(args: argparse.Namespace, models: dict = MODELS) -> None:
+    """Trains ``args.models`` of ``models`` (name -> architecture, flags, title) that are not
+    trained yet, each resuming from its last checkpoint."""
     size = SimpleNamespace(
         embed_dim=args.embed_dim, ffn_dim=args.ffn_dim, heads=args.heads, levels=args.levels,
         pre_ln=True,
     )  # fmt: skip
     for name in args.models:
-        arch, extra, title = MODELS[name]
+        arch, extra, title = models[name]
         run_dir = args.out / name
         if (run_dir / "train.json").exists():  # written when training ended
             print(f"{name}: trained already ({checkpoint(args, name)})", flush=True)

@@ -46,16 +46,17 @@ def load(checkpoint: Path, device: torch.device | str = "cpu", dtype: str = "fp3
 
 
 class TestSet:
-    """The embedded test set as fairseq batches it, with its raw references."""
+    """The embedded test set (or another ``subset``) as fairseq batches it, with its raw
+    references."""
 
-    def __init__(self, data: Path, device: torch.device | str = "cpu") -> None:
+    def __init__(self, data: Path, device: torch.device | str = "cpu", subset: str = "test"):
         self.device = torch.device(device)
-        task = translation_task(data, "test")
-        self.dataset = task.dataset("test")
+        task = translation_task(data, subset)
+        self.dataset = task.dataset(subset)
         self.pad = task.source_dictionary.pad()
         self.left_pad = task.cfg.left_pad_source
         self.tgt_dict = task.target_dictionary
-        self.references = (data / "test.raw.en").read_text(encoding="utf-8").splitlines()
+        self.references = (data / f"{subset}.raw.en").read_text(encoding="utf-8").splitlines()
         self.by_length = sorted(range(len(self.dataset)), key=lambda i: self.dataset.src_sizes[i])
 
     def batches(self, ids: Sequence[int], size: int) -> list[tuple[list[int], dict]]:

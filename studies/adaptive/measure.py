@@ -1,0 +1,220 @@
+"""The measurements of ``scripts/adaptive_depth.py``: per-row exits of trained models on the
+embedded corpus, against the same model at full depth (docs/adaptive_depth.md).
+
+For each model and exit test, in this process, one thread by default:
+
+1. *calibration on the validation set* (never the test set): the first ``--valid-sentences``
+   validation sentences decoded at batch 64, beam 4, at full depth and at every threshold of the
+   test's grid; each threshold's agreement with full depth (:func:`agreement`) and mean levels
+   run; for each stated agreement (``--agreements``) the threshold of fewest levels that
+   reaches it;
+2. *the test set* at batch 64 beam 4 for every threshold of the grid (the curve) and the
+   calibrated ones, at batch 64 greedy and at batch 1 beam 4 (``--sentences`` sentences spread
+   over the lengths) for the calibrated ones: sacreBLEU, tokens/s as a ratio to full depth, mean
+   levels, and sacreBLEU's paired bootstrap (1,000 resamples) of each point against full depth;
+3. the *floor*: every row exits at the minimum level, the fastest exits can make this model and
+   search (what the rest of a step costs: the encoder, the output layer, fairseq's search).
+
+Every point is saved to the JSON as soon as it is measured: a stopped run resumes there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recurnmt.experiments.artifacts import portable, write_json
+from recurnmt.modules.decoding.exits import Exits
+from studies.speculative.measure import TestSet, beam, bleu, decode, greedy, load
+
+# each test's thresholds, from the most to the least conservative
+GRIDS = {
+    "saturation": (0.9995, 0.999, 0.998, 0.995, 0.99, 0.98, 0.95),
+    "margin": (0.99, 0.97, 0.95, 0.9, 0.8, 0.7, 0.5),
+}
+FULL = "full depth"
+
+
+def agreement(full: dict[int, torch.Tensor], mine: dict[int, torch.Tensor]) -> tuple[float, float]:
+    """Token agreement with full depth (the tokens of the full-depth outputs that the same
+    position of the exits' output repeats, over all full-depth tokens) and the share of
+    identical outputs."""
+    same = total = identical = 0
+    for i, want in full.items():
+        got = mine[i]
+        n = min(len(want), len(got))
+        same += int((want[:n] == got[:n]).sum())
+        total += len(want)
+        identical += int(torch.equal(want, got))
+    return same / total, identical / len(full)
+
+
+def paired_p(test: TestSet, full: dict[int, torch.Tensor], mine: dict[int, torch.Tensor]) -> float:
+    """sacreBLEU's paired bootstrap (1,000 resamples, Koehn 2004): the p-value that the exits'
+    BLEU is no different from full depth's."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    ids = sorted(full)
+    refs = [test.references[i] for i in ids]
+
+    def text(h: dict[int, torch.Tensor]) -> list[str]:
+        return [test.detokenized(h[i]) for i in ids]
+
+    paired = PairedTest(
+        [("baseline", text(full)), ("exits", text(mine))],
+        {"BLEU": BLEU(references=[refs])},
+        references=None,
+        test_type="bs",
+        n_samples=1000,
+    )
+    _, scores = paired()
+    return round(float(scores["BLEU"][1].p_value), 4)
+
+
+class Run:
+    """One model's decoding, with or without exits, in one setting."""
+
+    def __init__(self, model, test: TestSet, setting: str, sentences: int, batch: int) -> None:
+        self.model, self.test, self.setting = model, test, setting
+        ids = list(range(len(test.dataset))) if setting != "batch 1 beam 4" else \
+            test.spread(sentences)  # fmt: skip
+        size = 1 if setting.startswith("batch 1 ") else batch
+        self.batches = test.batches(ids, size)
+        self.make = (lambda: greedy(model, test.tgt_dict)) if "greedy" in setting else \
+            (lambda: beam(model, test.tgt_dict))  # fmt: skip
+
+    def __call__(self, exits: Exits | None) -> tuple[dict[int, torch.Tensor], float, int]:
+        stack = self.model.decoder.stack
+        stack.set_exits(exits)
+        try:
+            return decode(self.make(), self.model, self.batches)
+        finally:
+            stack.set_exits(None)
+
+
+def _exits(model, test_name: str, threshold: float, min_level: int) -> Exits:
+    return Exits(test_name, threshold, min_level, head=model.decoder.output_layer)
+
+
+def measure_model(
+    name: str, model, args: argparse.Namespace, record: dict, save: Callable[[], None],
+    log: Callable[[str], None],
+) -> None:  # fmt: skip
+    """Every point of one model, each saved as it is measured (those in ``record`` kept)."""
+    valid = TestSet(args.data, args.device, subset="valid")
+    test = TestSet(args.data, args.device)
+    levels = len(model.decoder.stack.active_levels)
+    mine = record.setdefault(name, {"levels": levels, "calibration": {}, "points": []})
+    min_level = args.min_exit_level
+    # 1. calibration on the validation set
+    calib = Run(model, valid, "batch 64 beam 4", args.sentences, args.batch)
+    calib.batches = valid.batches(list(range(min(args.valid_sentences, len(valid.dataset)))),
+                                  args.batch)  # fmt: skip
+    full_valid = None
+    for test_name in args.tests:
+        rows = mine["calibration"].setdefault(test_name, [])
+        done = {r["threshold"] for r in rows}
+        for threshold in GRIDS[test_name]:
+            if threshold in done:
+                continue
+            if full_valid is None:
+                full_valid, _, _ = calib(None)
+            exits = _exits(model, test_name, threshold, min_level)
+            hyps, seconds, _ = calib(exits)
+            tokens, identical = agreement(full_valid, hyps)
+            rows.append({"threshold": threshold, "agreement": round(tokens, 4),
+                         "identical": round(identical, 4), "levels": round(exits.mean_levels, 3),
+                         "seconds": round(seconds, 2)})  # fmt: skip
+            log(f"{name}: valid {test_name} >= {threshold}: agreement {tokens:.4f}, "
+                f"{exits.mean_levels:.2f} levels")  # fmt: skip
+            save()
+    chosen = {
+        (test_name, target): calibrated(mine["calibration"][test_name], target)
+        for test_name in args.tests for target in args.agreements
+    }  # fmt: skip
+    # 2. the test set, 3. the floor
+    for setting in ("batch 64 beam 4", "batch 64 greedy", "batch 1 beam 4"):
+        run = Run(model, test, setting, args.sentences, args.batch)
+        points = [(None, None, None)]  # full depth first
+        for test_name in args.tests:
+            grid = GRIDS[test_name] if setting == "batch 64 beam 4" else ()
+            for target in args.agreements:
+                t = chosen[(test_name, target)]
+                if t is not None:
+                    points.append((test_name, t, target))
+            points += [(test_name, t, None) for t in grid]
+        points.append(("saturation", -1.0, "floor"))
+        full_hyps = None
+        for test_name, threshold, target in points:
+            key = {"setting": setting, "test": test_name or FULL, "threshold": threshold}
+            if any(all(p.get(k) == v for k, v in key.items()) for p in mine["points"]):
+                continue
+            if full_hyps is None:
+                full_hyps, full_seconds, _ = run(None)
+                full_bleu = bleu(test, full_hyps)
+            if test_name is None:
+                hyps, seconds, tokens = full_hyps, full_seconds, None
+                exits = None
+            else:
+                exits = _exits(model, test_name, threshold, min_level)
+                hyps, seconds, tokens = run(exits)
+            n_tokens = sum(len(h) for h in hyps.values())
+            point = {
+                **key,
+                "calibrated_for": target,
+                "bleu": bleu(test, hyps) if exits else full_bleu,
+                "seconds": round(seconds, 3),
+                "tokens_per_s": round(n_tokens / seconds, 1),
+                "levels": round(exits.mean_levels, 3) if exits else levels,
+                "agreement": round(agreement(full_hyps, hyps)[0], 4),
+                "p": paired_p(test, full_hyps, hyps) if exits else None,
+                "sentences": len(hyps),
+            }
+            mine["points"].append(point)
+            log(f"{name}: {setting} {key['test']} {threshold}: BLEU {point['bleu']}, "
+                f"{point['tokens_per_s']} tokens/s, {point['levels']} levels")  # fmt: skip
+            save()
+
+
+def calibrated(rows: list[dict], target: float) -> float | None:
+    """The threshold of fewest levels whose validation agreement is at least ``target``
+    (None: none reaches it)."""
+    ok = [r for r in rows if r["agreement"] >= target]
+    return min(ok, key=lambda r: r["levels"])["threshold"] if ok else None
+
+
+def measure(args: argparse.Namespace, specs: dict[str, Any]) -> None:
+    """Measures every trained model of ``args.models``, writes the JSON beside ``args.doc``
+    after each point, then the page and its plot."""
+    torch.set_num_threads(args.threads)
+    raw = args.doc.with_suffix(".json")
+    record = json.loads(raw.read_text()) if raw.exists() else {}
+    record["settings"] = {k: str(v) for k, v in vars(args).items() if k != "step"}
+    models = record.setdefault("models", {})
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    def save() -> None:
+        write_json(raw, record)
+
+    for name in args.models:
+        path = args.out / name / "checkpoints" / "checkpoint_last.pt"
+        if not path.exists():
+            log(f"{name}: not trained ({portable(path)}); python scripts/adaptive_depth.py train")
+            continue
+        models[name] = specs[name][2]
+        model = load(path, args.device)[0]
+        measure_model(name, model, args, record.setdefault("results", {}), save, log)
+    from studies.adaptive.report import write_report
+
+    write_report(args.doc, json.loads(raw.read_text()))
+
+
+__all__ = ["GRIDS", "agreement", "calibrated", "measure", "paired_p", "Path"]
