@@ -16,6 +16,8 @@ calling convention, nothing else. The package, bottom up:
 * :mod:`.speculative` (self-speculative decoding: drafts from the first levels, verified by
   the rest), :mod:`.rules` (how log-probabilities become the distribution a token is chosen
   from: lengths, temperature, top-k, top-p);
+* :mod:`.exits` (per-row exits: rows leave a step's level loop early, the rest run on
+  compacted, the skipped levels' keys and values from the exit state);
 * :mod:`.options` (the decoding options, declared once: each front end renders its own
   spelling).
 
