@@ -204,7 +204,10 @@ def test_an_exit_classifier_file_round_trips_and_a_bad_one_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("texts", "message"),
     [
-        ({"exit_test": "softmax"}, r"^exit_test='softmax': choose one of margin, saturation, class"),
+        (
+            {"exit_test": "softmax"},
+            r"^exit_test='softmax': choose one of margin, saturation, class",
+        ),
         ({"exit_test": "margin", "exit_threshold": 1.5}, r"^exit_threshold=1.5: the margin test"),
         ({"exit_test": "saturation", "exit_threshold": -2.0}, r"^exit_threshold=-2.0: the sat"),
         ({"exit_test": "margin", "min_exit_level": 0}, r"^min_exit_level=0: at least 1 level$"),
@@ -256,3 +259,18 @@ def test_generate_decodes_with_exits_as_fairseq_does():
     assert stack.exits is None  # the call's exits end with it
     with pytest.raises(ConfigError, match=r"^min_exit_level=4: rows exit after 1 to 3"):
         hf.generate(**ids, exit_test="margin", min_exit_level=4)
+
+
+def test_models_that_cannot_exit_are_refused_naming_the_flag():
+    """fairseq's own transformer has no level loop to leave; ACT decides depth itself."""
+    from recurnmt.nmt.speculative import set_exits
+
+    options = DecodingOptions.from_texts({"exit_test": "margin"})
+    fairseq_model, _, _ = build("transformer", "--decoder-layers", "2")
+    with pytest.raises(ConfigError, match=r"^--exit-test='margin': TransformerModel is not a"):
+        set_exits([fairseq_model], options)
+    with pytest.raises(ConfigError, match=r"^--exit-test='margin': ACT's halting decides"):
+        set_exits([_model("universal_transformer_act")], options)
+    model = _model("ringformer")
+    ((exits, levels),) = set_exits([model], options)
+    assert model.decoder.stack.exits is exits and levels == LEVELS

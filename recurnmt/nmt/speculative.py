@@ -288,20 +288,33 @@ class SpeculativeTranslationTask(TranslationTask):
         """fairseq's own generator over decoders whose rows exit early
         (:mod:`~recurnmt.modules.decoding.exits`): every search fairseq runs (beam, greedy,
         sampling, ``fairseq-interactive``)."""
-        with flag_names():
-            for model in models:
-                decoder = model.decoder
-                if not hasattr(decoder, "stack"):
-                    raise ValueError(
-                        f"{FLAGS['exit_test']}: {type(model).__name__} is not a recurnmt model "
-                        "(its decoder has no level loop to leave)"
-                    )
-                stack = decoder.stack
-                options.check_stack(len(stack.active_levels), stack.halting is not None)
-                exits = exits_of(options, len(stack.active_levels), decoder.output_layer)
-                stack.set_exits(exits)
-                atexit.register(_log_exits, exits, len(stack.active_levels))
+        for exits, levels in set_exits(models, options):
+            atexit.register(_log_exits, exits, levels)
         return super().build_generator(models, args, seq_gen_cls, extra, **kwargs)
+
+
+def set_exits(models: Sequence, options: DecodingOptions) -> list[tuple[Any, int]]:
+    """Every model's decoder exits as ``options`` say from now on; returns each decoder's
+    exits and levels (for the log).
+
+    Raises:
+        ValueError: a model that cannot exit (fairseq's own, ACT), naming the flag.
+    """
+    made = []
+    with flag_names():
+        for model in models:
+            stack = getattr(model.decoder, "stack", None)
+            if stack is None:
+                raise ConfigError(
+                    "exit_test", options.exit_test, f"{type(model).__name__} is not a recurnmt "
+                    "model (its decoder has no level loop to leave)",
+                )  # fmt: skip
+            levels = len(stack.active_levels)
+            options.check_stack(levels, stack.halting is not None)
+            exits = exits_of(options, levels, model.decoder.output_layer)
+            stack.set_exits(exits)
+            made.append((exits, levels))
+    return made
 
 
 def _log_exits(exits, num_levels: int) -> None:
@@ -314,4 +327,5 @@ __all__ = [
     "SpeculativeSequenceGenerator",
     "SpeculativeTranslationTask",
     "check_decoding_options",
+    "set_exits",
 ]
