@@ -15,6 +15,7 @@ from recurnmt.modules.decoding.kv_cache import KVCache
 from recurnmt.modules.decoding.options import DecodingOptions
 from recurnmt.modules.errors import ConfigError
 from recurnmt.modules.families import FAMILIES
+from recurnmt.modules.hooks import LevelHook
 from tests.nmt_helpers import DICT, batch, build, full_and_stepwise, train_signals
 
 EXITING = [f for f in FAMILIES if f != "universal_transformer_act"]  # ACT is refused
@@ -146,21 +147,31 @@ def test_skipped_levels_run_for_no_row(family):
     assert exits.levels_run < exits.rows * LEVELS
 
 
-def test_the_propagated_keys_and_values_are_what_the_block_writes():
+@pytest.mark.parametrize("family", ["ringformer", "relaxed_transformer", "sret"])
+@pytest.mark.parametrize("folded", [False, True])
+def test_the_propagated_keys_and_values_are_what_the_block_writes(family, folded):
     """``keys_values`` of a state at a level is what the block's self-attention appends to a
-    cache for that state (RingFormer: the level's signals on the projections)."""
-    model = _model("ringformer")
+    cache for that state: with the level's own terms (RingFormer's signals, a relaxed level's
+    LoRA) as a full pass computes them, and folded into the projection as a decoding session
+    runs them."""
+    from recurnmt.modules.decoding.cache import StackCache
+    from recurnmt.modules.decoding.session import DecodingSession
+
+    model = _model(family)
     stack = model.decoder.stack
     x = torch.randn(3, 1, stack.blocks[0].self_attn.embed_dim)
     memory = stack.blocks[0].project_memory(torch.randn(3, 4, x.size(-1)))
-    for level in (0, 4):
-        parts, block = stack.levels[level], stack.block_of_level(level)
-        cache = KVCache()
-        with torch.no_grad():
+    with torch.no_grad():
+        session = DecodingSession.of(stack, StackCache()) if folded else None
+        for level in (0, 4):
+            parts = stack.levels[level] if session is None else session.levels[level]
+            block, cache = stack.block_of_level(level), KVCache()
             block(x, parts, memory=memory, cache=cache)
             kv = block.keys_values(x, parts)
-        torch.testing.assert_close(kv[0], cache.keys)
-        torch.testing.assert_close(kv[1], cache.values)
+            torch.testing.assert_close(kv[0], cache.keys)
+            torch.testing.assert_close(kv[1], cache.values)
+    if folded and family != "sret":  # SReT's levels fold nothing
+        assert any(type(p).__name__ == "SessionLevel" for p in session.levels)
 
 
 def test_the_margin_and_classifier_tests_decode():
@@ -274,3 +285,63 @@ def test_models_that_cannot_exit_are_refused_naming_the_flag():
     model = _model("ringformer")
     ((exits, levels),) = set_exits([model], options)
     assert model.decoder.stack.exits is exits and levels == LEVELS
+
+
+class _FrozenRows(LevelHook):
+    """The exits' meaning without compaction, for reference: every row runs every level, but a
+    row that passed the saturation test keeps its exit state (the deeper levels' outputs are
+    thrown away), so each deeper level's keys and values are those of the exit state entering
+    it."""
+
+    needs_all_levels = False
+
+    def __init__(self, threshold: float, min_level: int, levels: int) -> None:
+        self.threshold, self.min_level, self.levels = threshold, min_level, levels
+        self.prev = self.frozen = self.done = None
+
+    def after_level(self, level: int, x: torch.Tensor) -> torch.Tensor:
+        if x.size(1) != 1:  # the full pass: no exits
+            return x
+        if self.done is None:
+            self.done = torch.zeros(x.size(0), dtype=torch.bool)
+            self.frozen = x
+        x = torch.where(self.done[:, None, None], self.frozen, x)
+        ran = level + 1
+        if self.min_level <= ran < self.levels:
+            confidence = torch.cosine_similarity(x.float(), self.prev.float(), dim=-1).flatten()
+            new = (confidence >= self.threshold) & ~self.done
+            self.frozen = torch.where(new[:, None, None], x, self.frozen)
+            self.done = self.done | new
+        self.prev = x
+        return x
+
+
+@pytest.mark.parametrize("family", EXITING)
+def test_exits_decode_step_by_step_as_frozen_rows_do(family, monkeypatch):
+    """Compacted rows and propagated keys and values give, step after step, the outputs of
+    rows that run every level with their state frozen from their exit on (the reference of
+    :class:`_FrozenRows`): at later steps every row attends to exited rows' deeper keys and
+    values."""
+    model = _model(family)
+    src, lengths, prev = batch(seed=4, bsz=4, tgt_len=8)
+    min_level = 2
+
+    def decode(threshold: float) -> tuple[Exits, torch.Tensor]:
+        exits = Exits("saturation", threshold, min_level)
+        model.decoder.stack.set_exits(exits)
+        try:
+            return exits, full_and_stepwise(model, src, lengths, prev)[1]
+        finally:
+            model.decoder.stack.set_exits(None)
+
+    # the threshold at which rows leave at the most levels (random models' states differ)
+    grid = [k / 25 for k in range(25)]
+    threshold = max(grid, key=lambda t: len(decode(t)[0].exited))
+    exits, got = decode(threshold)
+    assert len(exits.exited) >= 2, exits.exited  # rows left at several levels
+    decoder = model.decoder
+    own = decoder.level_hooks
+    monkeypatch.setattr(decoder, "level_hooks", lambda positions: [
+        *own(positions), _FrozenRows(threshold, min_level, LEVELS)])  # fmt: skip
+    _, want, _, _ = full_and_stepwise(model, src, lengths, prev)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -101,6 +101,10 @@ class MemoryKV(NamedTuple):
             S, 0 at real keys and ``-inf`` at padding, in the keys' dtype; made once with the
             keys (:meth:`CrossAttention.project_memory`) instead of a boolean mask negated
             and converted at every level and step (None: made from ``padding_mask`` there).
+        rows: the query rows that run (indices into the B x group rows; None: all): rows that
+            exited a decoding step early (:mod:`recurnmt.modules.decoding.exits`) ask nothing,
+            and the queries of those that run are attended at their places in the batch, so
+            that the memory is read as it is, never gathered row by row.
     """
 
     k: Tensor
@@ -108,6 +112,7 @@ class MemoryKV(NamedTuple):
     padding_mask: Tensor | None = None
     group: int = 1
     attn_mask: Tensor | None = None
+    rows: Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors: compare by identity
@@ -184,6 +189,12 @@ def _one_replacement(
     if a is not None and b is not None:
         raise ValueError(f"two replacements of the {what} projection for one attention call")
     return a if a is not None else b
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether a forward hook (or pre-hook) watches ``module``: it is then called, not
+    bypassed."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
 def linear(x: Tensor, module: nn.Module, replacement: LinearReplacement | None) -> Tensor:
@@ -326,10 +337,17 @@ class _Attention(nn.Module):
         terms: AttentionTerms,
         is_causal: bool = False,
         group: int = 1,
+        rows: Tensor | None = None,
     ) -> Tensor:
-        # q: B x H x T x D, k/v: B/group x H x S x D -> B x T x C
+        # q: B x H x T x D, k/v: B/group x H x S x D -> B x T x C; ``rows``: q holds those
+        # rows of the B (their keys' rows) alone, and the output is theirs
         p = self.dropout if self.training else 0.0
         probes = terms.probes + tuple(self.probes)
+        if rows is not None:
+            if probes:
+                raise ValueError("attention probes read every row: not with rows that exit")
+            full = q.new_zeros(k.size(0) * group, *q.shape[1:])
+            q = full.index_copy_(0, rows, q)
         if group > 1:
             if terms.bias is not None or is_causal:
                 raise ValueError("grouped queries take no logit bias and no causal mask")
@@ -341,7 +359,8 @@ class _Attention(nn.Module):
             out = sdpa.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal
             )
-            return self._project_out(_merge_heads(out, group), terms)
+            z = _merge_heads(out, group)
+            return self._project_out(z if rows is None else z.index_select(0, rows), terms)
         if is_causal:
             mask = attention_mask(None, True, q.size(2), k.size(2), q.device)
         logits = attention_logits(q, k, mask, terms.bias)
@@ -399,7 +418,22 @@ class SelfAttention(_Attention):
         """The keys and values :meth:`forward` writes to a cache for ``x`` (B x T x C), as
         2 x B x H x T x D (state propagation: the levels an exited row skipped,
         :mod:`recurnmt.modules.decoding.exits`)."""
-        return self._heads(self.project(x, NO_TERMS if terms is None else terms)).narrow(0, 1, 2)
+        terms = NO_TERMS if terms is None else terms
+        weight_bias = terms.qkv_linear
+        if weight_bias is None and type(self.qkv_proj) is nn.Linear and not _hooked(self.qkv_proj):
+            weight_bias = (self.qkv_proj.weight, self.qkv_proj.bias)
+        if weight_bias is None or terms.qkv_input_delta is not None:
+            return self._heads(self.project(x, terms)).narrow(0, 1, 2)
+        # the key and value rows of the fused projection alone: two thirds of its work
+        c = self.embed_dim
+        weight, bias = weight_bias
+        kv = F.linear(
+            x, weight.narrow(0, c, 2 * c), None if bias is None else bias.narrow(0, c, 2 * c)
+        )
+        if terms.qkv_delta is not None:
+            kv = kv + terms.qkv_delta.narrow(-1, c, 2 * c)
+        b, t, _ = kv.shape
+        return kv.view(b, t, 2, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
 
     def _heads(self, qkv: Tensor) -> Tensor:
         """B x T x 3C as 3 x B x H x T x D: Q, K and V split by head with three operations (a
@@ -439,6 +473,8 @@ class SelfAttention(_Attention):
             return self._project_out(_merge_heads(out), terms)
         if cache is not None:
             k, v = cache.append_pair(heads.narrow(0, 1, 2))
+            if cache.query_rows is not None:  # rows that run on after others exited
+                return self._attend(q, k, v, None, terms, rows=cache.query_rows)
             if cache.key_mask is not None:
                 # a static-shape cache: its whole buffer, the positions not yet written masked
                 # (one query per step; modules/decoding/static_cache.py)
@@ -514,7 +550,8 @@ class CrossAttention(_Attention):
         if terms.q_delta is not None:
             q = q + terms.q_delta
         q = _split_heads(q, self.num_heads)
-        if q.size(0) != memory.k.size(0) * memory.group:
+        rows = memory.rows
+        if rows is None and q.size(0) != memory.k.size(0) * memory.group:
             raise ValueError(
                 f"{q.size(0)} query rows for a memory of {memory.k.size(0)} rows x group "
                 f"{memory.group}"
@@ -525,7 +562,7 @@ class CrossAttention(_Attention):
         elif pad is not None:
             # B x 1 x 1 x S; a view, as indexing with ``:`` costs a slice each on torch 2.6
             mask = ~pad.view(pad.size(0), 1, 1, pad.size(1))
-        return self._attend(q, memory.k, memory.v, mask, terms, group=memory.group)
+        return self._attend(q, memory.k, memory.v, mask, terms, group=memory.group, rows=rows)
 
 
 # the memory-efficient SDPA kernel wants a mask whose rows start at multiples of this many

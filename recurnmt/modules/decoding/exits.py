@@ -4,8 +4,9 @@ At each decoding step (one new position per row, a :class:`~recurnmt.modules.dec
 StackCache`), from the ``min_level``-th level on, a row whose exit test passes leaves the level
 loop with its state at that level as its output (CALM, Schuster et al. 2022, sec. 3; the
 Depth-Adaptive Transformer, Elbayad et al. 2020, sec. 2). The rows still running go on
-*compacted*: the next level's block runs on those rows only (their keys and values, their
-memory rows), so a level's cost follows the rows that run it.
+*compacted*: the next level's block runs its projections and FFN on those rows only, so a
+level's cost follows the rows that run it; their queries attend at their places in the batch,
+over keys, values and memory left where they are (:class:`StepRows`, ``MemoryKV.rows``).
 
 Later steps attend to every level's keys and values of every earlier position, an exited row's
 included. Those of the levels it skipped come from its exit state (*state propagation*: CALM
@@ -173,14 +174,17 @@ class Exits:
 
 
 class StepRows:
-    """A level's :class:`KVCache` as the running rows ``rows`` see it during one step: the
-    block appends their new keys and values at ``position`` and reads theirs (the level
-    protocol's cache; ``rows`` None: every row)."""
+    """A level's :class:`KVCache` as the running rows ``rows`` see it during one step (the
+    level protocol's cache; ``rows`` None: every row): the block appends their new keys and
+    values at ``position`` and attends with their queries at their places in the batch
+    (:attr:`query_rows`) over every row's keys and values, which are therefore never gathered
+    row by row. Attention's cost stays the whole batch's (a few percent of a level at one new
+    position per row); the projections and the FFN run for the running rows only."""
 
     key_mask = None
 
     def __init__(self, cache: KVCache, position: int, rows: Tensor | None) -> None:
-        self.cache, self.position, self.rows = cache, position, rows
+        self.cache, self.position, self.query_rows = cache, position, rows
 
     def write(self, kv: Tensor, rows: Tensor | None) -> None:
         """Writes ``kv`` (2 x b x H x 1 x D) as the new position of ``rows`` (None: all)."""
@@ -191,11 +195,8 @@ class StepRows:
             slot.index_copy_(1, rows, kv)
 
     def append_pair(self, kv: Tensor) -> tuple[Tensor, Tensor]:
-        self.write(kv, self.rows)
-        filled = self.cache.buffer.narrow(3, 0, self.position + 1)
-        if self.rows is not None:
-            filled = filled.index_select(1, self.rows)
-        keys, values = filled.unbind(0)
+        self.write(kv, self.query_rows)
+        keys, values = self.cache.buffer.narrow(3, 0, self.position + 1).unbind(0)
         return keys, values
 
 
@@ -204,16 +205,6 @@ class _StepLevels(dict):
 
     def level(self, index: int) -> StepRows:
         return self[index]
-
-
-def _memory_rows(kv: MemoryKV, rows: Tensor) -> MemoryKV:
-    """The memory of query rows ``rows`` (global row indices), one memory row each."""
-    sentences = rows if kv.group == 1 else torch.div(rows, kv.group, rounding_mode="floor")
-
-    def pick(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.index_select(0, sentences)
-
-    return MemoryKV(pick(kv.k), pick(kv.v), pick(kv.padding_mask), 1, pick(kv.attn_mask))
 
 
 def _hooks_rows(hooks: Sequence[LevelHook], rows: Tensor) -> list[LevelHook]:
@@ -281,9 +272,9 @@ def run_levels(
         x = x.index_select(0, keep)
         hooks = _hooks_rows(hooks, keep)
         by_id: dict[int, MemoryKV] = {}
-        memory = {j: by_id.setdefault(id(m), _memory_rows(m, rows)) for j, m in kv.items()}
+        memory = {j: by_id.setdefault(id(m), m._replace(rows=rows)) for j, m in kv.items()}
         for s in steps.values():
-            s.rows = rows
+            s.query_rows = rows
     exits.count(len(order), x.size(0))
     if out is None:
         return x

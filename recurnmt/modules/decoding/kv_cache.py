@@ -42,9 +42,12 @@ class KVCache:
             last reorder).
         key_mask: None: attention reads the filled positions only (a static-shape cache,
             :mod:`recurnmt.modules.decoding.static_cache`, gives its whole buffer and this mask).
+        query_rows: None: every row has a query (:class:`~recurnmt.modules.decoding.exits.
+            StepRows` names the rows still running).
     """
 
     key_mask = None
+    query_rows = None  # the rows whose queries attend (None: all; modules/decoding/exits.py)
 
     def __init__(
         self, buffer: Tensor | None = None, length: int = 0, spare: Tensor | None = None

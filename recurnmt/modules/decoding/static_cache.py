@@ -137,6 +137,8 @@ class StaticKVCache:
         buffer: 2 x B x H x capacity x D (keys, then values); None before the first step.
     """
 
+    query_rows = None  # every row has a query (the exits keep a dynamic cache)
+
     def __init__(self, position: StepPosition) -> None:
         self.position = position
         self.buffer: Tensor | None = None
