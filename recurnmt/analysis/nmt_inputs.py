@@ -1,7 +1,7 @@
 """What the translation analyses read: fairseq checkpoints of a model and batches of a subset.
 
-Shared by :mod:`recurnmt.analysis.cka`, :mod:`recurnmt.analysis.depth_map` and the exits command (:mod:`recurnmt.analysis.exits`), so that no
-command imports the other. Checkpoints load through fairseq's own loader with the plugin's
+Shared by :mod:`recurnmt.analysis.cka`, :mod:`recurnmt.analysis.depth_map` and
+:mod:`recurnmt.analysis.exits`, so that no command imports another. Checkpoints load through fairseq's own loader with the plugin's
 models registered (:mod:`recurnmt.nmt`), which checks each file first
 (:mod:`recurnmt.nmt.checkpoint_safety`): a missing, truncated or foreign file fails in one
 line naming it.
