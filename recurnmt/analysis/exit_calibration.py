@@ -238,7 +238,7 @@ def cost_table(cost: dict[str, Any]) -> str:
     ]
     for test, c in cost["tests"].items():
         lines.append(
-            f"| {test} | {c['seconds']:.2f} | {c['test_seconds']:.2f} s ({c['test_calls']} "
+            f"| {test} | {c['seconds']:.2f} | {1e3 * c['test_seconds']:.1f} ms ({c['test_calls']} "
             f"calls, {c['test_us_per_call']:.0f} us each) | {c['test_share']:.1%} | "
             f"{c['overhead_vs_exits_off']:+.1%} |"
         )
