@@ -75,6 +75,10 @@ def _depth_map(ckpt: Path, tmp: Path) -> list[str]:
     return [str(ckpt), "--data", str(tmp)]
 
 
+def _exits(ckpt: Path, tmp: Path) -> list[str]:
+    return ["train", str(ckpt), "--data", str(tmp), "--out", str(tmp / "units.pt")]
+
+
 def _attention_distance(ckpt: Path, tmp: Path) -> list[str]:
     return ["--checkpoint", str(ckpt), "--no-progress"]
 
@@ -107,12 +111,14 @@ READS: dict[str, dict[str, tuple[str, Argv]]] = {
     "recurnmt-cka": {"translation": (FAIRSEQ, _translation_cka), "--vision": (IMAGE, _image_cka)},
     "recurnmt-attention-distance": {"": (IMAGE, _attention_distance)},
     "recurnmt-depth-map": {"": (FAIRSEQ, _depth_map)},
+    "recurnmt-exits": {"": (FAIRSEQ, _exits)},
     "recurnmt-evaluate-nmt": {"": (FAIRSEQ, _evaluation)},
     "recurnmt-convert": {"": (FAIRSEQ, _to("out.pt"))},
     "recurnmt-export-ct2": {"": (FAIRSEQ, _to("ct2"))},
     "python -m recurnmt.analysis.cka": {"": (FAIRSEQ, _translation_cka)},
     "python -m recurnmt.analysis.attention_distance": {"": (IMAGE, _attention_distance)},
     "python -m recurnmt.analysis.depth_map": {"": (FAIRSEQ, _depth_map)},
+    "python -m recurnmt.analysis.exits": {"": (FAIRSEQ, _exits)},
     "python -m recurnmt.experiments.averaging": {
         "": (FAIRSEQ, lambda ckpt, tmp: ["--inputs", str(ckpt), "--output", str(tmp / "avg.pt")])
     },

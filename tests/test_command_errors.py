@@ -124,6 +124,12 @@ def _depth_map(tmp: Path) -> tuple[list[str], str]:
     return [str(tmp / "gone.pt"), "--data", str(tmp)], "gone.pt does not exist"
 
 
+def _exits(tmp: Path) -> tuple[list[str], str]:
+    return ["train", str(tmp / "gone.pt"), "--data", str(tmp), "--out", str(tmp / "u.pt")], (
+        "gone.pt does not exist"
+    )
+
+
 def _convert(tmp: Path) -> tuple[list[str], str]:
     return [str(tmp / "teacher.pt"), str(tmp / "out.pt")], "teacher.pt does not exist"
 
@@ -143,6 +149,7 @@ BAD_INPUTS: dict[str, BadInput] = {
     "recurnmt-cka": _cka,
     "recurnmt-attention-distance": _attention_distance,
     "recurnmt-depth-map": _depth_map,
+    "recurnmt-exits": _exits,
     "recurnmt-train-nmt": _launch,
     "recurnmt-run-nmt-recipe": _recipe,
     "recurnmt-evaluate-nmt": _evaluation,
@@ -158,6 +165,7 @@ BAD_INPUTS: dict[str, BadInput] = {
     "python -m recurnmt.analysis.cka": _cka,
     "python -m recurnmt.analysis.attention_distance": _attention_distance,
     "python -m recurnmt.analysis.depth_map": _depth_map,
+    "python -m recurnmt.analysis.exits": _exits,
     "python -m recurnmt.vision.training.train": _vision_train,
     "python -m recurnmt.vision.training.evaluate": _missing("best.pt"),
     "python -m recurnmt.vision.training.budget": _missing("dvt.pt"),

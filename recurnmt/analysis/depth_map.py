@@ -63,6 +63,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from recurnmt.analysis.level_states import check_decoder, level_predictions
 from recurnmt.cli import entry_point
 
 PROG = "recurnmt-depth-map"  # also python -m recurnmt.analysis.depth_map
@@ -184,65 +185,6 @@ class DepthMap:
 
 
 # --------------------------------------------------------------------------- the predictions
-
-
-def check_decoder(model: nn.Module) -> None:
-    """Refuses a model whose decoder levels are no predictions of it (module docstring).
-
-    Raises:
-        ValueError: the decoder halts with ACT, or is no recurnmt stack.
-    """
-    stack = getattr(model.decoder, "stack", None)
-    if stack is None:
-        raise ValueError(
-            f"the decoder is {type(model.decoder).__name__}, not a recurnmt recurrent decoder: "
-            "the depth map reads the levels of recurnmt's stacks"
-        )
-    if stack.halting is not None:
-        raise ValueError(
-            "the decoder halts with ACT (--act on), whose output mixes the outputs of every "
-            "level: the state after r levels is no prediction of the model, so no level is an "
-            "exit and the depth map is not defined for it"
-        )
-
-
-@torch.no_grad()
-def level_predictions(model: nn.Module, sample: dict[str, Any], pad: int) -> tuple[Tensor, Tensor]:
-    """The argmax at every decoder level of one teacher-forced batch, padding removed.
-
-    One pass of the encoder and of the decoder (its level outputs recorded by the decoder's
-    :class:`~recurnmt.modules.hooks.LevelOutputs` hook, ``return_all_hiddens``); each level's
-    state, before the final norm as ``StackOutput.hidden`` is, goes through the final norm and
-    the output layer.
-
-    Args:
-        model: a recurnmt translation model in evaluation mode (:func:`check_decoder`).
-        sample: a fairseq translation batch (``net_input`` and ``target``).
-        pad: the padding index.
-
-    Returns:
-        (N x n argmax per level, the last row the full depth's; the n reference tokens), tokens
-        in batch-major order.
-    """
-    check_decoder(model)
-    net, target = sample["net_input"], sample["target"]
-    decoder = model.decoder
-    enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
-    features, extra = decoder(
-        net["prev_output_tokens"], encoder_out=enc, features_only=True, return_all_hiddens=True
-    )
-    states = extra["inner_states"]  # N x [T x B x C], each level's output before the final norm
-    levels = len(decoder.stack.active_levels)
-    if len(states) != levels:
-        raise ValueError(f"recorded {len(states)} level outputs for {levels} levels")
-    keep = target.ne(pad)  # B x T
-    norm = decoder.stack.final_norm
-    predictions = []
-    for r, state in enumerate(states, start=1):
-        h = state.transpose(0, 1)  # B x T x C
-        out = features if r == levels else (h if norm is None else norm(h))
-        predictions.append(decoder.output_layer(out).argmax(-1)[keep])  # n
-    return torch.stack(predictions), target[keep]
 
 
 def depth_map(

@@ -1,7 +1,7 @@
 """What the translation analyses read: fairseq checkpoints of a model and batches of a subset.
 
-Shared by :mod:`recurnmt.analysis.cka` and :mod:`recurnmt.analysis.depth_map`, so that neither
-command imports the other. Checkpoints load through fairseq's own loader with the plugin's
+Shared by :mod:`recurnmt.analysis.cka`, :mod:`recurnmt.analysis.depth_map` and
+:mod:`recurnmt.analysis.exits`, so that no command imports another. Checkpoints load through fairseq's own loader with the plugin's
 models registered (:mod:`recurnmt.nmt`), which checks each file first
 (:mod:`recurnmt.nmt.checkpoint_safety`): a missing, truncated or foreign file fails in one
 line naming it.
@@ -47,15 +47,32 @@ def load_nmt_models(paths: Sequence[str | Path], data: str | Path, device: torch
 
 
 def translation_batches(
-    task, subset: str, max_sentences: int | None, batch_size: int
+    task,
+    subset: str,
+    max_sentences: int | None,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
 ) -> list[dict[str, Any]]:
     """The first ``max_sentences`` sentence pairs of ``subset`` (None: all), batched by similar
-    length."""
+    length: ``batch_size`` sentences a batch, or as many as keep a batch's padded tokens (its
+    sentences times its longest side, as fairseq's ``--max-tokens``) within ``max_tokens``."""
     task.load_dataset(subset)
     ds = task.dataset(subset)
     limit = len(ds) if max_sentences is None else max_sentences
     ids = [int(i) for i in ds.ordered_indices() if i < limit]
-    chunks = [ids[start : start + batch_size] for start in range(0, len(ids), batch_size)]
+    if max_tokens is None:
+        size = batch_size or 1
+        chunks = [ids[start : start + size] for start in range(0, len(ids), size)]
+    else:
+        chunks, chunk, longest = [], [], 0
+        for i in ids:
+            n = int(ds.num_tokens(i))
+            if chunk and (len(chunk) + 1) * max(longest, n) > max_tokens:
+                chunks.append(chunk)
+                chunk, longest = [], 0
+            chunk.append(i)
+            longest = max(longest, n)
+        chunks += [chunk] if chunk else []
     return [ds.collater([ds[i] for i in chunk]) for chunk in chunks]
 
 

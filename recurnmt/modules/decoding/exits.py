@@ -103,9 +103,10 @@ class ExitClassifier(nn.Module):
         except FileNotFoundError:
             raise ConfigError("exit_classifier", str(path), "no such file") from None
         except Exception as error:  # noqa: BLE001 - a corrupt file, whatever its fault
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
+            text = str(error).strip()  # torch's unpickling errors run over several lines
+            detail = type(error).__name__ + (f": {text}" if text and "\n" not in text else "")
             raise ConfigError(
-                "exit_classifier", str(path), f"not an exit classifier file ({reason})"
+                "exit_classifier", str(path), f"not an exit classifier file ({detail})"
             ) from None
         return unit, dict(saved.get("about", {}))
 
