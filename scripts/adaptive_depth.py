@@ -41,7 +41,7 @@ MODELS = {
         "relaxed recursion (2 blocks, rank 8) trained at a random depth every batch",
     ),
 }
-TESTS = ("saturation", "margin")
+TESTS = ("saturation", "margin", "classifier")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -62,6 +62,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the agreements with full depth a threshold is calibrated for",
     )
     parser.add_argument("--min-exit-level", type=int, default=1)
+    parser.add_argument(
+        "--unit-epochs",
+        type=int,
+        default=2,
+        help="recurnmt-exits train's passes for the classifier test's units",
+    )
+    parser.add_argument(
+        "--unit-sentences",
+        type=int,
+        default=8000,
+        help="training sentences the units learn from (0: all)",
+    )
     parser.add_argument(
         "--valid-sentences",
         type=int,

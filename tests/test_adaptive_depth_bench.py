@@ -27,7 +27,8 @@ def test_measure_writes_the_page(data, tmp_path):
     assert (runs / "ringformer-random" / "checkpoints" / "checkpoint_last.pt").exists()
     doc = tmp_path / "a.md"
     flags = ["measure", "--data", str(data), "--out", str(runs), "--doc", str(doc),
-             "--sentences", "3", "--batch", "4", "--valid-sentences", "6"]  # fmt: skip
+             "--sentences", "3", "--batch", "4", "--valid-sentences", "6", "--unit-epochs", "1",
+             "--unit-sentences", "20"]  # fmt: skip
     assert script.main(flags) == 0
     before = doc.with_suffix(".json").read_text()
     assert script.main(flags) == 0  # resumed: nothing measured again
@@ -35,7 +36,8 @@ def test_measure_writes_the_page(data, tmp_path):
     record = json.loads(before)
     mine = record["results"]["ringformer-random"]
     assert "relaxed_transformer-random" not in record["models"]  # not trained: said, skipped
-    for test in ("saturation", "margin"):
+    assert (runs / "ringformer-random" / "exit_units.pt").exists()  # the classifier's units
+    for test in ("saturation", "margin", "classifier"):
         rows = mine["calibration"][test]
         assert [r["threshold"] for r in rows] == list(GRIDS[test])
         assert all(0 <= r["agreement"] <= 1 and 1 <= r["levels"] <= 3 for r in rows)
@@ -47,6 +49,8 @@ def test_measure_writes_the_page(data, tmp_path):
             assert p["levels"] == 3 and p["agreement"] == 1 and p["p"] is None
         else:
             assert 1 <= p["levels"] <= 3 and 0 <= p["p"] <= 1
+    never = [p for p in points if p["calibrated_for"] == "never"]
+    assert len(never) == 3 and all(p["levels"] == 3 and p["agreement"] == 1 for p in never)
     floor = [p for p in points if p["calibrated_for"] == "floor"]
     assert len(floor) == 3 and all(p["levels"] == 1 for p in floor)
     curve = [p for p in points if p["setting"] == "batch 64 beam 4" and p["test"] == "margin"]

@@ -12,7 +12,8 @@ For each model and exit test, in this process, one thread by default:
    calibrated ones, at batch 64 greedy and at batch 1 beam 4 (``--sentences`` sentences spread
    over the lengths) for the calibrated ones: sacreBLEU, tokens/s as a ratio to full depth, mean
    levels, and sacreBLEU's paired bootstrap (1,000 resamples) of each point against full depth;
-3. the *floor*: every row exits at the minimum level, the fastest exits can make this model and
+3. each test's own cost: the test at a threshold no confidence reaches (batch 64 beam 4);
+4. the *floor*: every row exits at the minimum level, the fastest exits can make this model and
    search (what the rest of a step costs: the encoder, the output layer, fairseq's search).
 
 Every point is saved to the JSON as soon as it is measured: a stopped run resumes there.
@@ -29,29 +30,28 @@ from typing import Any
 import torch
 
 from recurnmt.experiments.artifacts import portable, write_json
-from recurnmt.modules.decoding.exits import Exits
+from recurnmt.modules.decoding.exits import ExitClassifier, Exits
 from studies.speculative.measure import TestSet, beam, bleu, decode, greedy, load
 
 # each test's thresholds, from the most to the least conservative
 GRIDS = {
     "saturation": (0.9995, 0.999, 0.998, 0.995, 0.99, 0.98, 0.95),
     "margin": (0.99, 0.97, 0.95, 0.9, 0.8, 0.7, 0.5),
+    "classifier": (0.99, 0.97, 0.95, 0.9, 0.8, 0.7, 0.5),
 }
 FULL = "full depth"
+NEVER = 2.0  # above every test's confidence: the test's own cost, no row exits
 
 
 def agreement(full: dict[int, torch.Tensor], mine: dict[int, torch.Tensor]) -> tuple[float, float]:
-    """Token agreement with full depth (the tokens of the full-depth outputs that the same
-    position of the exits' output repeats, over all full-depth tokens) and the share of
-    identical outputs."""
-    same = total = identical = 0
-    for i, want in full.items():
-        got = mine[i]
-        n = min(len(want), len(got))
-        same += int((want[:n] == got[:n]).sum())
-        total += len(want)
-        identical += int(torch.equal(want, got))
-    return same / total, identical / len(full)
+    """Token agreement with full depth (the full-depth outputs' tokens that the same position
+    of the exits' output repeats, over all full-depth tokens) and the share of identical
+    outputs: ``recurnmt-exits calibrate``'s (:func:`recurnmt.analysis.exit_calibration.
+    agreement`)."""
+    from recurnmt.analysis.exit_calibration import agreement as token_agreement
+
+    return token_agreement({i: h.tolist() for i, h in mine.items()},
+                           {i: h.tolist() for i, h in full.items()})  # fmt: skip
 
 
 def paired_p(test: TestSet, full: dict[int, torch.Tensor], mine: dict[int, torch.Tensor]) -> float:
@@ -98,15 +98,33 @@ class Run:
             stack.set_exits(None)
 
 
-def _exits(model, test_name: str, threshold: float, min_level: int) -> Exits:
-    return Exits(test_name, threshold, min_level, head=model.decoder.output_layer)
+def _exits(model, test_name: str, threshold: float, min_level: int, units=None) -> Exits:
+    return Exits(test_name, threshold, min_level, head=model.decoder.output_layer,
+                 classifier=units)  # fmt: skip
+
+
+def exit_units(checkpoint: Path, args: argparse.Namespace, log: Callable[[str], None]):
+    """The classifier test's units of ``checkpoint``, trained on the training set by
+    ``recurnmt-exits train`` (kept beside the checkpoint; trained when missing)."""
+    from recurnmt.analysis.exits import main as exits_main
+
+    path = checkpoint.parent.parent / "exit_units.pt"
+    if not path.exists():
+        log(f"training the exit units of {portable(checkpoint)} (recurnmt-exits train)")
+        flags = ["train", str(checkpoint), "--data", str(args.data), "--out", str(path),
+                 "--device", args.device, "--epochs", str(args.unit_epochs)]  # fmt: skip
+        if args.unit_sentences:
+            flags += ["--max-sentences", str(args.unit_sentences)]
+        exits_main(flags)
+    return ExitClassifier.load(path)[0]
 
 
 def measure_model(
     name: str, model, args: argparse.Namespace, record: dict, save: Callable[[], None],
-    log: Callable[[str], None],
+    log: Callable[[str], None], units: ExitClassifier | None = None,
 ) -> None:  # fmt: skip
-    """Every point of one model, each saved as it is measured (those in ``record`` kept)."""
+    """Every point of one model, each saved as it is measured (those in ``record`` kept);
+    ``units``: the classifier test's."""
     valid = TestSet(args.data, args.device, subset="valid")
     test = TestSet(args.data, args.device)
     levels = len(model.decoder.stack.active_levels)
@@ -125,7 +143,7 @@ def measure_model(
                 continue
             if full_valid is None:
                 full_valid, _, _ = calib(None)
-            exits = _exits(model, test_name, threshold, min_level)
+            exits = _exits(model, test_name, threshold, min_level, units)
             hyps, seconds, _ = calib(exits)
             tokens, identical = agreement(full_valid, hyps)
             rows.append({"threshold": threshold, "agreement": round(tokens, 4),
@@ -149,6 +167,8 @@ def measure_model(
                 if t is not None:
                     points.append((test_name, t, target))
             points += [(test_name, t, None) for t in grid]
+            if setting == "batch 64 beam 4":
+                points.append((test_name, NEVER, "never"))  # the test's own cost
         points.append(("saturation", -1.0, "floor"))
         full_hyps = None
         for test_name, threshold, target in points:
@@ -162,7 +182,7 @@ def measure_model(
                 hyps, seconds, tokens = full_hyps, full_seconds, None
                 exits = None
             else:
-                exits = _exits(model, test_name, threshold, min_level)
+                exits = _exits(model, test_name, threshold, min_level, units)
                 hyps, seconds, tokens = run(exits)
             n_tokens = sum(len(h) for h in hyps.values())
             point = {
@@ -211,10 +231,11 @@ def measure(args: argparse.Namespace, specs: dict[str, Any]) -> None:
             continue
         models[name] = specs[name][2]
         model = load(path, args.device)[0]
-        measure_model(name, model, args, record.setdefault("results", {}), save, log)
+        units = exit_units(path, args, log) if "classifier" in args.tests else None
+        measure_model(name, model, args, record.setdefault("results", {}), save, log, units)
     from studies.adaptive.report import write_report
 
     write_report(args.doc, json.loads(raw.read_text()))
 
 
-__all__ = ["GRIDS", "agreement", "calibrated", "measure", "paired_p", "Path"]
+__all__ = ["GRIDS", "agreement", "calibrated", "exit_units", "measure", "paired_p"]

@@ -24,7 +24,7 @@ def verdict(points: list[dict]) -> str:
     fast as full depth with sacreBLEU not reliably lower (paired bootstrap p >= 0.05)."""
     full = _full(points, SETTINGS[0])
     calibrated = [p for p in points if p["setting"] == SETTINGS[0] and p.get("calibrated_for")
-                  not in (None, "floor")]  # fmt: skip
+                  not in (None, "floor", "never")]  # fmt: skip
     if full is None or not calibrated:
         return "not measured yet"
     best = None
@@ -106,7 +106,7 @@ def plot(doc: Path, record: dict[str, Any]) -> Path | None:
         ax.scatter([1.0], [full["bleu"]], marker="s", color="black")
         for test in sorted({p["test"] for p in points} - {FULL}):
             rows = [p for p in points if p["setting"] == SETTINGS[0] and p["test"] == test
-                    and p.get("calibrated_for") != "floor"]  # fmt: skip
+                    and p.get("calibrated_for") not in ("floor", "never")]  # fmt: skip
             rows.sort(key=lambda p: p["tokens_per_s"])
             xs = [p["tokens_per_s"] / full["tokens_per_s"] for p in rows]
             line = ax.plot(xs, [p["bleu"] for p in rows], marker="o", label=f"{name}, {test}")
@@ -165,9 +165,11 @@ def write_report(doc: Path, record: dict[str, Any]) -> None:
             lines += [f"### Test set, {setting}", ""] + _points_table(mine["points"], setting)
             lines += [""]
     lines += [
-        "The *floor* rows exit every row at the minimum level: what a step costs besides the "
-        "levels (the encoder, the output layer, fairseq's search), the bound of any exit "
-        "test on this model and search.",
+        "The *never* rows run each test at a threshold no confidence reaches: no row exits, "
+        "and the time lost against full depth is the test's own cost (the margin test's "
+        "output layer at every candidate level). The *floor* rows exit every row at the "
+        "minimum level: what a step costs besides the levels (the encoder, the output layer, "
+        "fairseq's search), the bound of any exit test on this model and search.",
         "",
         f"Raw figures: `{portable(doc.with_suffix('.json'))}`.",
         "",
