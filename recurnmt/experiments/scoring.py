@@ -110,6 +110,24 @@ def corpus_bleu(
     return metric.corpus_score(hypotheses, [references]), metric.get_signature()
 
 
+def paired_bootstrap(baseline: list[str], system: list[str], references: list[str]) -> float:
+    """The p-value of sacreBLEU's paired bootstrap resampling (1,000 resamples, Koehn 2004) of
+    ``system`` against ``baseline`` on the same ``references``: how likely the difference of
+    their BLEU is by chance (below 0.05: a reliable difference)."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    test = PairedTest(
+        [("baseline", baseline), ("system", system)],
+        {"BLEU": BLEU(references=[references])},
+        references=None,
+        test_type="bs",
+        n_samples=1000,
+    )
+    _, scores = test()
+    return float(scores["BLEU"][1].p_value)
+
+
 def compound_split(line: str) -> str:
     """``a-b`` -> ``a ##AT##-##AT## b``, exactly as fairseq's ``compound_split_bleu.sh``.
 

@@ -79,8 +79,7 @@ def paired_bootstrap(study, a: Result, b: Result, refs: list[str]) -> float | No
     that ``a``'s test BLEU is no better than ``b``'s; cached in the study's record
     (``study.record.pvalues``). None: the hypotheses of one of them are not here (a run
     finished before the record kept hypotheses)."""
-    from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
+    from recurnmt.experiments.scoring import paired_bootstrap
 
     key = bootstrap_key(a, b)
     if key in study.record.pvalues:
@@ -91,15 +90,7 @@ def paired_bootstrap(study, a: Result, b: Result, refs: list[str]) -> float | No
     def hyps(r: Result) -> list[str]:
         return (study.out / r["hyps"]).read_text(encoding="utf-8").splitlines()
 
-    test = PairedTest(
-        [("baseline", hyps(b)), ("system", hyps(a))],
-        {"BLEU": BLEU(references=[refs])},
-        references=None,
-        test_type="bs",
-        n_samples=1000,
-    )
-    _, scores = test()
-    study.record.pvalues[key] = p = float(scores["BLEU"][1].p_value)
+    study.record.pvalues[key] = p = paired_bootstrap(hyps(b), hyps(a), refs)
     return p
 
 
