@@ -3,6 +3,8 @@ halted positions leave the level loop, stay keys and values, and do no other wor
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -11,9 +13,12 @@ from recurnmt.modules.act_rule import set_act_rule
 from recurnmt.modules.declarations import option_keywords
 from recurnmt.modules.errors import ConfigError
 from recurnmt.modules.halting import HaltingUnit
+from tests import test_depth_map
 from tests.nmt_helpers import batch, build, full_and_stepwise
+from tests.test_depth_map import SENTENCES
 
 ARCH = "universal_transformer_act_tiny"
+data = test_depth_map.data  # random sentences over the toy dictionary, found by pytest
 
 
 def act_model(rule: str = "paper", *flags: str, seed: int = 1, spread: float = 1.0):
@@ -212,3 +217,63 @@ def test_the_default_rule_runs_every_position():
     for h in hooks:
         h.remove()
     assert set(sizes) == {src.numel()}
+
+
+# ------------------------------------------------------------------- the comparison script
+
+
+def test_the_script_compares_both_rules_on_a_checkpoint(data, tmp_path, capsys):
+    """scripts/act_rule.py's CPU path on an untrained checkpoint (its halting units spread
+    out as in :func:`act_model`)."""
+    from scripts import act_rule
+
+    model = act_model("authors")
+    _, args, _ = build(ARCH, "--decoder-layers", "4", "--encoder-layers", "4")
+    args.data = str(data)
+    history = [{"criterion_name": "x", "optimizer_name": "x", "lr_scheduler_state": {}}]
+    path = tmp_path / "ut_act.pt"
+    state = {"args": args, "model": model.state_dict(), "optimizer_history": history}
+    torch.save({**state, "extra_state": {"epoch": 1}}, path)
+    out = tmp_path / "out"
+    act_rule.main(["--checkpoint", str(path), "--data", str(data), "--batch", "4",
+                   "--beam", "2", "--max-len-b", "6", "--single", "2", "--post-process", "none", "--device", "cpu",
+                   "--out", str(out)])  # fmt: skip
+    record = json.loads((out / "act_rule.json").read_text())
+    assert record["sentences"] == SENTENCES and 0 <= record["identical_share"] <= 1
+    authors, paper = record["rules"]["authors"], record["rules"]["paper"]
+    assert authors["levels_decoder"] == 4  # a cache: every row runs every level
+    assert paper["levels_decoder"] < 4 and paper["levels_encoder"] < authors["levels_encoder"]
+    for r in (authors, paper):
+        assert r["ms_per_sentence_batch"] > 0 and r["ms_per_sentence_single"] > 0
+        assert 0 <= r["sacrebleu"] <= 100
+    assert "| paper |" in capsys.readouterr().out
+    assert (out / "act_rule.md").read_text().startswith(f"{SENTENCES} sentences, beam 2")
+
+
+# ------------------------------------------------------------------------- fairseq's CLI
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory):
+    """The shared tiny real corpus of the CLI tests (tests/nmt_fixtures.py)."""
+    from tests import nmt_fixtures
+
+    return nmt_fixtures._once("tiny", nmt_fixtures.build_tiny_corpus, tmp_path_factory)
+
+
+@pytest.mark.e2e
+def test_fairseq_trains_and_generates_with_the_paper_rule(corpus, tmp_path):
+    """``fairseq-train --act-rule paper`` keeps the rule in the checkpoint, logs the ponder
+    cost, and ``fairseq-generate`` (beam 3, batches of 16) translates the whole test set."""
+    import re
+
+    from tests.nmt_fixtures import SIZES
+    from tests.test_cli_e2e import generate, train
+
+    log = train(corpus, tmp_path, ARCH, 2, "--act-rule", "paper")
+    assert '"ponder"' in log
+    checkpoint = tmp_path / "checkpoint_last.pt"
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    assert saved["cfg"]["model"].act_rule == "paper"
+    out = generate(corpus, checkpoint)
+    assert "BLEU" in out and len(re.findall(r"^H-\d+\t", out, flags=re.M)) == SIZES["test"]
