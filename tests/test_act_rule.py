@@ -277,3 +277,14 @@ def test_fairseq_trains_and_generates_with_the_paper_rule(corpus, tmp_path):
     assert saved["cfg"]["model"].act_rule == "paper"
     out = generate(corpus, checkpoint)
     assert "BLEU" in out and len(re.findall(r"^H-\d+\t", out, flags=re.M)) == SIZES["test"]
+
+
+def test_the_image_models_take_the_rule_as_a_keyword():
+    from tests.test_vision_models import build_small
+
+    model = build_small("vit_mini_patch4", act=True, act_rule="paper")
+    assert model.stack.skips_halted if hasattr(model, "stack") else True
+    images = torch.randn(2, 3, 32, 32)
+    assert model.eval()(images).shape == model.train()(images).shape
+    with pytest.raises(ConfigError, match=r"^act_rule='paper': a halting rule needs ACT"):
+        build_small("vit_mini_patch4", act_rule="paper")
