@@ -163,6 +163,36 @@ def test_a_sentence_decodes_alike_alone_and_in_a_batch():
     torch.testing.assert_close(alone_full, full[1:2], atol=1e-5, rtol=1e-5)
 
 
+def _beam_hypotheses(generator_cls, model, src, lengths, beam: int = 3):
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+    generator = generator_cls([model], model.decoder.dictionary, beam_size=beam, max_len_b=10)
+    with torch.no_grad():
+        return [
+            (h[0]["tokens"].tolist(), h[0]["score"]) for h in generator.generate([model], sample)
+        ]
+
+
+def test_beam_search_alone_in_a_batch_and_over_static_shapes():
+    """fairseq's beam search (the cache reordered between steps) gives a sentence the same
+    best hypothesis in a batch as alone, and the static-shape decoder (its cache has no
+    compaction: the masked pass) the same as fairseq's, in float64 (near-ties)."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from recurnmt.nmt.static_decoding import StaticSequenceGenerator
+    from tests.test_speculative import _eos_likelier
+
+    model = act_model().double()
+    _eos_likelier(model)  # sentences end at various steps
+    src, lengths, _ = batch(bsz=4, seed=3)
+    together = _beam_hypotheses(SequenceGenerator, model, src, lengths)
+    real = ~src[1].eq(1)
+    alone = _beam_hypotheses(SequenceGenerator, model, src[1:2, real], lengths[1:2])
+    assert alone[0][0] == together[1][0]
+    torch.testing.assert_close(alone[0][1], together[1][1])
+    static = _beam_hypotheses(StaticSequenceGenerator, model, src, lengths)
+    assert [h[0] for h in static] == [h[0] for h in together]
+
+
 # ------------------------------------------------------------------------- the work skipped
 
 
