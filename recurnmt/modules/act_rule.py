@@ -148,19 +148,33 @@ def run_paper_rule(
 
 class _LevelKeys:
     """One level's keys and values for the compacted queries of a full pass, read by the
-    block's self-attention as a cache: the halted positions' from their frozen state, the
-    running positions' written as the block computes them (:meth:`append_pair`), and which
-    keys each query may attend (:attr:`key_mask`, B' x 1 x T' x T)."""
+    block's self-attention as a cache: the halted positions' from their frozen state
+    (``frozen``: their rows, their positions and their keys and values, n x 2 x H x D), the
+    running positions' as the block computes them (:meth:`append_pair`), and which keys each
+    query may attend (:attr:`key_mask`, B' x 1 x T' x T)."""
 
-    def __init__(self, keys_values: Tensor, index: Tensor, valid: Tensor, key_mask: Tensor):
-        self.buffer, self.index, self.valid, self.key_mask = keys_values, index, valid, key_mask
+    def __init__(
+        self,
+        length: int,
+        frozen: tuple[Tensor, Tensor, Tensor] | None,
+        index: Tensor,
+        valid: Tensor,
+        key_mask: Tensor,
+    ) -> None:
+        self.length, self.frozen, self.index, self.valid = length, frozen, index, valid
+        self.key_mask = key_mask
 
     def append_pair(self, kv: Tensor) -> tuple[Tensor, Tensor]:
-        """Writes the queries' own keys and values (2 x B' x H x T' x D) at their positions;
-        returns every position's (B' x H x T x D each)."""
+        """Every position's keys and values (B' x H x T x D each) with the queries' own
+        (``kv``: 2 x B' x H x T' x D) at their positions; padding's are 0 (masked)."""
+        two, b, heads, _, d = kv.shape
+        buffer = kv.new_zeros(two, b, heads, self.length, d)  # the dtype autocast gave kv
+        if self.frozen is not None:
+            rows, positions, values = self.frozen
+            buffer[:, rows, :, positions] = values.to(kv.dtype)
         rows, slots = self.valid.nonzero(as_tuple=True)
-        self.buffer[:, rows, :, self.index[rows, slots]] = kv[:, rows, :, slots]
-        keys, values = self.buffer.unbind(0)
+        buffer[:, rows, :, self.index[rows, slots]] = kv[:, rows, :, slots]
+        keys, values = buffer.unbind(0)
         return keys, values
 
 
@@ -192,14 +206,12 @@ def _compacted_level(
     queries = hr.gather(1, index.unsqueeze(-1).expand(-1, -1, c))  # B' x T' x C
 
     pad = None if padding_mask is None else padding_mask.index_select(0, rows)  # B' x T
-    attn = block.self_attn
-    shape = (2, rows.numel(), attn.num_heads, t, attn.embed_dim // attn.num_heads)
-    buffer = h.new_zeros(shape)  # padding's stay 0 (masked)
-    frozen = ~run if pad is None else ~run & ~pad
-    fr, fp = frozen.nonzero(as_tuple=True)
+    fr, fp = (~run if pad is None else ~run & ~pad).nonzero(as_tuple=True)
+    frozen = None
     if fr.numel():  # the halted positions: their frozen state's keys and values only
         kv = block.keys_values(hr[fr, fp].unsqueeze(0), parts)  # 2 x 1 x H x n x D
-        buffer[:, fr, :, fp] = kv.squeeze(1).permute(2, 0, 1, 3)
+        frozen = (fr, fp, kv.squeeze(1).permute(2, 0, 1, 3))  # n x 2 x H x D
+    attn = block.self_attn
     keys = torch.arange(t, device=h.device)
     allowed = torch.ones(rows.numel(), width, t, dtype=torch.bool, device=h.device)
     if pad is not None:
@@ -208,10 +220,10 @@ def _compacted_level(
         allowed = allowed & (keys <= index.unsqueeze(-1))
         if pad is not None:  # as attention_mask: a query always sees itself
             allowed = allowed | (keys == index.unsqueeze(-1))
-    cache = _LevelKeys(buffer, index, valid, allowed.unsqueeze(1))
+    cache = _LevelKeys(t, frozen, index, valid, allowed.unsqueeze(1))
     mem = None if memory is None else _memory_rows(memory, rows)
     out = block(queries, parts, memory=mem, cache=cache)  # B' x T' x C
     vr, vs = valid.nonzero(as_tuple=True)
     x = x.clone()
-    x[rows.index_select(0, vr), index[vr, vs]] = out[vr, vs]
+    x[rows.index_select(0, vr), index[vr, vs]] = out[vr, vs].to(x.dtype)
     return x

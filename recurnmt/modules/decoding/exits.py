@@ -188,8 +188,8 @@ class StepRows:
         slot = self.cache.buffer.narrow(3, self.position, 1)
         if rows is None:
             slot.copy_(kv)
-        else:
-            slot.index_copy_(1, rows, kv)
+        else:  # index_copy_ does not cast (autocast gives kv in its lower precision)
+            slot.index_copy_(1, rows, kv.to(slot.dtype))
 
     def append_pair(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         self.write(kv, self.rows)
