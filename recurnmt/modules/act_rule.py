@@ -29,9 +29,11 @@ the ``authors`` rule, recurnmt's default (:mod:`recurnmt.modules.halting`). This
 
 How the levels run:
 
-* training (gradients on), or hooks that add terms inside the block: *masked*, every position
-  runs the block on its state (the frozen one where halted, which gives exactly the keys and
-  values above) and the halted positions' results are discarded;
+* training (gradients on), hooks that add terms inside the block (attention probes, DVT's
+  FFN input), a static-shape cache, or several new positions on a cache: *masked*, every
+  position runs the block on its state (the frozen one where halted, which gives exactly the
+  keys and values above) and the halted positions' results are discarded: the same values,
+  none of the work saved;
 * a full pass in inference (no gradients; the encoder, scoring): *compacted*, each row's
   running positions are gathered as queries (B' x T': the rows with a running position, the
   most running positions of a row), the level's keys and values are the running queries' own
