@@ -33,6 +33,7 @@ TRANSLATION_ARGV = [
     ["--lrc", "both", "--nll-ratio", "2"],
     ["--encoder-attn-groups", "2,1"],
     ["--act", "on", "--act-threshold", "0.9", "--act-bias-init", "0.5"],
+    ["--act", "on", "--act-rule", "paper"],
     ["--level-lora-rank", "4"],
     ["--level-lora-rank", "full"],
     ["--encoder-layers", "6", "--decoder-layers", "2"],

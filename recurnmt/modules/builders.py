@@ -165,7 +165,9 @@ def build_level_parts(cfg: StackConfig, plan: DepthPlan, level: int) -> LevelPar
 def build_halting(cfg: StackConfig) -> HaltingUnit | None:
     """ACT's halting unit (Universal Transformer sec. 2.2), or None."""
     act = cfg.halting
-    return HaltingUnit(cfg.embed_dim, act.bias_init, act.threshold) if act.act else None
+    if not act.act:
+        return None
+    return HaltingUnit(cfg.embed_dim, act.bias_init, act.threshold, rule=act.rule)
 
 
 def build_stack(cfg: StackConfig, plan: DepthPlan | None = None) -> RecurrentStack:

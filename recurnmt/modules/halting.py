@@ -8,9 +8,12 @@ and its output is the mixture sum_t w_t y_t with w_t = p_t before N and the rema
 R = 1 - sum_{t<N} p_t at N. A position that reaches the last level halts there (Graves
 eq. 5, N <= max levels). The ponder cost N + R (Graves eq. 11) is added to the loss.
 
-As in the Universal Transformer code, halted positions keep being transformed (their
-states still serve as keys and values for positions that run on), but their output no
-longer changes. The output is accumulated as y <- w_t * s_t + (1 - w_t) * y.
+As in the Universal Transformer code (the ``authors`` rule, the default), halted positions
+keep being transformed (their states still serve as keys and values for positions that run
+on), but their output no longer changes. The output is accumulated as
+y <- w_t * s_t + (1 - w_t) * y. The ``paper`` rule (UT sec. 2.2: a halted symbol's state "is
+simply copied to the next step") freezes a halted position instead and skips its work; the
+bookkeeping here is the same for both, :mod:`recurnmt.modules.act_rule` runs the levels.
 
 Precision: the halting unit, the cumulative halting probability, the remainders, the update
 counts and the output mixture are computed in float32 whatever the model's dtype, and the
@@ -40,13 +43,24 @@ class HaltingUnit(nn.Module):
         bias_init: initial b; 1.0 as in the Universal Transformer, so positions start by
             pondering over a few levels.
         threshold: 1 - eps, the halting threshold (0.99 as in the Universal Transformer).
+        rule: ``authors`` (halted positions are still transformed) or ``paper`` (they are
+            frozen and skip the work), :mod:`recurnmt.modules.act_rule`.
     """
 
-    def __init__(self, embed_dim: int, bias_init: float = 1.0, threshold: float = 0.99) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        bias_init: float = 1.0,
+        threshold: float = 0.99,
+        rule: str = "authors",
+    ) -> None:
         super().__init__()
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"act_threshold={threshold} must lie in (0, 1]")
+        if rule not in ("authors", "paper"):
+            raise ValueError(f"act_rule={rule!r}: choose authors or paper")
         self.threshold = threshold
+        self.rule = rule
         self.proj = nn.Linear(embed_dim, 1)
         nn.init.constant_(self.proj.bias, bias_init)
 
@@ -152,6 +166,30 @@ class HaltingAccumulator:
         at its halting level; 0 for a position that has not halted yet."""
         self._need_ponder("remainders")
         return self._remainders
+
+    def halted(self) -> Tensor:
+        """True (B x T) where a position has halted: its weights are spent (sum p + R = 1) and
+        its :attr:`output` no longer changes."""
+        return self.halting_prob >= 1.0
+
+    def halt(self, mask: Tensor) -> None:
+        """Positions ``mask`` (B x T) take no part from now on, with no weight and no ponder
+        cost (padding under the paper rule, :mod:`recurnmt.modules.act_rule`)."""
+        self.halting_prob = self.halting_prob.masked_fill(mask, 1.0)
+        if self.ponder:
+            self.running = self.running.masked_fill(mask, 0.0)
+
+    def select(self, rows: Tensor) -> HaltingAccumulator:
+        """The bookkeeping of the batch rows ``rows`` alone (rows that run on in a decoding
+        step, :func:`recurnmt.modules.decoding.exits.run_halting`)."""
+        picked = object.__new__(HaltingAccumulator)
+        picked.__dict__.update(
+            {
+                key: value.index_select(0, rows) if isinstance(value, Tensor) else value
+                for key, value in self.__dict__.items()
+            }
+        )
+        return picked
 
     def all_halted(self) -> bool:
         if self.finished:

@@ -27,6 +27,7 @@ ATTN_SIGNAL_PLACES = ("after", "before", "none")
 FFN_SIGNAL_PLACES = ("input", "inter", "none")
 SIGNAL_DOWN_INITS = ("normal", "kaiming")
 LRC_MODES = ("none", "both", "identity", "main")
+ACT_RULES = ("authors", "paper")
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,12 @@ class HaltingConfig(Part):
         act: halt (ACT) or run every level.
         threshold: 1 - eps of ACT.
         bias_init: initial bias of the halting unit.
+        rule: what a halted position does at deeper levels: ``authors``, as the Universal
+            Transformer's code (tensor2tensor): it is still transformed (a key and value for
+            the positions that run on) while its output stops changing; or ``paper``, as UT
+            sec. 2.2 says ("once a symbol halts, its state is simply copied to the next step"):
+            its state is frozen, it stays a key and value and does no other work
+            (:mod:`recurnmt.modules.act_rule`).
     """
 
     act: bool = option(
@@ -257,10 +264,22 @@ class HaltingConfig(Part):
         type=float,
     )
     bias_init: float = option(1.0, "initial halting unit bias", name="act_bias_init", type=float)
+    rule: str = option(
+        "authors",
+        "what a halted position does at deeper levels: authors (the UT code: it is still "
+        "transformed, only its output stops changing) or paper (UT sec. 2.2: its state is "
+        "copied on, a key and value only; the levels skip its work)",
+        name="act_rule",
+        choices=ACT_RULES,
+    )
 
     def check(self, stack: StackConfig) -> None:
         if not 0.0 < self.threshold <= 1.0:
             raise ConfigError("act_threshold", self.threshold, "must lie in (0, 1]")
+        if self.rule != "authors" and not self.act:
+            raise ConfigError(
+                "act_rule", self.rule, "a halting rule needs ACT ({act})", {"act": "on"}
+            )
 
 
 def rank_or_full(text: Any, options: Mapping[str, Any]) -> int:

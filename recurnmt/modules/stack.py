@@ -24,6 +24,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from recurnmt.modules.act_rule import run_paper_rule
 from recurnmt.modules.attention import MemoryKV
 from recurnmt.modules.checkpointing import checkpointed_block, checkpointed_segment, segment_length
 from recurnmt.modules.compile import compiled
@@ -92,6 +93,12 @@ class RecurrentStack(RunModes, nn.Module):
     def num_levels(self) -> int:
         return self.plan.num_levels
 
+    @property
+    def skips_halted(self) -> bool:
+        """ACT's paper rule: halted positions leave the level loop (:mod:`recurnmt.modules.
+        act_rule`), so a level's hooks see the running positions only."""
+        return self.halting is not None and self.halting.rule == "paper"
+
     def block_of_level(self, level: int) -> nn.Module:
         """The block object executed at ``level``."""
         return self.blocks[self.plan.block_of_level[level]]
@@ -136,6 +143,10 @@ class RecurrentStack(RunModes, nn.Module):
         # a cache needs every level's keys/values; compiled, all run (no test, no graph break)
         stops = cache is None and not torch.compiler.is_compiling()
         may_stop = stops and not any(hook.needs_all_levels for hook in hooks)
+        if self.skips_halted:  # ACT's paper rule (modules/act_rule.py)
+            args = (self, x, order, kv, padding_mask, cache, hooks, session, may_stop)
+            x, ponder = run_paper_rule(*args)
+            return StackOutput(x if self.final_norm is None else self.final_norm(x), ponder, x)
         segment = 0 if cache is not None else self._segment_length(x, len(order), hooks)
         if segment:
             level = partial(self._level, padding_mask=padding_mask, cache=None, hooks=hooks)

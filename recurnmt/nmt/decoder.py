@@ -122,7 +122,8 @@ class RecurrentDecoder(Side, FairseqIncrementalDecoder):
         hooks = self.level_hooks(positions)  # UT: the positions at every level
         # like fairseq's transformer: alignment weights of the last level in evaluation
         alignment = None
-        if not self.training and self.stack.exits is None:  # exited rows skip the last level
+        # exited rows (and halted ones under ACT's paper rule) skip the last level
+        if not self.training and self.stack.exits is None and not self.stack.skips_halted:
             alignment = CrossAttentionWeights(self.stack.active_levels[-1])
             hooks.append(alignment)
         states = LevelOutputs()

@@ -49,6 +49,7 @@ from recurnmt.modules.attention import MemoryKV
 from recurnmt.modules.decoding.kv_cache import KVCache
 from recurnmt.modules.decoding.options import EXIT_TESTS
 from recurnmt.modules.errors import ConfigError
+from recurnmt.modules.halting import HaltingAccumulator
 from recurnmt.modules.hooks import LevelHook
 
 if TYPE_CHECKING:
@@ -192,8 +193,8 @@ class StepRows:
         slot = self.cache.buffer.narrow(3, self.position, 1)
         if rows is None:
             slot.copy_(kv)
-        else:
-            slot.index_copy_(1, rows, kv)
+        else:  # index_copy_ does not cast (autocast gives kv in its lower precision)
+            slot.index_copy_(1, rows, kv.to(slot.dtype))
 
     def append_pair(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         self.write(kv, self.query_rows)
@@ -323,3 +324,64 @@ def exits_of(
             )  # fmt: skip
     return Exits(options.exit_test, options.exit_threshold, options.min_exit_level, head,
                  classifier)  # fmt: skip
+
+
+def run_halting(
+    stack: RecurrentStack,
+    x: Tensor,
+    order: Sequence[int],
+    kv: dict[int, MemoryKV],
+    cache: StackCache,
+    hooks: Sequence[LevelHook],
+    session: DecodingSession | None,
+) -> Tensor:
+    """The levels ``order`` of one decoding step on ``x`` (B x 1 x C) under ACT's paper rule
+    (:mod:`recurnmt.modules.act_rule`): returns every row's ACT output (B x 1 x C).
+
+    The halting rows take the place of the exiting rows of :func:`run_levels`: a row whose
+    halting level this was leaves the loop with its ACT output, which is the state the deeper
+    levels' keys and values come from (:func:`_propagate`); the rest run on compacted.
+    """
+    if x.size(1) != 1:
+        raise ValueError(f"ACT's paper rule decodes one position per row, not {x.size(1)}")
+    b = x.size(0)
+    steps = _StepLevels()
+    for i in order:
+        level = cache.level(i)
+        attn = stack.block_of_level(i).self_attn
+        shape = (b, attn.num_heads, 1, attn.embed_dim // attn.num_heads)
+        steps[i] = StepRows(level, level.open_step(x.new_empty(shape)), None)
+    halting = HaltingAccumulator(x, stack.halting.threshold, ponder=False)
+    rows: Tensor | None = None  # global indices of the running rows (None: all)
+    out: Tensor | None = None
+    memory = kv
+    last = len(order) - 1
+    for step, i in enumerate(order):
+        x = stack._level(i, x, memory, None, steps, hooks, halting, step == last, session)
+        if step == last:
+            break
+        halted = halting.halted().flatten()
+        local = halted.nonzero().flatten()
+        n = local.numel()
+        if n == 0:
+            continue
+        gone = local if rows is None else rows.index_select(0, local)
+        if out is None:
+            out = x.new_empty(b, 1, x.size(-1))
+        state = halting.output.index_select(0, local)
+        out.index_copy_(0, gone, state)
+        _propagate(stack, state, order[step + 1 :], gone, steps, _hooks_rows(hooks, local), session)
+        if n == x.size(0):
+            return out
+        keep = (~halted).nonzero().flatten()
+        rows = keep if rows is None else rows.index_select(0, keep)
+        x, halting = x.index_select(0, keep), halting.select(keep)
+        hooks = _hooks_rows(hooks, keep)
+        by_id: dict[int, MemoryKV] = {}
+        memory = {j: by_id.setdefault(id(m), _memory_rows(m, rows)) for j, m in kv.items()}
+        for s in steps.values():
+            s.rows = rows
+    if out is None:
+        return halting.output
+    out.index_copy_(0, rows, halting.output)
+    return out
