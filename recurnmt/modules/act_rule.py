@@ -58,7 +58,7 @@ from torch import Tensor, nn
 
 from recurnmt.modules.attention import MemoryKV
 from recurnmt.modules.checkpointing import checkpointed_block
-from recurnmt.modules.decoding.exits import _memory_rows, run_halting
+from recurnmt.modules.decoding.exits import run_halting
 from recurnmt.modules.halting import HaltingAccumulator, HaltingUnit
 from recurnmt.modules.hooks import LevelHook
 
@@ -155,6 +155,8 @@ class _LevelKeys:
     running positions' as the block computes them (:meth:`append_pair`), and which keys each
     query may attend (:attr:`key_mask`, B' x 1 x T' x T)."""
 
+    query_rows = None  # every row of the compacted block has its queries
+
     def __init__(
         self,
         length: int,
@@ -223,7 +225,7 @@ def _compacted_level(
         if pad is not None:  # as attention_mask: a query always sees itself
             allowed = allowed | (keys == index.unsqueeze(-1))
     cache = _LevelKeys(t, frozen, index, valid, allowed.unsqueeze(1))
-    mem = None if memory is None else _memory_rows(memory, rows)
+    mem = None if memory is None else memory._replace(rows=rows)  # their queries alone
     out = block(queries, parts, memory=mem, cache=cache)  # B' x T' x C
     vr, vs = valid.nonzero(as_tuple=True)
     x = x.clone()

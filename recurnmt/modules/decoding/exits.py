@@ -219,6 +219,55 @@ def _hooks_rows(hooks: Sequence[LevelHook], rows: Tensor) -> list[LevelHook]:
     return selected
 
 
+class _Running:
+    """The rows of one decoding step still in its level loop (both loops of this module):
+    every level's cache opened for the step's position of every row, the running rows' global
+    indices, their memory and hooks, and the outputs of the rows that left."""
+
+    def __init__(self, stack, x: Tensor, order: Sequence[int], kv: dict[int, MemoryKV],
+                 cache: StackCache, hooks: Sequence[LevelHook]) -> None:  # fmt: skip
+        if x.size(1) != 1:
+            raise ValueError(f"rows leave a step's loop one position at a time, not {x.size(1)}")
+        self.b = x.size(0)
+        self.steps = _StepLevels()
+        for i in order:
+            level = cache.level(i)
+            attn = stack.block_of_level(i).self_attn
+            shape = (self.b, attn.num_heads, 1, attn.embed_dim // attn.num_heads)
+            self.steps[i] = StepRows(level, level.open_step(x.new_empty(shape)), None)
+        self.kv, self.memory, self.hooks = kv, kv, list(hooks)
+        self.rows: Tensor | None = None  # global indices of the running rows (None: all)
+        self.out: Tensor | None = None
+
+    def leave(self, stack, local: Tensor, state: Tensor, deeper: Sequence[int], session) -> None:
+        """The running rows ``local`` leave with ``state`` (n x 1 x C), their output and the
+        state the levels ``deeper`` take their keys and values from."""
+        gone = local if self.rows is None else self.rows.index_select(0, local)
+        if self.out is None:
+            self.out = state.new_empty(self.b, 1, state.size(-1))
+        self.out.index_copy_(0, gone, state)
+        hooks = _hooks_rows(self.hooks, local)
+        _propagate(stack, state, deeper, gone, self.steps, hooks, session)
+
+    def keep(self, keep: Tensor) -> None:
+        """The running rows ``keep`` (indices into them) run on."""
+        self.rows = keep if self.rows is None else self.rows.index_select(0, keep)
+        self.hooks = _hooks_rows(self.hooks, keep)
+        by_id: dict[int, MemoryKV] = {}
+        self.memory = {
+            j: by_id.setdefault(id(m), m._replace(rows=self.rows)) for j, m in self.kv.items()
+        }
+        for s in self.steps.values():
+            s.query_rows = self.rows
+
+    def result(self, x: Tensor) -> Tensor:
+        """Every row's output, the running rows' ``x`` among those that left."""
+        if self.out is None:
+            return x
+        self.out.index_copy_(0, self.rows, x)
+        return self.out
+
+
 def run_levels(
     stack: RecurrentStack,
     x: Tensor,
@@ -235,22 +284,12 @@ def run_levels(
     Every level's cache gains the step's position for every row: the running rows' keys and
     values from the block, the exited rows' from their exit state (state propagation).
     """
-    if x.size(1) != 1:
-        raise ValueError(f"exits decode one position per row at a time, not {x.size(1)}")
-    b = x.size(0)
-    steps = _StepLevels()
-    for i in order:
-        level = cache.level(i)
-        attn = stack.block_of_level(i).self_attn
-        shape = (b, attn.num_heads, 1, attn.embed_dim // attn.num_heads)
-        steps[i] = StepRows(level, level.open_step(x.new_empty(shape)), None)
-    rows: Tensor | None = None  # global indices of the running rows (None: all)
-    out: Tensor | None = None
-    memory = kv
+    running = _Running(stack, x, order, kv, cache, hooks)
     last = len(order) - 1
     for step, i in enumerate(order):
         before = x
-        x = stack._level(i, x, memory, None, steps, hooks, session=session)
+        x = stack._level(i, x, running.memory, None, running.steps, running.hooks,
+                         session=session)  # fmt: skip
         ran = step + 1
         if ran < exits.min_level or step == last:
             continue
@@ -260,28 +299,15 @@ def run_levels(
         n = local.numel()
         if n == 0:
             continue
-        gone = local if rows is None else rows.index_select(0, local)
-        if out is None:
-            out = x.new_empty(b, 1, x.size(-1))
-        state = x.index_select(0, local)
-        out.index_copy_(0, gone, state)
         exits.count(ran, n)
-        _propagate(stack, state, order[step + 1 :], gone, steps, _hooks_rows(hooks, local), session)
+        running.leave(stack, local, x.index_select(0, local), order[step + 1 :], session)
         if n == x.size(0):
-            return out
+            return running.out
         keep = (~leave).nonzero().flatten()
-        rows = keep if rows is None else rows.index_select(0, keep)
+        running.keep(keep)
         x = x.index_select(0, keep)
-        hooks = _hooks_rows(hooks, keep)
-        by_id: dict[int, MemoryKV] = {}
-        memory = {j: by_id.setdefault(id(m), m._replace(rows=rows)) for j, m in kv.items()}
-        for s in steps.values():
-            s.query_rows = rows
     exits.count(len(order), x.size(0))
-    if out is None:
-        return x
-    out.index_copy_(0, rows, x)
-    return out
+    return running.result(x)
 
 
 def _propagate(
@@ -342,22 +368,12 @@ def run_halting(
     halting level this was leaves the loop with its ACT output, which is the state the deeper
     levels' keys and values come from (:func:`_propagate`); the rest run on compacted.
     """
-    if x.size(1) != 1:
-        raise ValueError(f"ACT's paper rule decodes one position per row, not {x.size(1)}")
-    b = x.size(0)
-    steps = _StepLevels()
-    for i in order:
-        level = cache.level(i)
-        attn = stack.block_of_level(i).self_attn
-        shape = (b, attn.num_heads, 1, attn.embed_dim // attn.num_heads)
-        steps[i] = StepRows(level, level.open_step(x.new_empty(shape)), None)
+    running = _Running(stack, x, order, kv, cache, hooks)
     halting = HaltingAccumulator(x, stack.halting.threshold, ponder=False)
-    rows: Tensor | None = None  # global indices of the running rows (None: all)
-    out: Tensor | None = None
-    memory = kv
     last = len(order) - 1
     for step, i in enumerate(order):
-        x = stack._level(i, x, memory, None, steps, hooks, halting, step == last, session)
+        x = stack._level(i, x, running.memory, None, running.steps, running.hooks, halting,
+                         step == last, session)  # fmt: skip
         if step == last:
             break
         halted = halting.halted().flatten()
@@ -365,23 +381,11 @@ def run_halting(
         n = local.numel()
         if n == 0:
             continue
-        gone = local if rows is None else rows.index_select(0, local)
-        if out is None:
-            out = x.new_empty(b, 1, x.size(-1))
         state = halting.output.index_select(0, local)
-        out.index_copy_(0, gone, state)
-        _propagate(stack, state, order[step + 1 :], gone, steps, _hooks_rows(hooks, local), session)
+        running.leave(stack, local, state, order[step + 1 :], session)
         if n == x.size(0):
-            return out
+            return running.out
         keep = (~halted).nonzero().flatten()
-        rows = keep if rows is None else rows.index_select(0, keep)
+        running.keep(keep)
         x, halting = x.index_select(0, keep), halting.select(keep)
-        hooks = _hooks_rows(hooks, keep)
-        by_id: dict[int, MemoryKV] = {}
-        memory = {j: by_id.setdefault(id(m), _memory_rows(m, rows)) for j, m in kv.items()}
-        for s in steps.values():
-            s.rows = rows
-    if out is None:
-        return halting.output
-    out.index_copy_(0, rows, halting.output)
-    return out
+    return running.result(halting.output)
