@@ -239,17 +239,29 @@ class _Running:
         self.rows: Tensor | None = None  # global indices of the running rows (None: all)
         self.out: Tensor | None = None
 
-    def leave(self, stack, local: Tensor, state: Tensor, deeper: Sequence[int], session) -> None:
-        """The running rows ``local`` leave with ``state`` (n x 1 x C), their output and the
-        state the levels ``deeper`` take their keys and values from."""
+    def split(
+        self, stack, leave: Tensor, states: Tensor, deeper: Sequence[int], session
+    ) -> Tensor | None:
+        """The running rows where ``leave`` (b) leave with their ``states`` (b x 1 x C): their
+        output, and the state the levels ``deeper`` take their keys and values from; the
+        others run on. Returns those (indices into the running rows; empty: none), or None
+        where no row left."""
+        local = leave.nonzero().flatten()
+        if local.numel() == 0:
+            return None
+        state = states.index_select(0, local)
         gone = local if self.rows is None else self.rows.index_select(0, local)
         if self.out is None:
             self.out = state.new_empty(self.b, 1, state.size(-1))
         self.out.index_copy_(0, gone, state)
         hooks = _hooks_rows(self.hooks, local)
         _propagate(stack, state, deeper, gone, self.steps, hooks, session)
+        keep = (~leave).nonzero().flatten()
+        if keep.numel():
+            self._keep(keep)
+        return keep
 
-    def keep(self, keep: Tensor) -> None:
+    def _keep(self, keep: Tensor) -> None:
         """The running rows ``keep`` (indices into them) run on."""
         self.rows = keep if self.rows is None else self.rows.index_select(0, keep)
         self.hooks = _hooks_rows(self.hooks, keep)
@@ -295,16 +307,12 @@ def run_levels(
             continue
         normed = x if stack.final_norm is None else stack.final_norm(x)
         leave = exits.confidence(ran, x, before, normed) >= exits.threshold
-        local = leave.nonzero().flatten()
-        n = local.numel()
-        if n == 0:
+        keep = running.split(stack, leave, x, order[step + 1 :], session)
+        if keep is None:
             continue
-        exits.count(ran, n)
-        running.leave(stack, local, x.index_select(0, local), order[step + 1 :], session)
-        if n == x.size(0):
+        exits.count(ran, x.size(0) - keep.numel())
+        if keep.numel() == 0:
             return running.out
-        keep = (~leave).nonzero().flatten()
-        running.keep(keep)
         x = x.index_select(0, keep)
     exits.count(len(order), x.size(0))
     return running.result(x)
@@ -376,16 +384,11 @@ def run_halting(
                          step == last, session)  # fmt: skip
         if step == last:
             break
-        halted = halting.halted().flatten()
-        local = halted.nonzero().flatten()
-        n = local.numel()
-        if n == 0:
+        keep = running.split(stack, halting.halted().flatten(), halting.output,
+                             order[step + 1 :], session)  # fmt: skip
+        if keep is None:
             continue
-        state = halting.output.index_select(0, local)
-        running.leave(stack, local, state, order[step + 1 :], session)
-        if n == x.size(0):
+        if keep.numel() == 0:
             return running.out
-        keep = (~halted).nonzero().flatten()
-        running.keep(keep)
         x, halting = x.index_select(0, keep), halting.select(keep)
     return running.result(halting.output)
