@@ -55,7 +55,10 @@ def test_measure_writes_the_page(data, tmp_path):
     assert len(floor) == 3 and all(p["levels"] == 1 for p in floor)
     curve = [p for p in points if p["setting"] == "batch 64 beam 4" and p["test"] == "margin"]
     assert {p["threshold"] for p in curve} >= set(GRIDS["margin"])
+    assert set(mine["time"]) >= {"full depth", "floor"}
+    assert all(v["everything else"] >= 0 for v in mine["time"].values())
     page = doc.read_text()
+    assert "### Where the time goes" in page
     assert "## ringformer-random" in page and "Verdict at batch 64, beam 4:" in page
     assert "### Calibration (validation, batch 64, beam 4)" in page
     assert (tmp_path / "a.png").exists() and "(a.png)" in page

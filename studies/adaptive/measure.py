@@ -13,7 +13,9 @@ For each model and exit test, in this process, one thread by default:
    over the lengths) for the calibrated ones: sacreBLEU, tokens/s as a ratio to full depth, mean
    levels, and sacreBLEU's paired bootstrap (1,000 resamples) of each point against full depth;
 3. each test's own cost: the test at a threshold no confidence reaches (batch 64 beam 4);
-4. the *floor*: every row exits at the minimum level, the fastest exits can make this model and
+4. where the time goes (torch's profiler on a few batches, by kind of operation) at full
+   depth, at the floor and at a calibrated threshold;
+5. the *floor*: every row exits at the minimum level, the fastest exits can make this model and
    search (what the rest of a step costs: the encoder, the output layer, fairseq's search).
 
 Every point is saved to the JSON as soon as it is measured: a stopped run resumes there.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -190,6 +193,52 @@ def measure_model(
             log(f"{name}: {setting} {key['test']} {threshold}: BLEU {point['bleu']}, "
                 f"{point['tokens_per_s']} tokens/s, {point['levels']} levels")  # fmt: skip
             save()
+        if setting == "batch 64 beam 4" and "time" not in mine:
+            best = chosen.get((args.tests[0], args.agreements[-1]))
+            mine["time"] = {
+                FULL: where_time_goes(run, None),
+                "floor": where_time_goes(run, _exits(model, "saturation", -1.0, min_level)),
+            }
+            if best is not None:
+                label = f"{args.tests[0]} >= {best:g}"
+                mine["time"][label] = where_time_goes(run, _exits(model, args.tests[0], best,
+                                                                  min_level, units))  # fmt: skip
+            save()
+
+
+# torch operators by what they do in a decoding step (the profile of "where the time goes")
+OPERATIONS = {
+    "linear layers (levels, output layer)": ("aten::mm", "aten::addmm", "aten::bmm"),
+    "cache reorders and row writes": ("aten::index_select", "aten::index_copy_"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
+    "search (log-softmax, top-k)": ("aten::_log_softmax", "aten::topk"),
+}
+
+
+def where_time_goes(run: Run, exits: Exits | None, batches: int = 4) -> dict[str, float]:
+    """Milliseconds of the first ``batches`` batches of ``run`` by :data:`OPERATIONS` (self
+    CPU time of torch's profiler; the rest: every other operator and Python)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    stack = run.model.decoder.stack
+    kept = run.batches
+    run.batches = kept[:batches]
+    try:
+        stack.set_exits(exits)
+        with profile(activities=[ProfilerActivity.CPU]) as prof, torch.no_grad():
+            start = time.perf_counter()
+            run.make().generate([run.model], run.batches[0][1])
+            for _, sample in run.batches[1:]:
+                run.make().generate([run.model], sample)
+            total = (time.perf_counter() - start) * 1000
+    finally:
+        stack.set_exits(None)
+        run.batches = kept
+    by_op = {e.key: e.self_cpu_time_total / 1000 for e in prof.key_averages()}
+    out = {what: round(sum(by_op.get(op, 0.0) for op in ops), 1)
+           for what, ops in OPERATIONS.items()}  # fmt: skip
+    out["everything else"] = round(total - sum(out.values()), 1)
+    return out
 
 
 def calibrated(rows: list[dict], target: float) -> float | None:

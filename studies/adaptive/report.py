@@ -86,6 +86,16 @@ def _calibration_table(calibration: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def _time_table(time: dict[str, dict[str, float]]) -> list[str]:
+    runs = list(time)
+    kinds = list(time[runs[0]])
+    lines = ["| operations | " + " | ".join(runs) + " |", "| --- |" + " ---: |" * len(runs)]
+    for kind in kinds:
+        lines.append(f"| {kind} | " + " | ".join(f"{time[r][kind]:.0f}" for r in runs) + " |")
+    totals = " | ".join(f"**{sum(time[r].values()):.0f}**" for r in runs)
+    return lines + [f"| total | {totals} |"]
+
+
 def plot(doc: Path, record: dict[str, Any]) -> Path | None:
     """tokens/s (as a ratio to full depth) against sacreBLEU at batch 64 beam 4, one curve per
     model and test, calibrated points marked; the PNG beside the page."""
@@ -164,6 +174,9 @@ def write_report(doc: Path, record: dict[str, Any]) -> None:
         for setting in SETTINGS:
             lines += [f"### Test set, {setting}", ""] + _points_table(mine["points"], setting)
             lines += [""]
+        if mine.get("time"):
+            lines += ["### Where the time goes (batch 64, beam 4, the first 4 batches, ms)", ""]
+            lines += _time_table(mine["time"]) + [""]
     lines += [
         "The *never* rows run each test at a threshold no confidence reaches: no row exits, "
         "and the time lost against full depth is the test's own cost (the margin test's "
