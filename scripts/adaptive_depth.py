@@ -58,8 +58,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--agreements",
         nargs="+",
         type=float,
-        default=[0.99, 0.97],
-        help="the agreements with full depth a threshold is calibrated for",
+        default=[0.9, 0.8],
+        help="the consistencies with full depth (sacreBLEU against its outputs / 100) a "
+        "threshold is calibrated for",
     )
     parser.add_argument("--min-exit-level", type=int, default=1)
     parser.add_argument(

@@ -41,6 +41,7 @@ def test_measure_writes_the_page(data, tmp_path):
         rows = mine["calibration"][test]
         assert [r["threshold"] for r in rows] == list(GRIDS[test])
         assert all(0 <= r["agreement"] <= 1 and 1 <= r["levels"] <= 3 for r in rows)
+        assert all(0 <= r["consistency"] <= 1 for r in rows)
     points = mine["points"]
     settings = {p["setting"] for p in points}
     assert settings == {"batch 64 beam 4", "batch 64 greedy", "batch 1 beam 4"}
@@ -71,8 +72,8 @@ def test_agreement_and_calibration():
     full = {0: torch.tensor([5, 6, 7, 2]), 1: torch.tensor([8, 2])}
     mine = {0: torch.tensor([5, 9, 7, 2]), 1: torch.tensor([8, 2])}
     assert agreement(full, mine) == (5 / 6, 0.5)
-    rows = [{"threshold": 0.9, "agreement": 0.995, "levels": 4.0},
-            {"threshold": 0.5, "agreement": 0.97, "levels": 2.5}]  # fmt: skip
+    rows = [{"threshold": 0.9, "consistency": 0.995, "levels": 4.0},
+            {"threshold": 0.5, "consistency": 0.97, "levels": 2.5}]  # fmt: skip
     assert calibrated(rows, 0.99) == 0.9 and calibrated(rows, 0.95) == 0.5
     assert calibrated(rows, 0.999) is None
 

@@ -5,9 +5,10 @@ For each model and exit test, in this process, one thread by default:
 
 1. *calibration on the validation set* (never the test set): the first ``--valid-sentences``
    validation sentences decoded at batch 64, beam 4, at full depth and at every threshold of the
-   test's grid; each threshold's agreement with full depth (:func:`agreement`) and mean levels
-   run; for each stated agreement (``--agreements``) the threshold of fewest levels that
-   reaches it;
+   test's grid; each threshold's consistency with full depth (:func:`consistency`: CALM's
+   textual consistency, sacreBLEU against full depth's outputs), its token agreement
+   (:func:`agreement`) and the mean levels run; for each stated consistency (``--agreements``)
+   the threshold of fewest levels that reaches it;
 2. *the test set* at batch 64 beam 4 for every threshold of the grid (the curve) and the
    calibrated ones, at batch 64 greedy and at batch 1 beam 4 (``--sentences`` sentences spread
    over the lengths) for the calibrated ones: sacreBLEU, tokens/s as a ratio to full depth, mean
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from recurnmt.experiments.artifacts import portable, write_json
+from recurnmt.experiments.scoring import corpus_bleu
 from recurnmt.modules.decoding.exits import ExitClassifier, Exits
 from studies.speculative.measure import TestSet, beam, bleu, decode, greedy, load
 
@@ -55,6 +57,17 @@ def agreement(full: dict[int, torch.Tensor], mine: dict[int, torch.Tensor]) -> t
 
     return token_agreement({i: h.tolist() for i, h in mine.items()},
                            {i: h.tolist() for i, h in full.items()})  # fmt: skip
+
+
+def consistency(test: TestSet, full: dict[int, torch.Tensor], mine: dict[int, torch.Tensor]) -> float:
+    """CALM's textual consistency (Schuster et al. 2022, sec. 2: a similarity of the early-exit
+    output to the full model's; BLEU is one it names): sacreBLEU of the exits' outputs with
+    full depth's as the references, over 100 (1: the same outputs). Unlike token agreement,
+    one early word that shifts the rest of a sentence costs a few n-grams, not the sentence."""
+    ids = sorted(full)
+    score, _ = corpus_bleu([test.detokenized(mine[i]) for i in ids],
+                           [test.detokenized(full[i]) for i in ids])  # fmt: skip
+    return round(score.score / 100, 4)
 
 
 def paired_p(test: TestSet, full: dict[int, torch.Tensor], mine: dict[int, torch.Tensor]) -> float:
@@ -139,11 +152,13 @@ def measure_model(
             exits = _exits(model, test_name, threshold, min_level, units)
             hyps, seconds, _ = calib(exits)
             tokens, identical = agreement(full_valid, hyps)
-            rows.append({"threshold": threshold, "agreement": round(tokens, 4),
-                         "identical": round(identical, 4), "levels": round(exits.mean_levels, 3),
+            same = consistency(valid, full_valid, hyps)
+            rows.append({"threshold": threshold, "consistency": same,
+                         "agreement": round(tokens, 4), "identical": round(identical, 4),
+                         "levels": round(exits.mean_levels, 3),
                          "seconds": round(seconds, 2)})  # fmt: skip
-            log(f"{name}: valid {test_name} >= {threshold}: agreement {tokens:.4f}, "
-                f"{exits.mean_levels:.2f} levels")  # fmt: skip
+            log(f"{name}: valid {test_name} >= {threshold}: consistency {same:.4f}, token "
+                f"agreement {tokens:.4f}, {exits.mean_levels:.2f} levels")  # fmt: skip
             save()
     chosen = {
         (test_name, target): calibrated(mine["calibration"][test_name], target)
@@ -186,6 +201,7 @@ def measure_model(
                 "tokens_per_s": round(n_tokens / seconds, 1),
                 "levels": round(exits.mean_levels, 3) if exits else levels,
                 "agreement": round(agreement(full_hyps, hyps)[0], 4),
+                "consistency": consistency(test, full_hyps, hyps),
                 "p": paired_p(test, full_hyps, hyps) if exits else None,
                 "sentences": len(hyps),
             }
@@ -242,9 +258,9 @@ def where_time_goes(run: Run, exits: Exits | None, batches: int = 4) -> dict[str
 
 
 def calibrated(rows: list[dict], target: float) -> float | None:
-    """The threshold of fewest levels whose validation agreement is at least ``target``
-    (None: none reaches it)."""
-    ok = [r for r in rows if r["agreement"] >= target]
+    """The threshold of fewest levels whose validation consistency with full depth is at
+    least ``target`` (None: none reaches it)."""
+    ok = [r for r in rows if r["consistency"] >= target]
     return min(ok, key=lambda r: r["levels"])["threshold"] if ok else None
 
 
@@ -277,4 +293,4 @@ def measure(args: argparse.Namespace, specs: dict[str, Any]) -> None:
     write_report(args.doc, json.loads(raw.read_text()))
 
 
-__all__ = ["GRIDS", "agreement", "calibrated", "exit_units", "measure", "paired_p"]
+__all__ = ["GRIDS", "agreement", "calibrated", "consistency", "exit_units", "measure", "paired_p"]

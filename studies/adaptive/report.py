@@ -44,7 +44,7 @@ def verdict(points: list[dict]) -> str:
     speedup, p = best
     return (
         f"**reached**: {p['test']} >= {p['threshold']} (calibrated for {p['calibrated_for']} "
-        f"agreement on validation) decodes at {speedup:.2f}x full depth's tokens/s, BLEU "
+        f"consistency on validation) decodes at {speedup:.2f}x full depth's tokens/s, BLEU "
         f"{p['bleu']} vs {full['bleu']} (p = {p['p']})"
     )
 
@@ -56,8 +56,8 @@ def _points_table(points: list[dict], setting: str) -> list[str]:
         return ["(not measured yet)"]
     lines = [
         "| exits | threshold | calibrated for | levels run | tokens/s | vs full depth | "
-        "sacreBLEU | paired p | agreement |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "sacreBLEU | paired p | consistency | token agreement |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for p in rows:
         threshold = "" if p["threshold"] is None else f"{p['threshold']:g}"
@@ -67,20 +67,22 @@ def _points_table(points: list[dict], setting: str) -> list[str]:
         pval = "" if p["p"] is None else f"{p['p']:.3f}"
         lines.append(
             f"| {p['test']} | {threshold} | {target} | {p['levels']:.2f} | {p['tokens_per_s']:.0f} | "
-            f"{ratio:.2f}x | {p['bleu']:.2f} | {pval} | {p['agreement']:.3f} |"
+            f"{ratio:.2f}x | {p['bleu']:.2f} | {pval} | {p.get('consistency', 1.0):.3f} | "
+            f"{p['agreement']:.3f} |"
         )
     return lines
 
 
 def _calibration_table(calibration: dict[str, list[dict]]) -> list[str]:
     lines = [
-        "| test | threshold | token agreement | identical outputs | levels run |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| test | threshold | consistency | token agreement | identical outputs | levels run |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for test, rows in calibration.items():
         for r in rows:
             lines.append(
-                f"| {test} | {r['threshold']:g} | {r['agreement']:.4f} | {r['identical']:.3f} | "
+                f"| {test} | {r['threshold']:g} | {r['consistency']:.4f} | {r['agreement']:.4f} | "
+                f"{r['identical']:.3f} | "
                 f"{r['levels']:.2f} |"
             )
     return lines
