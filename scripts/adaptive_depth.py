@@ -58,7 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--agreements",
         nargs="+",
         type=float,
-        default=[0.9, 0.8],
+        default=[0.8, 0.6],
         help="the consistencies with full depth (sacreBLEU against its outputs / 100) a "
         "threshold is calibrated for",
     )
