@@ -4,7 +4,7 @@ The units are :class:`~recurnmt.modules.decoding.exits.ExitClassifier`'s: one li
 decoder level, sigmoid(w_r . s + b_r) on the level's final-normed state s (what the decoding
 exits feed it: ``stack.final_norm(state)``). Unit r is trained to say whether level r's argmax
 already is the full depth's: CALM's oracle labels (Schuster et al. 2022, "Confident Adaptive
-Language Modeling", sec. 3.5: the early-exit classifier learns whether an intermediate layer's
+Language Modeling": the early-exit classifier learns whether an intermediate layer's
 prediction is consistent with the full model's, on the frozen model, with a binary
 cross-entropy). Teacher-forced over a subset (:mod:`recurnmt.analysis.level_states`, the depth
 map's pass), the label of target token t at level r is ``a_r(t) == a_N(t)``; each unit is a

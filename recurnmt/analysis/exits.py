@@ -4,7 +4,7 @@ Two subcommands, on a fairseq checkpoint of a recurnmt translation model (its de
 stack that does not halt with ACT, whose halting decides each position's depth itself):
 
 * ``train``: the ``classifier`` test's units (:mod:`recurnmt.analysis.exit_training`: one
-  logistic unit per decoder level on CALM's oracle labels, Schuster et al. 2022 sec. 3.5),
+  logistic unit per decoder level on CALM's oracle labels, Schuster et al. 2022),
   written to ``--out FILE`` for ``fairseq-generate --exit-test classifier --exit-classifier
   FILE``;
 * ``calibrate``: the threshold of a test (``margin``, ``saturation`` or ``classifier``) that
@@ -143,7 +143,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "epochs": args.epochs,
         "lr": args.lr,
         "seed": args.seed,
-        "labels": "CALM (Schuster et al. 2022) sec. 3.5: level r's argmax = the full depth's",
+        "labels": "CALM (Schuster et al. 2022): level r's argmax = the full depth's",
         "last_level": "always exits (never asked: a row reaching level N leaves it anyway)",
         "per_level": scores.as_rows(),
     }

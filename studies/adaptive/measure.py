@@ -62,7 +62,7 @@ def agreement(full: dict[int, torch.Tensor], mine: dict[int, torch.Tensor]) -> t
 def consistency(
     test: TestSet, full: dict[int, torch.Tensor], mine: dict[int, torch.Tensor]
 ) -> float:
-    """CALM's textual consistency (Schuster et al. 2022, sec. 2: a similarity of the early-exit
+    """CALM's textual consistency (Schuster et al. 2022: a similarity of the early-exit
     output to the full model's; BLEU is one it names): sacreBLEU of the exits' outputs with
     full depth's as the references, over 100 (1: the same outputs). Unlike token agreement,
     one early word that shifts the rest of a sentence costs a few n-grams, not the sentence."""

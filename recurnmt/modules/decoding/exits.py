@@ -2,32 +2,32 @@
 
 At each decoding step (one new position per row, a :class:`~recurnmt.modules.decoding.cache.
 StackCache`), from the ``min_level``-th level on, a row whose exit test passes leaves the level
-loop with its state at that level as its output (CALM, Schuster et al. 2022, sec. 3; the
-Depth-Adaptive Transformer, Elbayad et al. 2020, sec. 2). The rows still running go on
+loop with its state at that level as its output (CALM, Schuster et al. 2022; the
+Depth-Adaptive Transformer, Elbayad et al. 2020). The rows still running go on
 *compacted*: the next level's block runs its projections and FFN on those rows only, so a
 level's cost follows the rows that run it; their queries attend at their places in the batch,
 over keys, values and memory left where they are (:class:`StepRows`, ``MemoryKV.rows``).
 
 Later steps attend to every level's keys and values of every earlier position, an exited row's
-included. Those of the levels it skipped come from its exit state (*state propagation*: CALM
-sec. 3.3, the Depth-Adaptive Transformer's "copy" of the exited state to the levels above): at
+included. Those of the levels it skipped come from its exit state (*state propagation*: CALM's
+and the Depth-Adaptive Transformer's copy of the exited state to the levels above): at
 each deeper level j the state enters level j as the level's input would (its level embedding,
 the Universal Transformer's position term) and only level j's key/value projection runs on it
-(:meth:`~recurnmt.modules.block.TransformerBlock.keys_values`), a third of a level's
-self-attention projections and none of its attention, cross-attention or FFN. It is exact for
+(:meth:`~recurnmt.modules.block.TransformerBlock.keys_values`: the key and value rows of its
+fused Q/K/V projection), none of its attention, cross-attention or FFN. It is exact for
 what it claims (the keys and values of the exit state at the deeper levels); the alternative,
 running the skipped levels for the cache, would spend what the exit saved.
 
 The exit tests (the confidence a row's state at level r already gives the full depth's token):
 
 * ``margin``: the softmax margin, top-1 minus top-2 probability of the output layer at level r
-  (CALM eq. 4's "softmax response"); it runs the output layer at every candidate level, itself
+  (CALM's "softmax response"); it runs the output layer at every candidate level, itself
   a cost (about ``V / (12 C)`` levels' worth per candidate level at width C and vocabulary V);
 * ``saturation``: the cosine of consecutive levels' states (CALM's "hidden-state saturation");
   no output layer;
 * ``classifier``: one linear unit per level on the state, sigmoid(w_r . s + b_r), trained after
   the fact on a frozen model to say whether level r's argmax is the full depth's (CALM's oracle
-  labels, sec. 3.5; :class:`ExitClassifier`).
+  labels; :class:`ExitClassifier`).
 
 A row exits where its confidence is at least the threshold. Exits apply to incremental decoding
 in inference (no gradients), one position per row; a full pass (training, scoring) runs every
@@ -63,7 +63,7 @@ Head = Callable[[Tensor], Tensor]  # B x T x C features -> B x T x V logits
 
 class ExitClassifier(nn.Module):
     """One linear unit per level on the (final-normed) state: the probability that level r's
-    argmax already is the full depth's (CALM sec. 3.5's learned early-exit classifier, one
+    argmax already is the full depth's (CALM's learned early-exit classifier, one
     unit per level as the issue of record asks; trained on a frozen model).
 
     Args:
@@ -329,7 +329,7 @@ def _propagate(
 ) -> None:
     """The keys and values of the levels ``deeper`` for rows ``rows`` that exited with
     ``state`` (n x 1 x C): each level's key/value projection of the state as it enters that
-    level (state propagation, CALM sec. 3.3)."""
+    level (CALM's state propagation)."""
     for j in deeper:
         parts = stack.levels[j] if session is None else session.levels[j]
         h = parts.enter(state)
