@@ -242,6 +242,14 @@ BAD_INPUTS: dict[str, BadInput] = {
         ["measure", "--data", str(tmp / "no_corpus")],
         "no_corpus: no binarized corpus there",
     ),
+    "python scripts/adaptive_depth.py": lambda tmp: (
+        ["measure", "--data", str(tmp / "no_corpus")],
+        "no_corpus: no binarized corpus there",
+    ),
+    "python scripts/act_rule.py": lambda tmp: (
+        ["--checkpoint", str(tmp / "no_model.pt"), "--data", str(tmp)],
+        "no_model.pt: no such file",
+    ),
     "python scripts/make_compat_fixtures.py": lambda tmp: (
         ["--out", str(tmp / "bad_input.py")],
         "bad_input.py: not a folder",
