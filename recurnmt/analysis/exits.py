@@ -161,7 +161,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 # -------------------------------------------------------------------------------- calibrate
 
 
-def calibrate(args: argparse.Namespace) -> dict[str, Any]:
+def _check_calibration(args: argparse.Namespace) -> None:
+    """``recurnmt-exits calibrate``'s settings among themselves, each refused by its flag."""
     from recurnmt.modules.decoding.options import THRESHOLDS
 
     if args.subset.startswith("test"):
@@ -184,6 +185,9 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--thresholds {t:g}: the {args.exit_test} test's confidence lies "
                              f"in [{low:g}, {high:g}]")  # fmt: skip
 
+
+def calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    _check_calibration(args)
     from fairseq.sequence_generator import SequenceGenerator
 
     from recurnmt.analysis import exit_calibration as cal
@@ -259,6 +263,16 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
         "fairseq_generate_flags": flags,
         "cost": cost,
     }
+    _write_calibration(args, report, reference, points, chosen, cost)
+    return report
+
+
+def _write_calibration(args, report: dict[str, Any], reference, points, chosen, cost) -> None:
+    """The calibration's JSON, markdown table and plot in ``args.out``, and what it prints."""
+    from recurnmt.analysis import exit_calibration as cal
+
+    arch, test, levels, flags = report["arch"], args.exit_test, report["levels"], \
+        report["fairseq_generate_flags"]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     json_path, md_path, png_path = (args.out / name for name in OUT_NAMES)
     json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -285,7 +299,6 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
         print(f"fairseq-generate {args.data} --path {args.checkpoint} {flags}")
     for path in (json_path, md_path, png_path):
         print(path)
-    return report
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
